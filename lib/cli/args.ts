@@ -1,0 +1,98 @@
+/**
+ * Argument parsing shared by the subcommands: `node:util` parseArgs with
+ * every failure turned into a one-line {@linkcode UsageError}.
+ *
+ * @module
+ */
+import { parseArgs, type ParseArgsConfig } from "node:util";
+import { UsageError } from "../errors.ts";
+
+/** The parsed flags and positionals of one subcommand. */
+export interface Parsed {
+  values: Record<string, string | boolean | string[] | boolean[] | undefined>;
+  positionals: string[];
+}
+
+/**
+ * Parses `args` strictly against `options`.
+ *
+ * @param args The arguments after the subcommand.
+ * @param options parseArgs option definitions.
+ * @returns Flags and positionals.
+ * @throws {UsageError} On an unknown flag, a missing value or a stray positional.
+ */
+export function parse(args: string[], options: ParseArgsConfig["options"]): Parsed {
+  try {
+    const { values, positionals } = parseArgs({
+      args,
+      options: options ?? {},
+      strict: true,
+      allowPositionals: true,
+    });
+    return { values: values as Parsed["values"], positionals };
+  } catch (cause) {
+    const message = cause instanceof Error ? cause.message : String(cause);
+    throw new UsageError(message.split("\n")[0]!.replace(/\.$/, ""), { cause });
+  }
+}
+
+/**
+ * A flag's string value.
+ *
+ * @param parsed Parse result.
+ * @param name The flag.
+ * @returns The value, or undefined when absent.
+ */
+export function stringFlag(parsed: Parsed, name: string): string | undefined {
+  const value = parsed.values[name];
+  return typeof value === "string" ? value : undefined;
+}
+
+/**
+ * A positive number flag (seconds, counts).
+ *
+ * @param parsed Parse result.
+ * @param name The flag.
+ * @param options Whether zero is allowed and whether it must be an integer.
+ * @returns The number, or undefined when absent.
+ * @throws {UsageError} When it is not a valid number.
+ */
+export function numberFlag(
+  parsed: Parsed,
+  name: string,
+  options: { allowZero?: boolean; integer?: boolean } = {},
+): number | undefined {
+  const raw = stringFlag(parsed, name);
+  if (raw === undefined) return undefined;
+  const value = Number(raw);
+  const valid = raw.trim() !== "" && Number.isFinite(value) &&
+    (options.allowZero ? value >= 0 : value > 0) && (!options.integer || Number.isInteger(value));
+  if (!valid) {
+    throw new UsageError(
+      `Invalid --${name} '${raw}': expected a ${options.integer ? "whole" : ""}${
+        options.integer ? " " : ""
+      }number ${options.allowZero ? ">= 0" : "> 0"}`,
+    );
+  }
+  return value;
+}
+
+/**
+ * Parses repeated `--env K=V` flags.
+ *
+ * @param values The raw `K=V` strings.
+ * @returns The environment record.
+ * @throws {UsageError} When an entry has no `=` or an invalid name.
+ */
+export function envFlags(values: string[]): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const entry of values) {
+    const at = entry.indexOf("=");
+    const name = at < 0 ? entry : entry.slice(0, at);
+    if (at < 0 || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+      throw new UsageError(`Invalid --env '${entry}': expected NAME=VALUE`);
+    }
+    env[name] = entry.slice(at + 1);
+  }
+  return env;
+}

@@ -1,0 +1,93 @@
+/**
+ * `waffle doctor`: checks each part of the path a request takes and reports a
+ * row per check with its time and, on failure, the reason.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { messageOf } from "../queue/connection.ts";
+import { openHostBackend } from "../host_backend.ts";
+import { parse } from "./args.ts";
+import type { CliIo } from "./io.ts";
+
+/** One check's outcome. */
+export interface DoctorRow {
+  name: string;
+  ok: boolean;
+  ms: number;
+  detail: string;
+}
+
+/** A named check; returns a detail line or throws the reason. */
+export type DoctorCheck = { name: string; run: () => Promise<string> };
+
+const extraChecks: DoctorCheck[] = [];
+
+/**
+ * Adds checks (the Docker rows are registered by `main.ts`).
+ *
+ * @param checks Checks run after the built-in ones.
+ */
+export function registerDoctorChecks(checks: DoctorCheck[]): void {
+  extraChecks.push(...checks);
+}
+
+/** Help text of `waffle doctor`. */
+export const DOCTOR_HELP = `Usage: waffle doctor [--json]
+
+Checks the queue round trip on the host filesystem and, when Docker is
+configured, the daemon, the runner image and a container bind-mount round trip.
+Exit status 0 when every check passes, 1 otherwise.
+`;
+
+/**
+ * Runs `waffle doctor`.
+ *
+ * @param args Arguments after `doctor`.
+ * @param io Process streams.
+ * @returns 0 when all checks pass, else 1.
+ */
+export async function doctorCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { json: { type: "boolean" } });
+  const checks: DoctorCheck[] = [{ name: "queue round trip (host fs)", run: queueRoundTrip }, ...extraChecks];
+  const rows: DoctorRow[] = [];
+  for (const check of checks) {
+    const started = performance.now();
+    try {
+      const detail = await check.run();
+      rows.push({ name: check.name, ok: true, ms: performance.now() - started, detail });
+    } catch (error) {
+      rows.push({ name: check.name, ok: false, ms: performance.now() - started, detail: messageOf(error) });
+    }
+    if (!parsed.values.json) {
+      const row = rows.at(-1)!;
+      await io.stdout(
+        `${row.ok ? "ok  " : "FAIL"}  ${row.name.padEnd(34)} ${row.ms.toFixed(1).padStart(8)} ms  ${row.detail}\n`,
+      );
+    }
+  }
+  const ok = rows.every((row) => row.ok);
+  if (parsed.values.json) await io.stdout(`${JSON.stringify({ ok, checks: rows })}\n`);
+  return ok ? 0 : 1;
+}
+
+// Client + runner ping through a fresh queue on the host filesystem.
+async function queueRoundTrip(): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "waffle-doctor-" });
+  const backend = openHostBackend(join(dir, "queue"), { idleExitSeconds: 2 });
+  try {
+    const boot = performance.now();
+    await backend.ensure();
+    const bootMs = performance.now() - boot;
+    const started = performance.now();
+    const id = await backend.queue.submit({ argv: ["true"] });
+    const result = await backend.queue.wait(id);
+    const rtt = performance.now() - started;
+    if (result.exitCode !== 0) throw new Error(`'true' returned ${JSON.stringify(result)}`);
+    await backend.queue.ack(id);
+    return `runner start ${bootMs.toFixed(0)} ms, round trip of 'true' ${rtt.toFixed(1)} ms`;
+  } finally {
+    backend.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+}

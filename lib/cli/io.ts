@@ -1,0 +1,35 @@
+/**
+ * The streams a CLI invocation talks to, so tests can run the CLI in process.
+ *
+ * @module
+ */
+
+/** Where a subcommand reads and writes. */
+export interface CliIo {
+  /** Writes bytes to stdout. */
+  stdout(data: Uint8Array | string): Promise<void>;
+  /** Writes bytes to stderr. */
+  stderr(data: Uint8Array | string): Promise<void>;
+  /** Stdin, or null when it is a terminal or closed. */
+  stdin: ReadableStream<Uint8Array> | null;
+}
+
+const encoder = new TextEncoder();
+
+async function writeAll(file: { write(p: Uint8Array): Promise<number> }, data: Uint8Array | string): Promise<void> {
+  let bytes = typeof data === "string" ? encoder.encode(data) : data;
+  while (bytes.byteLength > 0) bytes = bytes.subarray(await file.write(bytes));
+}
+
+/**
+ * The process's own streams. Stdin is passed only when it is not a terminal.
+ *
+ * @returns The process IO.
+ */
+export function processIo(): CliIo {
+  return {
+    stdout: (data) => writeAll(Deno.stdout, data),
+    stderr: (data) => writeAll(Deno.stderr, data),
+    stdin: Deno.stdin.isTerminal() ? null : Deno.stdin.readable,
+  };
+}

@@ -1,0 +1,88 @@
+/**
+ * Turns a request's result into the CLI's exit status, stderr notes and
+ * `--json` object. The one place the exit-code contract lives.
+ *
+ * @module
+ */
+import { EXIT_TIMEOUT, EXIT_WAFFLE } from "../errors.ts";
+import type { ExecResult } from "../queue/protocol.ts";
+
+/** Exit status of a command cancelled by Ctrl-C (128 + SIGINT). */
+export const EXIT_CANCELLED = 130;
+
+/**
+ * The exit status `waffle exec` returns for a result.
+ *
+ * @param result The request's result.
+ * @returns The exit status.
+ */
+export function exitStatusOf(result: ExecResult): number {
+  if (result.timedOut) return EXIT_TIMEOUT;
+  if (result.cancelled) return EXIT_CANCELLED;
+  if (result.interrupted || result.exitCode === null) return EXIT_WAFFLE;
+  return result.exitCode;
+}
+
+/**
+ * The line printed on stderr for a result that needs explaining, if any.
+ *
+ * @param id The request id.
+ * @param result The request's result.
+ * @returns A line without newline, or undefined.
+ */
+export function noteOf(id: string, result: ExecResult): string | undefined {
+  if (result.timedOut) {
+    return `waffle: command timed out after ${(result.durationMs / 1000).toFixed(1)} s (request '${id}')`;
+  }
+  if (result.cancelled) return `waffle: request '${id}' was cancelled`;
+  if (result.interrupted) {
+    return `waffle: request '${id}' was interrupted: ${result.error ?? "the runner stopped"}`;
+  }
+  if (result.error !== null) return `waffle: ${result.error}`;
+  return undefined;
+}
+
+/** The `--json` object of `waffle exec` / `waffle wait`. */
+export interface ExecJson {
+  id: string;
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  interrupted: boolean;
+  cancelled: boolean;
+  stdout: string;
+  stderr: string;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  durationMs: number;
+  error: string | null;
+}
+
+/**
+ * Builds the `--json` object.
+ *
+ * @param id The request id.
+ * @param collected The result and its output.
+ * @returns The JSON-ready object.
+ */
+export function jsonOf(
+  id: string,
+  collected: { result: ExecResult; stdout: Uint8Array; stderr: Uint8Array },
+): ExecJson {
+  const { result } = collected;
+  const decoder = new TextDecoder();
+  return {
+    id,
+    exitCode: result.exitCode,
+    signal: result.signal,
+    timedOut: result.timedOut,
+    interrupted: result.interrupted,
+    cancelled: result.cancelled,
+    stdout: decoder.decode(collected.stdout),
+    stderr: decoder.decode(collected.stderr),
+    stdoutTruncated: result.stdoutTruncated,
+    stderrTruncated: result.stderrTruncated,
+    durationMs: result.durationMs,
+    error: result.error,
+  };
+}

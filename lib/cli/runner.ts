@@ -1,0 +1,60 @@
+/**
+ * `waffle runner`: serve a queue directory (what runs inside the container).
+ *
+ * @module
+ */
+import { runRunner } from "../../runner/runner.ts";
+import { UsageError } from "../errors.ts";
+import { numberFlag, parse, stringFlag } from "./args.ts";
+
+/** Help text of `waffle runner`. */
+export const RUNNER_HELP = `Usage: waffle runner --queue DIR [--workspace DIR] [--idle-exit SECONDS]
+                     [--concurrency N] [--poll-ms MS] [--log FILE]
+
+Serves the queue in DIR: runs requests in submission order, one at a time
+unless --concurrency says otherwise. --idle-exit 0 (the default) never exits
+on idleness.
+`;
+
+/**
+ * Runs `waffle runner`.
+ *
+ * @param args Arguments after `runner`.
+ * @returns The exit status.
+ */
+export async function runnerCommand(args: string[]): Promise<number> {
+  const parsed = parse(args, {
+    queue: { type: "string" },
+    workspace: { type: "string" },
+    "idle-exit": { type: "string" },
+    concurrency: { type: "string" },
+    "poll-ms": { type: "string" },
+    log: { type: "string" },
+  });
+  if (parsed.positionals.length > 0) {
+    throw new UsageError(`Unexpected argument '${parsed.positionals[0]}'`);
+  }
+  const queueDir = stringFlag(parsed, "queue");
+  if (queueDir === undefined) throw new UsageError("Missing --queue DIR");
+  const log = stringFlag(parsed, "log");
+  if (log !== undefined) redirectErrors(log);
+  const idle = numberFlag(parsed, "idle-exit", { allowZero: true });
+  const concurrency = numberFlag(parsed, "concurrency", { integer: true });
+  const pollMs = numberFlag(parsed, "poll-ms", { integer: true });
+  return await runRunner({
+    queueDir,
+    workspace: stringFlag(parsed, "workspace") ?? Deno.cwd(),
+    ...(idle === undefined ? {} : { idleExitMs: Math.round(idle * 1000) }),
+    ...(concurrency === undefined ? {} : { concurrency }),
+    ...(pollMs === undefined ? {} : { pollMs }),
+  });
+}
+
+// A detached runner has no stderr; its diagnostics go to a log file instead.
+function redirectErrors(path: string): void {
+  const file = Deno.openSync(path, { append: true, create: true });
+  const encoder = new TextEncoder();
+  console.error = (...parts: unknown[]): void => {
+    file.writeSync(encoder.encode(`${new Date().toISOString()} ${parts.map(String).join(" ")}\n`));
+  };
+}

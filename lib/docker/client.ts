@@ -1,0 +1,736 @@
+/**
+ * A small, typed Docker Engine API client over `docker-modem`. waffle never
+ * shells out to the docker CLI: everything goes through this class.
+ *
+ * Every failure becomes a one-line {@linkcode DockerError} (exit code 125)
+ * carrying the HTTP status when the daemon answered; 404 and 409 use the
+ * {@linkcode DockerNotFoundError} and {@linkcode DockerConflictError}
+ * subclasses. Every request has a timeout, so a stalled daemon cannot hang a
+ * caller forever.
+ *
+ * @example
+ * ```ts
+ * const docker = new DockerClient();
+ * await docker.ping();
+ * const id = await docker.createContainer("waffle-demo", { Image: "waffle-runner:latest", Cmd: ["sleep", "60"] });
+ * await docker.startContainer(id);
+ * const { exitCode, stdout } = await docker.exec(id, ["echo", "hi"]);
+ * await docker.removeContainer(id, { force: true });
+ * ```
+ *
+ * @module
+ */
+import Modem from "docker-modem";
+import type { z } from "zod";
+import { DockerError } from "../errors.ts";
+import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
+import { concat, demuxDockerStream } from "./stream.ts";
+import {
+  type ContainerCreateBody,
+  type ContainerInspect,
+  containerInspectSchema,
+  containerListSchema,
+  type ContainerStats,
+  type ContainerSummary,
+  type ContainerTop,
+  createResponseSchema,
+  type DockerInfo,
+  type DockerVersion,
+  execCreateSchema,
+  execInspectSchema,
+  type ExecResult,
+  imageInspectSchema,
+  type ImageSummary,
+  infoSchema,
+  statsSchema,
+  topSchema,
+  versionSchema,
+  waitResponseSchema,
+} from "./types.ts";
+
+/** Socket used when neither the `host` option nor `DOCKER_HOST` names one. */
+export const DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock";
+/** Default per-request timeout in milliseconds. */
+export const DEFAULT_DOCKER_TIMEOUT_MS = 30_000;
+
+/** Where the daemon listens, parsed from `DOCKER_HOST` or the `host` option. */
+export type DockerEndpoint =
+  | { kind: "unix"; socketPath: string }
+  | { kind: "tcp"; host: string; port: number; protocol: "http" | "https" };
+
+/** Options of {@linkcode DockerClient}. */
+export interface DockerClientOptions {
+  /**
+   * `unix:///path/docker.sock`, a bare socket path, `tcp://host:port`,
+   * `http://host:port` or `https://host:port`. Defaults to `$DOCKER_HOST`,
+   * then `unix:///var/run/docker.sock`.
+   */
+  host?: string;
+  /** Per-request timeout in milliseconds (default 30 000). */
+  timeoutMs?: number;
+  /** Pin an API version such as `1.41`; default: the daemon's own. */
+  apiVersion?: string;
+}
+
+/** Per-call options every method accepts. */
+export interface RequestOptions {
+  /**
+   * Timeout in milliseconds for this call; defaults to the client's.
+   * `Infinity` disables it (only sensible for {@linkcode DockerClient.waitContainer}).
+   */
+  timeoutMs?: number;
+}
+
+/** Options of {@linkcode DockerClient.stopContainer}. */
+export interface StopOptions extends RequestOptions {
+  /** Seconds between the stop signal and SIGKILL; default: the container's StopTimeout (10). */
+  timeoutSeconds?: number;
+}
+
+/** Options of {@linkcode DockerClient.killContainer}. */
+export interface KillOptions extends RequestOptions {
+  /** Signal name or number, default `SIGKILL`. */
+  signal?: string;
+}
+
+/** Options of {@linkcode DockerClient.removeContainer}. */
+export interface RemoveOptions extends RequestOptions {
+  /** Kill a running container first. */
+  force?: boolean;
+  /** Also remove anonymous volumes. */
+  volumes?: boolean;
+}
+
+/** Options of {@linkcode DockerClient.listContainers}. */
+export interface ListOptions extends RequestOptions {
+  /** Include stopped containers. */
+  all?: boolean;
+  /** `key` or `key=value` label filters; all must match. */
+  labels?: string[];
+}
+
+/** Options of {@linkcode DockerClient.waitContainer}. */
+export interface WaitOptions extends RequestOptions {
+  /** What to wait for; default `not-running`. */
+  condition?: "not-running" | "next-exit" | "removed";
+}
+
+/** Options of {@linkcode DockerClient.exec}. */
+export interface ExecOptions extends RequestOptions {
+  /** `uid`, `uid:gid` or a user name; default: the container's user. */
+  user?: string;
+  /** Extra `NAME=value` entries on top of the container's environment. */
+  env?: string[];
+  /** Working directory; default: the container's. */
+  workdir?: string;
+}
+
+/** Options of {@linkcode DockerClient.top}. */
+export interface TopOptions extends RequestOptions {
+  /** Arguments for `ps`, default `-ef`. */
+  psArgs?: string;
+}
+
+/** The part of a `docker-modem` instance this client uses (the package ships no types). */
+interface ModemLike {
+  dial(
+    options: DialOptions,
+    callback: (err: ModemError | null, data: unknown) => void,
+  ): void;
+}
+
+interface DialOptions {
+  path: string;
+  method: "GET" | "POST" | "DELETE";
+  statusCodes: Record<number, boolean | string>;
+  options?: Record<string, unknown>;
+  abortSignal?: AbortSignal;
+  hijack?: boolean;
+  isStream?: boolean;
+  openStdin?: boolean;
+}
+
+interface ModemError extends Error {
+  statusCode?: number;
+  json?: unknown;
+  code?: string;
+}
+
+/** The Node-style readable `docker-modem` hands back for streams. */
+interface NodeReadable {
+  on(event: "data", listener: (chunk: Uint8Array) => void): unknown;
+  on(event: "end" | "close", listener: () => void): unknown;
+  on(event: "error", listener: (err: Error) => void): unknown;
+  destroy(): void;
+}
+
+const ModemCtor = Modem as unknown as new (options: Record<string, unknown>) => ModemLike;
+
+interface RequestSpec {
+  method: "GET" | "POST" | "DELETE";
+  path: string;
+  query?: Record<string, unknown>;
+  body?: unknown;
+  /** Statuses that count as success; anything else rejects with a DockerError. */
+  ok: number[];
+  timeoutMs: number | undefined;
+}
+
+/**
+ * Parses a Docker host string (`unix://`, bare path, `tcp://`, `http(s)://`).
+ *
+ * @param value The host string; empty or undefined means the default socket.
+ * @throws {DockerError} For schemes waffle does not support (`ssh://`, `npipe://`).
+ */
+export function parseDockerHost(value: string | undefined): DockerEndpoint {
+  if (value === undefined || value === "") {
+    return { kind: "unix", socketPath: DEFAULT_DOCKER_SOCKET };
+  }
+  if (value.startsWith("/")) return { kind: "unix", socketPath: value };
+  if (value.startsWith("unix://")) {
+    return { kind: "unix", socketPath: value.slice("unix://".length) || DEFAULT_DOCKER_SOCKET };
+  }
+  const match = /^(tcp|http|https):\/\/([^/:]+|\[[^\]]+\])(?::(\d+))?\/?$/.exec(value);
+  if (match === null) throw new DockerError(`Unsupported Docker host '${value}'`);
+  const scheme = match[1] as "tcp" | "http" | "https";
+  const port = match[3] === undefined ? (scheme === "https" ? 2376 : 2375) : Number(match[3]);
+  const protocol = scheme === "https" || (scheme === "tcp" && port === 2376) ? "https" : "http";
+  return { kind: "tcp", host: match[2] ?? "", port, protocol };
+}
+
+/** The endpoint as shown in error messages: the socket path or `tcp://host:port`. */
+export function describeDockerEndpoint(endpoint: DockerEndpoint): string {
+  return endpoint.kind === "unix"
+    ? endpoint.socketPath
+    : `${endpoint.protocol === "https" ? "https" : "tcp"}://${endpoint.host}:${endpoint.port}`;
+}
+
+/**
+ * Docker Engine API client. Construct once and share; it holds no connection
+ * state besides `docker-modem`'s HTTP agent.
+ */
+export class DockerClient {
+  /** Where this client connects. */
+  readonly endpoint: DockerEndpoint;
+  /** Default per-request timeout in milliseconds. */
+  readonly timeoutMs: number;
+  readonly #modem: ModemLike;
+
+  /**
+   * @param options Endpoint (default `$DOCKER_HOST`, then `/var/run/docker.sock`),
+   *   timeout and API version.
+   */
+  constructor(options: DockerClientOptions = {}) {
+    this.endpoint = parseDockerHost(options.host ?? readDockerHostEnv());
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS;
+    // Explicit undefineds: docker-modem merges its own DOCKER_HOST parsing underneath.
+    const modemOptions: Record<string, unknown> = this.endpoint.kind === "unix"
+      ? { socketPath: this.endpoint.socketPath, host: undefined, port: undefined, protocol: "http" }
+      : {
+        socketPath: undefined,
+        host: this.endpoint.host,
+        port: this.endpoint.port,
+        protocol: this.endpoint.protocol,
+        pathPrefix: "/",
+      };
+    // Our own timer enforces timeouts; TLS client certificates are not supported.
+    Object.assign(modemOptions, {
+      timeout: undefined,
+      ca: undefined,
+      cert: undefined,
+      key: undefined,
+    });
+    if (options.apiVersion !== undefined) {
+      modemOptions.version = `v${options.apiVersion.replace(/^v/, "")}`;
+    }
+    try {
+      this.#modem = new ModemCtor(modemOptions);
+    } catch (err) {
+      throw new DockerError(
+        `Cannot set up a Docker client for '${this.location}': ${
+          oneLine(err instanceof Error ? err.message : String(err))
+        }`,
+        { cause: err },
+      );
+    }
+  }
+
+  /** The endpoint as shown in messages: socket path or `tcp://host:port`. */
+  get location(): string {
+    return describeDockerEndpoint(this.endpoint);
+  }
+
+  /** Resolves when the daemon answers `GET /_ping`. */
+  async ping(options: RequestOptions = {}): Promise<void> {
+    await this.#request({ method: "GET", path: "/_ping", ok: [200], timeoutMs: options.timeoutMs });
+  }
+
+  /** Daemon and API version (`GET /version`). */
+  async version(options: RequestOptions = {}): Promise<DockerVersion> {
+    const data = await this.#request({
+      method: "GET",
+      path: "/version",
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(versionSchema, data, "GET /version");
+  }
+
+  /** Storage driver, cgroup driver/version, architecture (`GET /info`). */
+  async info(options: RequestOptions = {}): Promise<DockerInfo> {
+    const data = await this.#request({
+      method: "GET",
+      path: "/info",
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(infoSchema, data, "GET /info");
+  }
+
+  /** Image id and labels, or `null` when the image does not exist. */
+  async inspectImage(ref: string, options: RequestOptions = {}): Promise<ImageSummary | null> {
+    try {
+      const data = await this.#request({
+        method: "GET",
+        path: `/images/${encodeURIComponent(ref)}/json`,
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+      return this.#parse(imageInspectSchema, data, "GET /images/{name}/json");
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return null;
+      throw err;
+    }
+  }
+
+  /**
+   * Creates a container and returns its id.
+   *
+   * @throws {DockerConflictError} When the name is taken; the caller may adopt that container.
+   * @throws {DockerNotFoundError} When the image does not exist (`Image 'x' not found`).
+   */
+  async createContainer(
+    name: string,
+    body: ContainerCreateBody,
+    options: RequestOptions = {},
+  ): Promise<string> {
+    try {
+      const data = await this.#request({
+        method: "POST",
+        path: "/containers/create",
+        query: { name },
+        body,
+        ok: [201],
+        timeoutMs: options.timeoutMs,
+      });
+      return this.#parse(createResponseSchema, data, "POST /containers/create").Id;
+    } catch (err) {
+      if (err instanceof DockerConflictError) {
+        throw new DockerConflictError(`Container name '${name}' is already in use`, { cause: err });
+      }
+      if (err instanceof DockerNotFoundError) {
+        throw new DockerNotFoundError(`Image '${body.Image}' not found`, { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  /** Starts a container. Resolves `false` when it was already running (304). */
+  async startContainer(id: string, options: RequestOptions = {}): Promise<boolean> {
+    return await this.#containerAction(id, "start", {}, [204], options);
+  }
+
+  /** Full inspect subset, or `null` when the container does not exist. */
+  async inspectContainer(
+    idOrName: string,
+    options: RequestOptions = {},
+  ): Promise<ContainerInspect | null> {
+    try {
+      const data = await this.#request({
+        method: "GET",
+        path: `/containers/${encodeURIComponent(idOrName)}/json`,
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+      return this.#parse(containerInspectSchema, data, "GET /containers/{id}/json");
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return null;
+      throw err;
+    }
+  }
+
+  /**
+   * Stops a container (stop signal, then SIGKILL after `timeoutSeconds`).
+   * Resolves `false` when it was not running (304). The HTTP timeout is
+   * extended by `timeoutSeconds` so a slow stop is not reported as a timeout.
+   */
+  async stopContainer(id: string, options: StopOptions = {}): Promise<boolean> {
+    const query: Record<string, unknown> = {};
+    if (options.timeoutSeconds !== undefined) {
+      query.t = Math.max(0, Math.ceil(options.timeoutSeconds));
+    }
+    const timeoutMs = options.timeoutMs ??
+      this.timeoutMs + (options.timeoutSeconds ?? 10) * 1000;
+    return await this.#containerAction(id, "stop", query, [204], { timeoutMs });
+  }
+
+  /**
+   * Sends a signal (default SIGKILL) to the container's PID 1.
+   *
+   * @throws {DockerConflictError} When the container is not running.
+   */
+  async killContainer(id: string, options: KillOptions = {}): Promise<void> {
+    await this.#containerAction(
+      id,
+      "kill",
+      { signal: options.signal ?? "SIGKILL" },
+      [204],
+      options,
+    );
+  }
+
+  /** Removes a container. Resolves `false` when it did not exist (404). */
+  async removeContainer(id: string, options: RemoveOptions = {}): Promise<boolean> {
+    try {
+      await this.#request({
+        method: "DELETE",
+        path: `/containers/${encodeURIComponent(id)}`,
+        query: { force: options.force ?? false, v: options.volumes ?? false },
+        ok: [204],
+        timeoutMs: options.timeoutMs,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /** Freezes every process of a container (cgroup freezer). */
+  async pauseContainer(id: string, options: RequestOptions = {}): Promise<void> {
+    await this.#containerAction(id, "pause", {}, [204], options);
+  }
+
+  /** Thaws a paused container. */
+  async unpauseContainer(id: string, options: RequestOptions = {}): Promise<void> {
+    await this.#containerAction(id, "unpause", {}, [204], options);
+  }
+
+  /** Lists containers, optionally stopped ones too, filtered by labels. */
+  async listContainers(options: ListOptions = {}): Promise<ContainerSummary[]> {
+    const query: Record<string, unknown> = { all: options.all ?? false };
+    // docker-modem JSON-encodes object query values, which is what `filters` expects.
+    if (options.labels !== undefined && options.labels.length > 0) {
+      query.filters = { label: options.labels };
+    }
+    const data = await this.#request({
+      method: "GET",
+      path: "/containers/json",
+      query,
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(containerListSchema, data, "GET /containers/json");
+  }
+
+  /**
+   * Waits until the container stops and returns its exit code. Uses the
+   * client's timeout unless `timeoutMs` (possibly `Infinity`) says otherwise.
+   */
+  async waitContainer(id: string, options: WaitOptions = {}): Promise<number> {
+    const data = await this.#request({
+      method: "POST",
+      path: `/containers/${encodeURIComponent(id)}/wait`,
+      query: { condition: options.condition ?? "not-running" },
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    }).catch((err) => this.#rethrowForContainer(err, id));
+    const result = this.#parse(waitResponseSchema, data, "POST /containers/{id}/wait");
+    if (result.Error !== null && result.Error.Message !== "") {
+      throw new DockerError(
+        `Waiting for container '${id}' failed: ${oneLine(result.Error.Message)}`,
+      );
+    }
+    return result.StatusCode;
+  }
+
+  /**
+   * Runs a command in a running container and collects its output: exec
+   * create, exec start over a hijacked connection, demultiplexing of Docker's
+   * 8-byte framed stream, then exec inspect for the exit code. The timeout
+   * covers the whole call; on timeout the command keeps running (the Engine
+   * API cannot kill an exec).
+   */
+  async exec(id: string, argv: string[], options: ExecOptions = {}): Promise<ExecResult> {
+    if (argv.length === 0) throw new DockerError("Exec needs a non-empty argv");
+    const timeoutMs = options.timeoutMs ?? this.timeoutMs;
+    const deadline = Date.now() + timeoutMs;
+    const createBody: Record<string, unknown> = {
+      AttachStdin: false,
+      AttachStdout: true,
+      AttachStderr: true,
+      Tty: false,
+      Cmd: argv,
+    };
+    if (options.user !== undefined) createBody.User = options.user;
+    if (options.env !== undefined) createBody.Env = options.env;
+    if (options.workdir !== undefined) createBody.WorkingDir = options.workdir;
+    const created = await this.#request({
+      method: "POST",
+      path: `/containers/${encodeURIComponent(id)}/exec`,
+      body: createBody,
+      ok: [201],
+      timeoutMs,
+    }).catch((err) => this.#rethrowForContainer(err, id));
+    const execId = this.#parse(execCreateSchema, created, "POST /containers/{id}/exec").Id;
+
+    const raw = await this.#execStream(execId, remaining(deadline));
+    const { stdout, stderr } = demuxDockerStream(raw);
+
+    // The stream can close a moment before the daemon records the exit code.
+    for (let delay = 5;; delay = Math.min(delay * 2, 100)) {
+      const inspected = await this.#request({
+        method: "GET",
+        path: `/exec/${execId}/json`,
+        ok: [200],
+        timeoutMs: remaining(deadline),
+      });
+      const state = this.#parse(execInspectSchema, inspected, "GET /exec/{id}/json");
+      if (!state.Running && state.ExitCode !== null) {
+        return { exitCode: state.ExitCode, stdout, stderr };
+      }
+      if (Date.now() + delay >= deadline) {
+        throw new DockerError(
+          `Exec in container '${id}' timed out after ${timeoutMs} ms waiting for its exit code`,
+        );
+      }
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+
+  /** Processes running in a container (`GET /containers/{id}/top`). */
+  async top(id: string, options: TopOptions = {}): Promise<ContainerTop> {
+    const data = await this.#request({
+      method: "GET",
+      path: `/containers/${encodeURIComponent(id)}/top`,
+      query: { ps_args: options.psArgs ?? "-ef" },
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    }).catch((err) => this.#rethrowForContainer(err, id));
+    return this.#parse(topSchema, data, "GET /containers/{id}/top");
+  }
+
+  /** One resource-usage sample of a running container (memory, pids, CPU time). */
+  async stats(id: string, options: RequestOptions = {}): Promise<ContainerStats> {
+    const data = await this.#request({
+      method: "GET",
+      path: `/containers/${encodeURIComponent(id)}/stats`,
+      query: { stream: false, "one-shot": true },
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    }).catch((err) => this.#rethrowForContainer(err, id));
+    return this.#parse(statsSchema, data, "GET /containers/{id}/stats");
+  }
+
+  /** POST /containers/{id}/{action}; `false` on 304 (already in that state). */
+  async #containerAction(
+    id: string,
+    action: string,
+    query: Record<string, unknown>,
+    ok: number[],
+    options: RequestOptions,
+  ): Promise<boolean> {
+    try {
+      await this.#request({
+        method: "POST",
+        path: `/containers/${encodeURIComponent(id)}/${action}`,
+        query,
+        ok,
+        timeoutMs: options.timeoutMs,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof DockerError && err.status === 304) return false;
+      return this.#rethrowForContainer(err, id);
+    }
+  }
+
+  /** Rewords a 404 about a container as `Container 'x' not found`. */
+  #rethrowForContainer(err: unknown, id: string): never {
+    if (err instanceof DockerNotFoundError && /no such container/i.test(err.message)) {
+      throw new DockerNotFoundError(`Container '${id}' not found`, { cause: err });
+    }
+    throw err;
+  }
+
+  #parse<T>(schema: z.ZodType<T>, data: unknown, what: string): T {
+    const result = schema.safeParse(data);
+    if (!result.success) {
+      const issue = result.error.issues[0];
+      const where = issue === undefined ? "" : ` at '${issue.path.join(".")}'`;
+      throw new DockerError(
+        `Docker ${what} returned an unexpected response${where}: ${
+          oneLine(issue?.message ?? "invalid")
+        }`,
+      );
+    }
+    return result.data;
+  }
+
+  /** One request with a timeout; failures become DockerErrors. */
+  #request(spec: RequestSpec): Promise<unknown> {
+    const timeoutMs = spec.timeoutMs ?? this.timeoutMs;
+    const query = spec.query ?? {};
+    const hasQuery = Object.keys(query).length > 0;
+    // docker-modem appends `_query` to a path ending in "?" and sends `_body` as JSON.
+    const options: Record<string, unknown> = spec.method === "POST"
+      ? { _query: query, _body: spec.body ?? {} }
+      : { ...query };
+    const dial: DialOptions = {
+      path: hasQuery ? `${spec.path}?` : spec.path,
+      method: spec.method,
+      statusCodes: Object.fromEntries(spec.ok.map((s) => [s, true])),
+      options,
+    };
+    return this.#dial(dial, spec, timeoutMs);
+  }
+
+  #dial(dial: DialOptions, spec: RequestSpec, timeoutMs: number): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      const controller = new AbortController();
+      let settled = false;
+      const timer = Number.isFinite(timeoutMs)
+        ? setTimeout(() => {
+          if (settled) return;
+          settled = true;
+          controller.abort();
+          reject(
+            new DockerError(
+              `Docker ${spec.method} ${spec.path} timed out after ${timeoutMs} ms at '${this.location}'`,
+            ),
+          );
+        }, timeoutMs)
+        : undefined;
+      try {
+        this.#modem.dial({ ...dial, abortSignal: controller.signal }, (err, data) => {
+          if (settled) return;
+          settled = true;
+          clearTimeout(timer);
+          if (err === null) resolve(data);
+          else reject(this.#toDockerError(err, spec));
+        });
+      } catch (err) {
+        settled = true;
+        clearTimeout(timer);
+        reject(this.#toDockerError(err as ModemError, spec));
+      }
+    });
+  }
+
+  /** Exec start over a hijacked connection; resolves with the raw multiplexed bytes. */
+  #execStream(execId: string, timeoutMs: number): Promise<Uint8Array> {
+    const spec: RequestSpec = {
+      method: "POST",
+      path: `/exec/${execId}/start`,
+      ok: [200],
+      timeoutMs,
+    };
+    return new Promise((resolve, reject) => {
+      const chunks: Uint8Array[] = [];
+      let stream: NodeReadable | undefined;
+      let settled = false;
+      const finish = (err: DockerError | null): void => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        stream?.destroy();
+        if (err === null) resolve(concat(chunks));
+        else reject(err);
+      };
+      const controller = new AbortController();
+      const timer = Number.isFinite(timeoutMs)
+        ? setTimeout(() => {
+          controller.abort();
+          finish(new DockerError(`Exec '${execId}' timed out after ${timeoutMs} ms`));
+        }, timeoutMs)
+        : undefined;
+      this.#modem.dial({
+        path: spec.path,
+        method: "POST",
+        statusCodes: { 200: true },
+        options: { _body: { Detach: false, Tty: false } },
+        abortSignal: controller.signal,
+        hijack: true,
+        isStream: true,
+        openStdin: false,
+      }, (err, data) => {
+        if (err !== null) return finish(this.#toDockerError(err, spec));
+        if (settled) return (data as NodeReadable).destroy();
+        stream = data as NodeReadable;
+        stream.on("data", (chunk) => chunks.push(new Uint8Array(chunk)));
+        stream.on("end", () => finish(null));
+        stream.on("close", () => finish(null));
+        stream.on("error", (e) => finish(this.#toDockerError(e as ModemError, spec)));
+      });
+    });
+  }
+
+  #toDockerError(err: ModemError, spec: RequestSpec): DockerError {
+    const status = typeof err.statusCode === "number" ? err.statusCode : undefined;
+    if (status === undefined) {
+      const where = this.location;
+      const code = err.code ?? "";
+      if (code === "EACCES" || code === "EPERM") {
+        return new DockerError(`Permission denied on Docker socket '${where}'`, { cause: err });
+      }
+      const reason = TRANSPORT_REASONS[code] ?? oneLine(err.message);
+      return new DockerError(`Docker daemon unavailable at '${where}': ${reason}`, { cause: err });
+    }
+    const message = daemonMessage(err);
+    const text = `Docker ${spec.method} ${spec.path} failed with ${status}: ${message}`;
+    if (status === 404) return new DockerNotFoundError(text, { cause: err });
+    if (status === 409) return new DockerConflictError(text, { cause: err });
+    return new DockerError(text, { cause: err, status });
+  }
+}
+
+const TRANSPORT_REASONS: Record<string, string> = {
+  ENOENT: "no such socket (ENOENT)",
+  ECONNREFUSED: "connection refused (ECONNREFUSED)",
+  ECONNRESET: "connection reset (ECONNRESET)",
+  ENOTSOCK: "not a socket (ENOTSOCK)",
+  ENOTFOUND: "host not found (ENOTFOUND)",
+  ETIMEDOUT: "connection timed out (ETIMEDOUT)",
+  EHOSTUNREACH: "host unreachable (EHOSTUNREACH)",
+};
+
+function daemonMessage(err: ModemError): string {
+  const json = err.json;
+  if (typeof json === "object" && json !== null && "message" in json) {
+    const message = (json as { message: unknown }).message;
+    if (typeof message === "string" && message !== "") return oneLine(message);
+  }
+  if (json instanceof Uint8Array && json.length > 0) {
+    return oneLine(new TextDecoder().decode(json));
+  }
+  if (json === 304 || err.statusCode === 304) return "not modified";
+  // docker-modem's own text: "(HTTP code 500) unexpected - <cause> ".
+  return oneLine(err.message.replace(/^\(HTTP code \d+\)\s*[^-]*-\s*/, "")) || "no message";
+}
+
+function oneLine(text: string): string {
+  return text.replace(/\s+/g, " ").trim().replace(/\.$/, "");
+}
+
+function readDockerHostEnv(): string | undefined {
+  try {
+    return Deno.env.get("DOCKER_HOST");
+  } catch {
+    // No env permission: behave as if DOCKER_HOST were unset.
+    return undefined;
+  }
+}
+
+function remaining(deadline: number): number {
+  return Math.max(1, deadline - Date.now());
+}

@@ -1,0 +1,42 @@
+/**
+ * Docker Engine API access for waffle: a typed client over `docker-modem`
+ * (no docker CLI), its error subclasses and the wire types it reads and sends.
+ *
+ * @module
+ */
+export {
+  DEFAULT_DOCKER_SOCKET,
+  DEFAULT_DOCKER_TIMEOUT_MS,
+  describeDockerEndpoint,
+  DockerClient,
+  type DockerClientOptions,
+  type DockerEndpoint,
+  type ExecOptions,
+  type KillOptions,
+  type ListOptions,
+  parseDockerHost,
+  type RemoveOptions,
+  type RequestOptions,
+  type StopOptions,
+  type TopOptions,
+  type WaitOptions,
+} from "./client.ts";
+export { DockerConflictError, DockerNotFoundError } from "./errors.ts";
+export { concat, demuxDockerStream, type DemuxedOutput } from "./stream.ts";
+export type {
+  ContainerConfig,
+  ContainerCreateBody,
+  ContainerCreateHostConfig,
+  ContainerHostConfig,
+  ContainerInspect,
+  ContainerMountPoint,
+  ContainerState,
+  ContainerStats,
+  ContainerSummary,
+  ContainerTop,
+  DockerInfo,
+  DockerVersion,
+  ExecResult,
+  HostConfigMount,
+  ImageSummary,
+} from "./types.ts";

@@ -1,0 +1,100 @@
+/**
+ * waffle's error hierarchy. Every error that reaches the user is a
+ * {@linkcode WaffleError} carrying the exit code the CLI returns; anything
+ * else is a bug and `main.ts` prints its stack.
+ *
+ * @module
+ */
+
+/** Exit code for waffle's own failures (bad input, queue or daemon unavailable). */
+export const EXIT_WAFFLE = 125;
+/** Exit code when the command exists but cannot be executed. */
+export const EXIT_CANNOT_EXECUTE = 126;
+/** Exit code when the command is not found. */
+export const EXIT_NOT_FOUND = 127;
+/** Exit code when the command hit its timeout. */
+export const EXIT_TIMEOUT = 124;
+
+/** Options shared by every waffle error. */
+export interface WaffleErrorOptions {
+  /** The underlying error. */
+  cause?: unknown;
+  /** Process exit code the CLI uses for this error; defaults to 125. */
+  exitCode?: number;
+}
+
+/**
+ * Base class of every error waffle reports to a user.
+ *
+ * @example
+ * ```ts
+ * throw new WaffleError("Queue directory '/nope' does not exist");
+ * ```
+ */
+export class WaffleError extends Error {
+  /** Exit code the CLI returns when this error ends the program. */
+  readonly exitCode: number;
+  /**
+   * @param message One line: capital letter, no trailing period, offending value quoted.
+   * @param options Cause and exit code.
+   */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "WaffleError";
+    this.exitCode = options.exitCode ?? EXIT_WAFFLE;
+  }
+}
+
+/** A user, config-file or CLI input was invalid. Nothing was created or run. */
+export class UsageError extends WaffleError {
+  /** @inheritdoc */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "UsageError";
+  }
+}
+
+/** The queue files could not be opened, had the wrong schema, or failed a write. */
+export class QueueError extends WaffleError {
+  /** @inheritdoc */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "QueueError";
+  }
+}
+
+/**
+ * A row written by the sandbox side was malformed, oversized, duplicated or
+ * hostile. It fails only the request it belongs to.
+ */
+export class ProtocolError extends WaffleError {
+  /** @inheritdoc */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "ProtocolError";
+  }
+}
+
+/** The Docker daemon was unreachable or refused a request. */
+export class DockerError extends WaffleError {
+  /** HTTP status the daemon answered with, when it answered. */
+  readonly status: number | undefined;
+  /**
+   * @param message One-line reason.
+   * @param options Cause, exit code and HTTP status.
+   */
+  constructor(message: string, options: WaffleErrorOptions & { status?: number } = {}) {
+    super(message, options);
+    this.name = "DockerError";
+    this.status = options.status;
+  }
+}
+
+/** The sandbox runner is not alive (no heartbeat) or could not be started. */
+export class RunnerError extends WaffleError {
+  /** @inheritdoc */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "RunnerError";
+  }
+}

@@ -1,0 +1,128 @@
+/**
+ * The host backend: the runner as a child process on the host filesystem.
+ * For tests, doctor and development. It is NOT a sandbox: the command runs
+ * with the host user's rights. Nothing falls back to it; it is only used when
+ * asked for by name (`--backend host`).
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { RunnerError } from "./errors.ts";
+import { HEARTBEAT_INTERVAL_MS } from "./queue/protocol.ts";
+import { Queue } from "./queue/queue.ts";
+import { selfCommand } from "./config/self.ts";
+
+/** Options for {@linkcode openHostBackend}. */
+export interface HostBackendOptions {
+  /** Workspace root for commands; default: the queue directory's `workspace` sibling. */
+  workspace?: string;
+  /** The runner exits after this long idle (seconds); 0 never. Default 60. */
+  idleExitSeconds?: number;
+  /** Fallback poll interval. */
+  pollMs?: number;
+  /** Runner concurrency. */
+  concurrency?: number;
+}
+
+/** A queue plus the means to keep a runner serving it. */
+export interface Backend {
+  /** The host side of the queue. */
+  readonly queue: Queue;
+  /** Makes sure a live runner serves the queue (starting one if needed). */
+  ensure(): Promise<void>;
+  /** Closes the queue; the runner keeps going until its idle exit. */
+  close(): void;
+}
+
+/**
+ * Opens (creating if needed) a queue on the host and a backend that starts
+ * a detached runner process for it on demand.
+ *
+ * @param queueDir The queue directory.
+ * @param options Workspace, idle exit and polling.
+ * @returns The backend.
+ */
+export function openHostBackend(queueDir: string, options: HostBackendOptions = {}): Backend {
+  const queue = Queue.open(queueDir, {
+    create: true,
+    ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
+  });
+  const workspace = options.workspace ?? join(queueDir, "..", "workspace");
+  Deno.mkdirSync(workspace, { recursive: true });
+  let starting: Promise<void> | undefined;
+  const ensure = (): Promise<void> => {
+    starting ??= ensureHostRunner(queue, { ...options, workspace }).finally(() => {
+      starting = undefined;
+    });
+    return starting;
+  };
+  return { queue, ensure, close: () => queue.close() };
+}
+
+/**
+ * Whether the queue's heartbeat shows a live runner.
+ *
+ * @param queue The queue.
+ * @returns True when the last heartbeat is fresh and says running.
+ */
+export function runnerAlive(queue: Queue): boolean {
+  const beat = queue.heartbeat();
+  return beat !== undefined && beat.state === "running" &&
+    Date.now() - beat.time <= 2 * HEARTBEAT_INTERVAL_MS;
+}
+
+async function ensureHostRunner(
+  queue: Queue,
+  options: HostBackendOptions & { workspace: string },
+): Promise<void> {
+  if (runnerAlive(queue)) return;
+  const before = queue.heartbeat();
+  const self = selfCommand();
+  const args = [
+    ...self.prefix,
+    "runner",
+    "--queue",
+    queue.paths.dir,
+    "--workspace",
+    options.workspace,
+    "--log",
+    join(queue.paths.dir, "runner.log"),
+    "--idle-exit",
+    String(options.idleExitSeconds ?? 60),
+    ...(options.pollMs === undefined ? [] : ["--poll-ms", String(options.pollMs)]),
+    ...(options.concurrency === undefined ? [] : ["--concurrency", String(options.concurrency)]),
+  ];
+  // Detached: the runner outlives this host process, so a restarted host can
+  // re-attach to its requests by id.
+  const child = new Deno.Command(self.executable, {
+    args,
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+    detached: true,
+  }).spawn();
+  child.unref();
+  const exited = child.status.then((status) => status);
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    const beat = queue.heartbeat();
+    if (
+      beat !== undefined && beat.state === "running" && beat.bootId !== before?.bootId &&
+      runnerAlive(queue)
+    ) return;
+    const done = await Promise.race([
+      exited,
+      new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 20)),
+    ]);
+    // Lost the race to a runner another host started: use that one.
+    if (done !== undefined && runnerAlive(queue)) return;
+    if (done !== undefined && done.code !== 75) {
+      throw new RunnerError(
+        `Runner for queue '${queue.paths.dir}' exited with code ${done.code}; see '${
+          join(queue.paths.dir, "runner.log")
+        }'`,
+      );
+    }
+  }
+  throw new RunnerError(`Runner for queue '${queue.paths.dir}' did not start within 15 s`);
+}

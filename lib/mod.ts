@@ -1,0 +1,18 @@
+/**
+ * waffle's library: hand tool executions to a sandboxed runner and get the
+ * exact result back.
+ *
+ * @example
+ * ```ts ignore
+ * import { openHostBackend } from "./lib/mod.ts";
+ * const backend = openHostBackend("/tmp/q");
+ * await backend.ensure();
+ * const id = await backend.queue.submit({ argv: ["echo", "hi"] });
+ * const { result, stdout } = await backend.queue.collect(id);
+ * ```
+ *
+ * @module
+ */
+export * from "./errors.ts";
+export * from "./queue/mod.ts";
+export { type Backend, type HostBackendOptions, openHostBackend, runnerAlive } from "./host_backend.ts";

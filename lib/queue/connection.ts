@@ -1,0 +1,185 @@
+/**
+ * The one place that opens SQLite connections to the queue files and sets
+ * their pragmas.
+ *
+ * Why TRUNCATE and not WAL: WAL needs a shared-memory index (`-shm`) that is
+ * mmap-ed by every connection, which does not work across the host/VM
+ * boundary of Docker Desktop and is unsafe on network-like mounts. A rollback
+ * journal only needs POSIX locks and fsync. TRUNCATE (not DELETE) saves an
+ * unlink and a directory fsync per commit. (A connection's very first
+ * statement still rolls back a hot journal in DELETE mode, because the mode
+ * pragma itself reads the file; so both sides must be able to create the
+ * journal again. See `initQueue` for how the directory is shared safely.)
+ *
+ * Why both sides open both files read-write: a writer killed mid-commit
+ * leaves a hot journal, and only a connection that can write the database
+ * file can roll it back. A read-only opener would fail with "database disk
+ * image is malformed"-class errors until the owner came back. The side that
+ * does not own a file sets `query_only`, so "one writer per file" is enforced
+ * by SQLite, not only by convention.
+ *
+ * @module
+ */
+import { DatabaseSync } from "node:sqlite";
+import { QueueError } from "../errors.ts";
+import { SCHEMA_VERSION } from "./protocol.ts";
+
+/** Milliseconds SQLite waits on a lock held by the other side before failing. */
+export const BUSY_TIMEOUT_MS = 5000;
+
+/** How this connection relates to the file it opens. */
+export type Role = "owner" | "reader";
+
+/** Options for {@linkcode openDatabase}. */
+export interface OpenOptions {
+  /** `owner` may write rows; `reader` is `query_only`. */
+  role: Role;
+  /** DDL run (once) when the file has `user_version` 0; only the creator passes it. */
+  schema?: string;
+}
+
+/**
+ * Opens one queue file with `journal_mode=TRUNCATE`, `synchronous=FULL` and
+ * `busy_timeout=5000`, checks that each took effect, and checks the schema
+ * version.
+ *
+ * @param path The database file. It must exist unless `options.schema` is given.
+ * @param options Role and (for the creator) the schema.
+ * @returns The open connection.
+ * @throws {QueueError} When the file is missing, is not a database, refuses a pragma or has another schema version.
+ */
+export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
+  refuseSymlink(path, options.schema !== undefined);
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { open: true });
+  } catch (cause) {
+    throw new QueueError(`Cannot open queue file '${path}': ${messageOf(cause)}`, { cause });
+  }
+  try {
+    db.exec(`PRAGMA busy_timeout = ${BUSY_TIMEOUT_MS}`);
+    expectPragma(db, path, "journal_mode", "TRUNCATE", "truncate");
+    expectPragma(db, path, "synchronous", "FULL", 2);
+    const busy = pragma(db, "busy_timeout");
+    if (Number(busy) !== BUSY_TIMEOUT_MS) {
+      throw new QueueError(`Queue file '${path}' refused busy_timeout: got '${busy}'`);
+    }
+    let version = Number(pragma(db, "user_version"));
+    if (version === 0 && options.schema !== undefined) {
+      db.exec("BEGIN IMMEDIATE");
+      try {
+        // Re-read under the write lock: the other side may have just created it.
+        if (Number(pragma(db, "user_version")) === 0) {
+          db.exec(options.schema);
+          db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
+        }
+        db.exec("COMMIT");
+      } catch (cause) {
+        db.exec("ROLLBACK");
+        throw cause;
+      }
+      version = SCHEMA_VERSION;
+    }
+    if (version !== SCHEMA_VERSION) {
+      throw new QueueError(
+        `Queue file '${path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
+      );
+    }
+    if (options.role === "reader") db.exec("PRAGMA query_only = ON");
+    return db;
+  } catch (cause) {
+    db.close();
+    if (cause instanceof QueueError) throw cause;
+    throw new QueueError(`Cannot use queue file '${path}': ${messageOf(cause)}`, { cause });
+  }
+}
+
+/**
+ * Runs `fn` inside `BEGIN IMMEDIATE … COMMIT`. IMMEDIATE takes the write
+ * lock up front, so two writers never deadlock upgrading from a read lock
+ * (that case fails at once with SQLITE_BUSY, ignoring busy_timeout).
+ *
+ * @param db An owner connection.
+ * @param fn The writes; its return value is returned.
+ * @returns What `fn` returned.
+ */
+export function transaction<T>(db: DatabaseSync, fn: () => T): T {
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    const value = fn();
+    db.exec("COMMIT");
+    return value;
+  } catch (cause) {
+    if (db.isTransaction) db.exec("ROLLBACK");
+    throw cause;
+  }
+}
+
+/**
+ * Tells whether an error from `node:sqlite` is a lock timeout. The module's
+ * errors carry no result code, so the message is matched.
+ *
+ * @param error Anything thrown by `node:sqlite`.
+ * @returns True for "database is locked" / "database table is locked".
+ */
+export function isBusyError(error: unknown): boolean {
+  return /database (table )?is locked|SQLITE_BUSY/i.test(messageOf(error));
+}
+
+/**
+ * `PRAGMA data_version`: changes whenever another connection commits to the
+ * file. Cheap enough to poll.
+ *
+ * @param db Any connection.
+ * @returns The current data version.
+ */
+export function dataVersion(db: DatabaseSync): number {
+  return Number(pragma(db, "data_version"));
+}
+
+/**
+ * The message of anything thrown.
+ *
+ * @param error A thrown value.
+ * @returns Its message, or its string form.
+ */
+export function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+function pragma(db: DatabaseSync, name: string): unknown {
+  const row = db.prepare(`PRAGMA ${name}`).get() as Record<string, unknown> | undefined;
+  return row === undefined ? undefined : Object.values(row)[0];
+}
+
+function expectPragma(
+  db: DatabaseSync,
+  path: string,
+  name: string,
+  value: string,
+  expected: string | number,
+): void {
+  db.exec(`PRAGMA ${name} = ${value}`);
+  const got = pragma(db, name);
+  if (got !== expected && String(got).toLowerCase() !== String(expected)) {
+    throw new QueueError(`Queue file '${path}' refused ${name}=${value}: got '${String(got)}'`);
+  }
+}
+
+// The sandbox can write inside its queue directory on some setups; a symlink
+// planted there must never redirect a host write (hot-journal rollback included).
+function refuseSymlink(path: string, mayCreate: boolean): void {
+  try {
+    const info = Deno.lstatSync(path);
+    if (info.isSymlink || !info.isFile) {
+      throw new QueueError(`Queue file '${path}' is not a regular file`);
+    }
+  } catch (cause) {
+    if (cause instanceof QueueError) throw cause;
+    if (cause instanceof Deno.errors.NotFound && mayCreate) return;
+    if (cause instanceof Deno.errors.NotFound) {
+      throw new QueueError(`Queue file '${path}' does not exist`, { cause });
+    }
+    throw new QueueError(`Cannot inspect queue file '${path}': ${messageOf(cause)}`, { cause });
+  }
+}

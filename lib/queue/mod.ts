@@ -1,0 +1,13 @@
+/**
+ * The sandbox queue: a durable, exactly-once host↔runner channel over two
+ * SQLite files. See `docs/queue_protocol.md`.
+ *
+ * @module
+ */
+export { BUSY_TIMEOUT_MS, isBusyError, openDatabase, transaction } from "./connection.ts";
+export { GroupCommit } from "./group_commit.ts";
+export * from "./protocol.ts";
+export { type Collected, Queue, type QueueOpenOptions, type SubmitOptions, type WaitOptions } from "./queue.ts";
+export { type InboundRequest, type Recovery, RunnerQueue } from "./runner_queue.ts";
+export { initQueue, type QueuePaths, queuePaths } from "./schema.ts";
+export { ChangeWatcher } from "./watch.ts";

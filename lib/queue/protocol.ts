@@ -1,0 +1,103 @@
+/**
+ * The wire types of the queue: what the host writes into `inbound.db` and
+ * what the runner writes into `outbound.db`. Both sides validate with these
+ * schemas; the host treats everything from outbound.db as untrusted.
+ *
+ * @module
+ */
+import { z } from "zod";
+
+/** Bumped whenever either file's schema changes; stored in `PRAGMA user_version`. */
+export const SCHEMA_VERSION = 1;
+
+/** Largest single output chunk a runner may write, in bytes. */
+export const MAX_CHUNK_BYTES = 64 * 1024;
+/** Default cap on each of stdout and stderr, in bytes. */
+export const DEFAULT_OUTPUT_CAP = 1024 * 1024;
+/** Largest cap a request may ask for, in bytes. */
+export const MAX_OUTPUT_CAP = 64 * 1024 * 1024;
+/** Largest stdin a request may carry, in bytes. */
+export const MAX_STDIN_BYTES = 16 * 1024 * 1024;
+/** Largest error message accepted from the runner, in characters. */
+export const MAX_ERROR_CHARS = 4096;
+/** Runner heartbeat interval. Hosts call a runner dead after twice this. */
+export const HEARTBEAT_INTERVAL_MS = 2000;
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** Environment variable name rule shared by host and runner. */
+export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME, "Invalid environment name");
+
+/** The payload of an `exec` request, as stored in `inbound.db`. */
+export const execPayloadSchema = z.object({
+  /** Program and arguments; no implicit shell. */
+  argv: z.array(z.string().max(128 * 1024).refine((s) => !s.includes("\0"), "NUL in argument"))
+    .min(1).max(4096),
+  /** Working directory, relative to (or inside) the runner's workspace root. */
+  cwd: z.string().max(4096).optional(),
+  /** Extra environment; the runner starts from a minimal base, never the host's. */
+  env: z.record(envNameSchema, z.string().max(128 * 1024)).optional(),
+  /** Base64 stdin bytes; absent means stdin is closed. */
+  stdin: z.string().max(Math.ceil(MAX_STDIN_BYTES / 3) * 4).optional(),
+  /** Run time limit in milliseconds, counted from start (clocks of host and sandbox may differ). */
+  timeoutMs: z.number().int().positive().max(7 * 24 * 3600 * 1000).optional(),
+  /** Per-stream output cap in bytes. */
+  outputCap: z.number().int().positive().max(MAX_OUTPUT_CAP).optional(),
+});
+
+/** A validated `exec` payload. */
+export type ExecPayload = z.infer<typeof execPayloadSchema>;
+
+/** The final outcome of one request, written once into `outbound.db`. */
+export const resultSchema = z.object({
+  requestId: z.string().min(1).max(128),
+  /** Exit code; 128+n for death by signal n; 126/127 when it could not run; null when it never ran. */
+  exitCode: z.number().int().min(0).max(255).nullable(),
+  /** Signal name when the process died of a signal. */
+  signal: z.string().regex(/^SIG[A-Z0-9]+$/).max(16).nullable(),
+  timedOut: z.boolean(),
+  /** The runner died (or was stopped) while the command ran; it is never re-run. */
+  interrupted: z.boolean(),
+  cancelled: z.boolean(),
+  stdoutTruncated: z.boolean(),
+  stderrTruncated: z.boolean(),
+  /** Total bytes the command wrote to each stream, including what was dropped. */
+  stdoutBytes: z.number().int().min(0),
+  stderrBytes: z.number().int().min(0),
+  startedAt: z.number().int().min(0).nullable(),
+  endedAt: z.number().int().min(0),
+  durationMs: z.number().min(0),
+  /** Why the command could not run or was stopped, for the user. */
+  error: z.string().max(MAX_ERROR_CHARS).nullable(),
+});
+
+/** A validated result row. */
+export type ExecResult = z.infer<typeof resultSchema>;
+
+/** Which stream a chunk belongs to. */
+export type StreamName = "stdout" | "stderr";
+
+/** One piece of a request's output. */
+export interface OutputChunk {
+  stream: StreamName;
+  seq: number;
+  data: Uint8Array;
+}
+
+/** The runner's liveness record in `outbound.db`. */
+export const heartbeatSchema = z.object({
+  runnerId: z.string().min(1).max(128),
+  bootId: z.string().min(1).max(128),
+  seq: z.number().int().min(0),
+  time: z.number().int().min(0),
+  /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
+  state: z.enum(["running", "exited"]),
+  /** Milliseconds since the runner last had nothing queued or running; 0 while busy. */
+  idleSince: z.number().int().min(0).nullable(),
+});
+
+/** A validated heartbeat. */
+export type Heartbeat = z.infer<typeof heartbeatSchema>;
+
+/** Lifecycle of a request as the runner reports it. */
+export type RequestState = "queued" | "accepted" | "started" | "done";

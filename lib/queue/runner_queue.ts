@@ -1,0 +1,291 @@
+/**
+ * The runner's side of a queue: reads `inbound.db` (query-only), writes
+ * `outbound.db`. Used by `runner/`; lives here because it is one half of the
+ * protocol whose other half is {@linkcode Queue}.
+ *
+ * @module
+ */
+import type { DatabaseSync } from "node:sqlite";
+import { QueueError } from "../errors.ts";
+import { dataVersion, messageOf, openDatabase } from "./connection.ts";
+import { GroupCommit } from "./group_commit.ts";
+import { idsWithOutboundRows } from "./outbound_rows.ts";
+import {
+  type ExecPayload,
+  execPayloadSchema,
+  type ExecResult,
+  type Heartbeat,
+  type StreamName,
+} from "./protocol.ts";
+import { type QueuePaths, queuePaths } from "./schema.ts";
+
+/** A request as the runner sees it. `payload` is undefined when it failed validation. */
+export interface InboundRequest {
+  seq: number;
+  id: string;
+  toolUseId: string;
+  payload: ExecPayload | undefined;
+  /** Why the payload was rejected. */
+  invalid?: string;
+}
+
+/** What {@linkcode RunnerQueue.recover} found from earlier runners. */
+export interface Recovery {
+  /** Started by a runner that died before writing a result. */
+  interrupted: InboundRequest[];
+  /** Never started: safe to run. */
+  pending: InboundRequest[];
+}
+
+/** Runner-side handle on one queue directory. */
+export class RunnerQueue {
+  /** The queue's paths. */
+  readonly paths: QueuePaths;
+  /** Shared transactions for everything this runner writes. */
+  readonly commits: GroupCommit;
+  #inbound: DatabaseSync;
+  #outbound: DatabaseSync;
+  #cursor = 0;
+  #inboundVersion = -1;
+
+  private constructor(paths: QueuePaths) {
+    this.paths = paths;
+    this.#outbound = openDatabase(paths.outbound, { role: "owner" });
+    try {
+      this.#inbound = openDatabase(paths.inbound, { role: "reader" });
+    } catch (error) {
+      this.#outbound.close();
+      throw error;
+    }
+    this.commits = new GroupCommit(this.#outbound);
+  }
+
+  /**
+   * Opens an existing queue directory (the host creates it).
+   *
+   * @param dir The queue directory.
+   * @returns The runner's handle.
+   * @throws {QueueError} When a file is missing or has another schema.
+   */
+  static open(dir: string): RunnerQueue {
+    return new RunnerQueue(queuePaths(dir));
+  }
+
+  /**
+   * True when the host committed to inbound.db since the last call.
+   *
+   * @returns Whether inbound.db changed.
+   */
+  inboundChanged(): boolean {
+    const version = dataVersion(this.#inbound);
+    if (version === this.#inboundVersion) return false;
+    this.#inboundVersion = version;
+    return true;
+  }
+
+  /**
+   * Classifies every unacknowledged request left by earlier runners and sets
+   * the read cursor past them. A request that started but has no result was
+   * interrupted: it is reported, never re-run.
+   *
+   * @returns Interrupted and pending requests, in submission order.
+   */
+  recover(): Recovery {
+    const requests = this.#readRequests(
+      "SELECT seq, id, tool_use_id, payload FROM requests r WHERE NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id) ORDER BY seq",
+    );
+    const recovery: Recovery = { interrupted: [], pending: [] };
+    const state = this.#outbound.prepare(
+      `SELECT (SELECT state FROM states WHERE request_id = ?1) AS state,
+              EXISTS (SELECT 1 FROM results WHERE request_id = ?1) AS done`,
+    );
+    for (const request of requests) {
+      const row = state.get(request.id) as { state: string | null; done: number };
+      if (row.done) continue;
+      if (row.state === "started") recovery.interrupted.push(request);
+      else recovery.pending.push(request);
+    }
+    const max = this.#inbound.prepare("SELECT max(seq) AS seq FROM requests").get() as {
+      seq: number | null;
+    };
+    this.#cursor = max.seq ?? 0;
+    return recovery;
+  }
+
+  /**
+   * Requests submitted since the last call.
+   *
+   * @returns New requests in submission order.
+   */
+  newRequests(): InboundRequest[] {
+    const requests = this.#readRequests(
+      "SELECT seq, id, tool_use_id, payload FROM requests WHERE seq > ? ORDER BY seq LIMIT 1024",
+      this.#cursor,
+    );
+    const last = requests.at(-1);
+    if (last !== undefined) this.#cursor = last.seq;
+    return requests;
+  }
+
+  /**
+   * Which of `ids` the host asked to cancel.
+   *
+   * @param ids Requests queued or running here.
+   * @returns The cancelled subset.
+   */
+  cancelled(ids: Iterable<string>): Set<string> {
+    const statement = this.#inbound.prepare("SELECT 1 AS hit FROM cancels WHERE request_id = ?");
+    const hits = new Set<string>();
+    for (const id of ids) if (statement.get(id) !== undefined) hits.add(id);
+    return hits;
+  }
+
+  /**
+   * Deletes outbound rows of requests the host acknowledged.
+   *
+   * @returns How many requests were deleted.
+   */
+  async collectAcked(): Promise<number> {
+    const acked = (this.#inbound.prepare("SELECT request_id FROM acks LIMIT 512").all() as {
+      request_id: string;
+    }[]).map((row) => row.request_id);
+    if (acked.length === 0) return 0;
+    const present = [...idsWithOutboundRows(this.#outbound, acked)];
+    if (present.length === 0) return 0;
+    await this.commits.add(() => {
+      const statements = ["states", "chunks", "results"].map((table) =>
+        this.#outbound.prepare(`DELETE FROM ${table} WHERE request_id = ?`)
+      );
+      for (const id of present) for (const statement of statements) statement.run(id);
+    });
+    return present.length;
+  }
+
+  /**
+   * Records that requests were seen (durable with the next group commit).
+   *
+   * @param ids Requests.
+   * @param bootId This runner's boot id.
+   */
+  accept(ids: string[], bootId: string): Promise<void> {
+    return this.commits.add(() => {
+      const statement = this.#outbound.prepare(
+        "INSERT OR IGNORE INTO states (request_id, state, boot_id, accepted_at) VALUES (?, 'accepted', ?, ?)",
+      );
+      const now = Date.now();
+      for (const id of ids) statement.run(id, bootId, now);
+    });
+  }
+
+  /**
+   * Makes "started" durable. The runner awaits this before it starts the
+   * process, which is what makes a crash reportable as `interrupted`.
+   *
+   * @param id The request.
+   * @param bootId This runner's boot id.
+   */
+  start(id: string, bootId: string): Promise<void> {
+    return this.commits.add(() => {
+      const now = Date.now();
+      this.#outbound.prepare(
+        `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
+         VALUES (?1, 'started', ?2, ?3, ?3)
+         ON CONFLICT (request_id) DO UPDATE SET state = 'started', boot_id = ?2, started_at = ?3`,
+      ).run(id, bootId, now);
+    });
+  }
+
+  /**
+   * Appends output chunks (durable with the next group commit).
+   *
+   * @param id The request.
+   * @param chunks Chunks with their per-stream sequence numbers.
+   */
+  appendChunks(
+    id: string,
+    chunks: { stream: StreamName; seq: number; data: Uint8Array }[],
+  ): Promise<void> {
+    if (chunks.length === 0) return Promise.resolve();
+    return this.commits.add(() => {
+      const statement = this.#outbound.prepare(
+        "INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, ?, ?, ?)",
+      );
+      for (const chunk of chunks) statement.run(id, chunk.stream, chunk.seq, chunk.data);
+    });
+  }
+
+  /**
+   * Writes a request's result (exactly once; a second result is an error).
+   *
+   * @param result The result.
+   */
+  finish(result: ExecResult): Promise<void> {
+    return this.commits.add(() => {
+      this.#outbound.prepare(
+        "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, ?)",
+      ).run(result.requestId, JSON.stringify(result), Date.now());
+      this.#outbound.prepare(
+        "UPDATE states SET state = 'done' WHERE request_id = ?",
+      ).run(result.requestId);
+    });
+  }
+
+  /**
+   * Writes the heartbeat row (used by the heartbeat worker and on exit).
+   *
+   * @param beat The heartbeat.
+   */
+  writeHeartbeat(beat: Heartbeat): Promise<void> {
+    return this.commits.add(() => writeHeartbeatRow(this.#outbound, beat));
+  }
+
+  /** Commits what is queued and closes both connections. */
+  close(): void {
+    try {
+      this.commits.flush();
+    } finally {
+      this.#inbound.close();
+      this.#outbound.close();
+    }
+  }
+
+  #readRequests(sql: string, ...params: number[]): InboundRequest[] {
+    let rows: Record<string, unknown>[];
+    try {
+      rows = this.#inbound.prepare(sql).all(...params) as Record<string, unknown>[];
+    } catch (cause) {
+      throw new QueueError(`Cannot read inbound.db: ${messageOf(cause)}`, { cause });
+    }
+    return rows.map((row) => {
+      const request: InboundRequest = {
+        seq: Number(row.seq),
+        id: String(row.id),
+        toolUseId: String(row.tool_use_id),
+        payload: undefined,
+      };
+      try {
+        const parsed = execPayloadSchema.safeParse(JSON.parse(String(row.payload)));
+        if (parsed.success) request.payload = parsed.data;
+        else request.invalid = parsed.error.issues[0]?.message ?? "invalid payload";
+      } catch {
+        request.invalid = "payload is not JSON";
+      }
+      return request;
+    });
+  }
+}
+
+/**
+ * Upserts the single heartbeat row.
+ *
+ * @param db An owner connection to outbound.db.
+ * @param beat The heartbeat.
+ */
+export function writeHeartbeatRow(db: DatabaseSync, beat: Heartbeat): void {
+  db.prepare(
+    `INSERT INTO heartbeat (id, runner_id, boot_id, seq, time, state, idle_since)
+     VALUES (1, ?, ?, ?, ?, ?, ?)
+     ON CONFLICT (id) DO UPDATE SET runner_id = excluded.runner_id, boot_id = excluded.boot_id,
+       seq = excluded.seq, time = excluded.time, state = excluded.state, idle_since = excluded.idle_since`,
+  ).run(beat.runnerId, beat.bootId, beat.seq, beat.time, beat.state, beat.idleSince);
+}

@@ -1,0 +1,502 @@
+/**
+ * Runs one request's command: spawns it in its own session, streams and caps
+ * its output, enforces the timeout and cancellation, and makes sure nothing
+ * of its process tree outlives it.
+ *
+ * @module
+ */
+import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
+import {
+  DEFAULT_KILL_GRACE_MS,
+  killTree,
+  type KillTreeOptions,
+  readProcStat,
+} from "./process_tree.ts";
+import { quoteValue } from "./workspace.ts";
+
+/** What to run. */
+export interface ExecSpec {
+  /** Request id; exported to the command as `WAFFLE_REQUEST_ID` by `buildEnv()`. */
+  requestId: string;
+  /** Program and arguments; no shell. */
+  argv: string[];
+  /** Absolute working directory (from `resolveCwd()`). */
+  cwd: string;
+  /** The complete environment (from `buildEnv()`); the runner's own is not inherited. */
+  env: Record<string, string>;
+  /** Bytes written to stdin before it is closed; null means stdin is closed from the start. */
+  stdin: Uint8Array | null;
+  /** Run time limit in milliseconds, counted from start. */
+  timeoutMs?: number | undefined;
+  /** Most bytes forwarded per stream; the rest is counted and dropped. */
+  outputCap: number;
+}
+
+/** How a command ended. */
+export interface ExecOutcome {
+  /** Exit code; 128+n for death by signal n; 126/127 when it could not run; null when it never ran. */
+  exitCode: number | null;
+  /** Name of the signal that killed the command, e.g. `SIGKILL`. */
+  signal: string | null;
+  /** Killed because it hit `timeoutMs`. */
+  timedOut: boolean;
+  /** Killed because the request was cancelled (abort reason `"cancel"`). */
+  cancelled: boolean;
+  /** Killed because the runner is stopping (abort reason `"interrupt"`). */
+  interrupted: boolean;
+  /** Stdout went over the cap. */
+  stdoutTruncated: boolean;
+  /** Stderr went over the cap. */
+  stderrTruncated: boolean;
+  /** Total bytes written to stdout, including those dropped. */
+  stdoutBytes: number;
+  /** Total bytes written to stderr, including those dropped. */
+  stderrBytes: number;
+  /** Epoch milliseconds just before spawning. */
+  startedAt: number;
+  /** Epoch milliseconds once the tree was dead and output drained. */
+  endedAt: number;
+  /** Why the command could not run or was stopped, for the user; null otherwise. */
+  error: string | null;
+}
+
+/** Callbacks and controls for {@linkcode runCommand}. */
+export interface RunOptions {
+  /**
+   * Receives output as it arrives, at most `MAX_CHUNK_BYTES` per call, in
+   * order within each stream. The bytes are not reused by the caller side.
+   */
+  onOutput(stream: StreamName, data: Uint8Array): void;
+  /** Abort with reason `"cancel"` or `"interrupt"` (any other reason counts as cancel). */
+  signal?: AbortSignal | undefined;
+  /** Time between SIGTERM and SIGKILL when killing the tree; default 500 ms. */
+  killGraceMs?: number | undefined;
+  /** Also kill every adopted orphan of the runner; only when one request runs at a time. */
+  claimOrphans?: boolean | undefined;
+  /** Called with the root pid right after spawning. */
+  onSpawn?: ((pid: number) => void) | undefined;
+}
+
+/** How long to wait for the pipes to hit EOF once the tree was killed. */
+const DRAIN_MS = 1000;
+/** How long to wait for the stdin writer once the tree was killed. */
+const STDIN_SETTLE_MS = 100;
+
+/** Linux signal numbers (x86-64 and arm64 agree on these). */
+const SIGNAL_NUMBERS: Readonly<Record<string, number>> = {
+  SIGHUP: 1,
+  SIGINT: 2,
+  SIGQUIT: 3,
+  SIGILL: 4,
+  SIGTRAP: 5,
+  SIGABRT: 6,
+  SIGIOT: 6,
+  SIGBUS: 7,
+  SIGFPE: 8,
+  SIGKILL: 9,
+  SIGUSR1: 10,
+  SIGSEGV: 11,
+  SIGUSR2: 12,
+  SIGPIPE: 13,
+  SIGALRM: 14,
+  SIGTERM: 15,
+  SIGSTKFLT: 16,
+  SIGCHLD: 17,
+  SIGCONT: 18,
+  SIGSTOP: 19,
+  SIGTSTP: 20,
+  SIGTTIN: 21,
+  SIGTTOU: 22,
+  SIGURG: 23,
+  SIGXCPU: 24,
+  SIGXFSZ: 25,
+  SIGVTALRM: 26,
+  SIGPROF: 27,
+  SIGWINCH: 28,
+  SIGIO: 29,
+  SIGPOLL: 29,
+  SIGPWR: 30,
+  SIGSYS: 31,
+};
+
+type StopKind = "timeout" | "cancel" | "interrupt" | "error";
+
+// Pids spawned through Deno. Deno reaps these itself; the subreaper sweep
+// and orphan claiming must leave them alone.
+const spawned = new Set<number>();
+
+/**
+ * The pids of live processes the runner spawned through Deno (and that Deno
+ * will reap). A live view: pass it to `reapOrphans()`.
+ *
+ * @returns The set, read-only.
+ */
+export function spawnedPids(): ReadonlySet<number> {
+  return spawned;
+}
+
+/**
+ * Registers a pid spawned through Deno outside {@linkcode runCommand}, so
+ * that orphan claiming and reaping leave it alone.
+ *
+ * @param pid The child's pid.
+ * @returns A function that unregisters it; call it once its status resolved.
+ */
+export function registerSpawnedPid(pid: number): () => void {
+  spawned.add(pid);
+  return (): void => {
+    spawned.delete(pid);
+  };
+}
+
+/**
+ * The Linux number of a signal.
+ *
+ * @param name A signal name such as `SIGTERM`.
+ * @returns Its number, or undefined for an unknown name.
+ */
+export function signalNumber(name: string): number | undefined {
+  return Object.hasOwn(SIGNAL_NUMBERS, name) ? SIGNAL_NUMBERS[name] : undefined;
+}
+
+/**
+ * Runs one command to completion and kills whatever it leaves behind.
+ *
+ * The command runs in its own session and process group. When it exits,
+ * times out, or is aborted, its whole tree (including `setsid`/double-fork
+ * escapees, see `process_tree.ts`) is killed, and the call returns once the
+ * tree is dead and the pipes are drained. It never throws: failures to start
+ * are reported as exit code 127 (not found) or 126 (cannot execute).
+ *
+ * @param spec Program, directory, environment, stdin, timeout and output cap.
+ * @param options Output callback, abort signal and kill settings.
+ * @returns How the command ended.
+ */
+export async function runCommand(spec: ExecSpec, options: RunOptions): Promise<ExecOutcome> {
+  const startedAt = Date.now();
+  try {
+    return await execute(spec, options, startedAt);
+  } catch (error) {
+    return notRun(startedAt, `Internal error while running the command: ${messageOf(error)}`);
+  }
+}
+
+async function execute(
+  spec: ExecSpec,
+  options: RunOptions,
+  startedAt: number,
+): Promise<ExecOutcome> {
+  const argv0 = spec.argv[0];
+  if (argv0 === undefined) return notRun(startedAt, "Command is empty");
+  const invalid = invalidInput(spec);
+  if (invalid !== null) return notRun(startedAt, invalid);
+  const abortSignal = options.signal;
+  if (abortSignal?.aborted === true) {
+    const kind = abortKind(abortSignal);
+    return { ...notRun(startedAt, stopMessage(kind, spec)), ...stopFlags(kind) };
+  }
+
+  let child: Deno.ChildProcess;
+  try {
+    child = new Deno.Command(argv0, {
+      args: spec.argv.slice(1),
+      cwd: spec.cwd,
+      env: spec.env,
+      clearEnv: true,
+      stdin: spec.stdin === null ? "null" : "piped",
+      stdout: "piped",
+      stderr: "piped",
+      // setsid(): the request gets its own session and process group (pgid = pid).
+      detached: true,
+    }).spawn();
+  } catch (error) {
+    return spawnFailed(spec, argv0, error, startedAt);
+  }
+  const pid = child.pid;
+  spawned.add(pid);
+  // Read before yielding to the event loop, so Deno cannot have reaped it yet.
+  const rootStartTime = readProcStat(pid)?.starttime;
+
+  // An object, not `let`s: they are set from callbacks.
+  const state: { stop: StopKind | null; failure: string | null; exited: boolean } = {
+    stop: null,
+    failure: null,
+    exited: false,
+  };
+  const treeOptions: KillTreeOptions = {
+    known: spawned,
+    requestId: spec.requestId,
+    claimOrphans: options.claimOrphans ?? false,
+    rootStartTime,
+    graceMs: options.killGraceMs ?? DEFAULT_KILL_GRACE_MS,
+  };
+  const kills: Promise<unknown>[] = [];
+  const stop = (kind: StopKind): void => {
+    if (state.exited || state.stop !== null) return;
+    state.stop = kind;
+    kills.push(killTree(pid, treeOptions));
+  };
+  const fail = (message: string): void => {
+    state.failure ??= message;
+    stop("error");
+  };
+
+  let forwarding = true;
+  const deliver = (stream: StreamName, data: Uint8Array): void => {
+    if (!forwarding) return;
+    try {
+      options.onOutput(stream, data);
+    } catch (error) {
+      forwarding = false;
+      fail(`Output handler failed: ${messageOf(error)}`);
+    }
+  };
+  const stdout = startPump(child.stdout, spec.outputCap, (data) => deliver("stdout", data));
+  const stderr = startPump(child.stderr, spec.outputCap, (data) => deliver("stderr", data));
+  const stdinDone = spec.stdin === null ? Promise.resolve() : writeStdin(child.stdin, spec.stdin);
+
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  if (spec.timeoutMs !== undefined) {
+    const left = Math.max(0, spec.timeoutMs - (Date.now() - startedAt));
+    timer = setTimeout(() => stop("timeout"), left);
+  }
+  const onAbort = (): void => stop(abortKind(abortSignal));
+  abortSignal?.addEventListener("abort", onAbort, { once: true });
+  try {
+    options.onSpawn?.(pid);
+  } catch (error) {
+    fail(`Spawn handler failed: ${messageOf(error)}`);
+  }
+
+  let status: Deno.CommandStatus | null = null;
+  try {
+    status = await child.status;
+  } catch (error) {
+    state.failure ??= `Lost track of the command's exit status: ${messageOf(error)}`;
+  } finally {
+    state.exited = true;
+    spawned.delete(pid);
+    clearTimeout(timer);
+    abortSignal?.removeEventListener("abort", onAbort);
+  }
+
+  // The foreground is done: kill what it left behind (background children
+  // holding the pipes, escapees), then drain. A kill already under way
+  // (timeout, abort) finishes first; the sweep after it is cheap when empty.
+  await Promise.all(kills);
+  await killTree(pid, treeOptions);
+  if (!await settlesWithin(Promise.all([stdout.done, stderr.done]), DRAIN_MS)) {
+    // Something we could not find or kill still holds a pipe open.
+    await Promise.all([stdout.cancel(), stderr.cancel()]);
+    await Promise.all([stdout.done, stderr.done]);
+  }
+  // Settles with EPIPE once the readers are dead; not awaited past the bound.
+  await settlesWithin(stdinDone, STDIN_SETTLE_MS);
+
+  const signal = status?.signal ?? null;
+  const number = signal === null ? undefined : signalNumber(signal);
+  return {
+    exitCode: status === null ? null : number === undefined ? status.code : 128 + number,
+    signal,
+    ...stopFlags(state.stop),
+    stdoutTruncated: stdout.stats.truncated,
+    stderrTruncated: stderr.stats.truncated,
+    stdoutBytes: stdout.stats.total,
+    stderrBytes: stderr.stats.total,
+    startedAt,
+    endedAt: Date.now(),
+    error: state.failure ?? (state.stop === null ? null : stopMessage(state.stop, spec)),
+  };
+}
+
+interface PumpStats {
+  total: number;
+  forwarded: number;
+  truncated: boolean;
+}
+
+interface Pump {
+  stats: PumpStats;
+  done: Promise<void>;
+  cancel(): Promise<void>;
+}
+
+// Reads a pipe to EOF, forwarding pieces of at most MAX_CHUNK_BYTES until
+// `cap` bytes were forwarded; keeps draining (and counting) past the cap so
+// the command never blocks on a full pipe.
+function startPump(
+  stream: ReadableStream<Uint8Array>,
+  cap: number,
+  forward: (data: Uint8Array) => void,
+): Pump {
+  const reader = stream.getReader();
+  const stats: PumpStats = { total: 0, forwarded: 0, truncated: false };
+  const done = (async (): Promise<void> => {
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        stats.total += value.byteLength;
+        const take = Math.min(Math.max(0, cap - stats.forwarded), value.byteLength);
+        if (take < value.byteLength) stats.truncated = true;
+        stats.forwarded += take;
+        for (let offset = 0; offset < take; offset += MAX_CHUNK_BYTES) {
+          forward(value.subarray(offset, Math.min(take, offset + MAX_CHUNK_BYTES)));
+        }
+      }
+    } catch {
+      // Cancelled, or the pipe failed: there is nothing more to read.
+    }
+  })();
+  const cancel = async (): Promise<void> => {
+    try {
+      await reader.cancel();
+    } catch {
+      // Already closed.
+    }
+  };
+  return { stats, done, cancel };
+}
+
+async function writeStdin(stream: WritableStream<Uint8Array>, data: Uint8Array): Promise<void> {
+  const writer = stream.getWriter();
+  try {
+    if (data.byteLength > 0) await writer.write(data);
+    await writer.close();
+  } catch {
+    // EPIPE: the command exited or closed stdin without reading everything.
+    // That is its choice, not an error.
+  }
+}
+
+async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true, () => true), expired]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function invalidInput(spec: ExecSpec): string | null {
+  for (const [index, arg] of spec.argv.entries()) {
+    if (arg.includes("\0")) return `Argument ${index} ${quoteValue(arg)} contains a NUL byte`;
+  }
+  for (const [name, value] of Object.entries(spec.env)) {
+    if (name.includes("\0") || name.includes("=") || name === "" || value.includes("\0")) {
+      return `Environment variable ${quoteValue(name)} is invalid`;
+    }
+  }
+  if (spec.cwd.includes("\0")) {
+    return `Working directory ${quoteValue(spec.cwd)} contains a NUL byte`;
+  }
+  return null;
+}
+
+function abortKind(signal: AbortSignal | undefined): StopKind {
+  return signal?.reason === "interrupt" ? "interrupt" : "cancel";
+}
+
+function stopFlags(
+  kind: StopKind | null,
+): Pick<ExecOutcome, "timedOut" | "cancelled" | "interrupted"> {
+  return {
+    timedOut: kind === "timeout",
+    cancelled: kind === "cancel",
+    interrupted: kind === "interrupt",
+  };
+}
+
+function stopMessage(kind: StopKind, spec: ExecSpec): string {
+  switch (kind) {
+    case "timeout":
+      return `Command timed out after ${spec.timeoutMs} ms`;
+    case "cancel":
+      return "Command was cancelled";
+    case "interrupt":
+      return "Command was interrupted because the runner is stopping";
+    case "error":
+      return "Command was stopped after an internal error";
+  }
+}
+
+function notRun(startedAt: number, error: string, exitCode: number | null = null): ExecOutcome {
+  return {
+    exitCode,
+    signal: null,
+    timedOut: false,
+    cancelled: false,
+    interrupted: false,
+    stdoutTruncated: false,
+    stderrTruncated: false,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    startedAt,
+    endedAt: Date.now(),
+    error,
+  };
+}
+
+// Maps a spawn failure to 127 (not found) or 126 (cannot execute), the way shells do.
+function spawnFailed(
+  spec: ExecSpec,
+  argv0: string,
+  error: unknown,
+  startedAt: number,
+): ExecOutcome {
+  if (!isDirectory(spec.cwd)) {
+    // Deno reports a vanished cwd as NotFound too; that is not "command not found".
+    return notRun(startedAt, `Working directory ${quoteValue(spec.cwd)} does not exist`);
+  }
+  if (error instanceof Deno.errors.NotFound) {
+    return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, 127);
+  }
+  return notRun(
+    startedAt,
+    `Cannot execute ${quoteValue(argv0)}: ${execFailureReason(spec, argv0, error)}`,
+    126,
+  );
+}
+
+function execFailureReason(spec: ExecSpec, argv0: string, error: unknown): string {
+  // execve() says EACCES for a directory; say what it is.
+  if (argv0.includes("/")) {
+    const path = argv0.startsWith("/") ? argv0 : `${spec.cwd}/${argv0}`;
+    if (isDirectory(path)) return "Is a directory";
+  }
+  const code = typeof error === "object" && error !== null && "code" in error
+    ? String(error.code)
+    : "";
+  switch (code) {
+    case "EACCES":
+      return "Permission denied";
+    case "ENOEXEC":
+      return "Exec format error";
+    case "E2BIG":
+      return "Argument list too long";
+    case "ETXTBSY":
+      return "Text file busy";
+  }
+  if (error instanceof Deno.errors.PermissionDenied) return "Permission denied";
+  // "Failed to spawn 'x': Reason (os error 13)" -> "Reason"
+  return messageOf(error).replace(/^Failed to spawn '.*?': /s, "").replace(
+    / \(os error \d+\)$/,
+    "",
+  );
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return Deno.statSync(path).isDirectory;
+  } catch {
+    return false;
+  }
+}
+
+function messageOf(error: unknown): string {
+  const message = error instanceof Error ? error.message : String(error);
+  return message.split("\n")[0] ?? "";
+}

@@ -1,0 +1,8 @@
+/**
+ * The runner: what serves a queue inside the sandbox.
+ *
+ * @module
+ */
+export { resultOf, type RunnerOptions, runRunner } from "./runner.ts";
+export { type ExecOutcome, type ExecSpec, runCommand } from "./exec.ts";
+export { enableSubreaper, reapOrphans } from "./subreaper.ts";

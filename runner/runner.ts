@@ -1,0 +1,357 @@
+/**
+ * The runner: serves one queue directory. It executes requests in submission
+ * order (one at a time unless `concurrency` says otherwise), makes "started"
+ * durable before each process starts, streams output in bounded chunks, and
+ * writes exactly one result per request.
+ *
+ * @module
+ */
+import { UsageError } from "../lib/errors.ts";
+import { messageOf } from "../lib/queue/connection.ts";
+import {
+  DEFAULT_OUTPUT_CAP,
+  type ExecResult,
+  HEARTBEAT_INTERVAL_MS,
+  MAX_CHUNK_BYTES,
+  type StreamName,
+} from "../lib/queue/protocol.ts";
+import { type InboundRequest, RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { ChangeWatcher } from "../lib/queue/watch.ts";
+import { type ExecOutcome, runCommand } from "./exec.ts";
+import type { HeartbeatMessage } from "./heartbeat_worker.ts";
+import { acquireRunnerLock } from "./runner_lock.ts";
+import { enableSubreaper, reapOrphans } from "./subreaper.ts";
+import { spawnedPids } from "./exec.ts";
+import { buildEnv, resolveCwd } from "./workspace.ts";
+
+/** Options for {@linkcode runRunner}. */
+export interface RunnerOptions {
+  /** The queue directory (created by the host). */
+  queueDir: string;
+  /** Root that every request's cwd must resolve inside. */
+  workspace: string;
+  /** Requests run at once. Default 1: one user's commands never overlap. */
+  concurrency?: number;
+  /** Exit after this long with nothing queued or running; 0 (default) never. */
+  idleExitMs?: number;
+  /** Fallback poll interval of inbound.db. */
+  pollMs?: number;
+  /** Shown in the heartbeat; defaults to the hostname. */
+  runnerId?: string;
+  /** Heartbeat interval; default 2 s. */
+  heartbeatMs?: number;
+  /** Stops the runner as SIGTERM would (for in-process use). */
+  signal?: AbortSignal;
+  /** Called once the first heartbeat is written and requests are served. */
+  onReady?: () => void;
+}
+
+/** Output flushed at least this often while a command runs. */
+const FLUSH_MS = 50;
+/** Buffered output that forces a flush before the timer. */
+const FLUSH_BYTES = 256 * 1024;
+/** Orphan reaping interval (descendants that escaped and then died). */
+const REAP_MS = 1000;
+
+const BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+interface Running {
+  request: InboundRequest;
+  abort: AbortController;
+}
+
+/**
+ * Serves a queue until SIGTERM/SIGINT, `options.signal`, or the idle exit.
+ * On stop it kills running trees and records them as interrupted.
+ *
+ * @param options Queue, workspace and limits.
+ * @returns The process exit code (0 on a clean stop).
+ * @throws {RunnerError} When another runner holds the queue.
+ */
+export async function runRunner(options: RunnerOptions): Promise<number> {
+  acquireRunnerLock(`${options.queueDir}/runner.lock`);
+  const subreaper = enableSubreaper();
+  const queue = RunnerQueue.open(options.queueDir);
+  const bootId = crypto.randomUUID();
+  const runnerId = options.runnerId ?? Deno.hostname();
+  const concurrency = Math.max(1, options.concurrency ?? 1);
+  const idleExitMs = options.idleExitMs ?? 0;
+  const workspace = Deno.realPathSync(options.workspace);
+
+  const waiting: InboundRequest[] = [];
+  const running = new Map<string, Running>();
+  const stop = new AbortController();
+  let kick = new AbortController();
+  let idleSince: number | null = Date.now();
+
+  const onSignal = (): void => stop.abort();
+  const signals: Deno.Signal[] = ["SIGTERM", "SIGINT"];
+  for (const name of signals) Deno.addSignalListener(name, onSignal);
+  options.signal?.addEventListener("abort", onSignal, { once: true });
+  stop.signal.addEventListener("abort", () => kick.abort(), { once: true });
+
+  const recovery = queue.recover();
+  await Promise.all(
+    recovery.interrupted.map((request) =>
+      queue.finish(
+        resultOf(request.id, {
+          interrupted: true,
+          error: "The runner stopped while this request ran; it was not re-run",
+        }),
+      )
+    ),
+  );
+  waiting.push(...recovery.pending);
+
+  const heartbeat = new Worker(new URL("./heartbeat_worker.ts", import.meta.url), {
+    type: "module",
+  });
+  await new Promise<void>((resolve, reject) => {
+    heartbeat.onmessage = (event): void => {
+      if (event.data?.type === "started") resolve();
+    };
+    heartbeat.onerror = (event): void => {
+      event.preventDefault();
+      reject(new Error(`Heartbeat worker failed: ${event.message}`));
+    };
+    post(heartbeat, {
+      type: "start",
+      outbound: queue.paths.outbound,
+      beat: { runnerId, bootId, seq: 0, time: Date.now(), state: "running", idleSince },
+      intervalMs: options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
+    });
+  });
+  const reaper = subreaper ? setInterval(() => reapOrphans(spawnedPids()), REAP_MS) : undefined;
+  const watcher = new ChangeWatcher([queue.paths.inbound], {
+    ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
+  });
+  options.onReady?.();
+
+  const setIdle = (value: number | null): void => {
+    if ((value === null) === (idleSince === null)) return;
+    idleSince = value;
+    post(heartbeat, { type: "update", idleSince });
+  };
+
+  const execute = async (request: InboundRequest): Promise<void> => {
+    const entry: Running = { request, abort: new AbortController() };
+    running.set(request.id, entry);
+    try {
+      await queue.finish(
+        await runOne(queue, request, {
+          bootId,
+          workspace,
+          abort: entry.abort.signal,
+          claimOrphans: concurrency === 1,
+        }),
+      );
+    } catch (error) {
+      // The result could not be written (e.g. busy past the timeout): the
+      // request stays "started" and a later runner reports it interrupted.
+      console.error(`waffle runner: cannot record result of '${request.id}': ${messageOf(error)}`);
+    } finally {
+      running.delete(request.id);
+      kick.abort();
+    }
+  };
+
+  try {
+    while (!stop.signal.aborted) {
+      if (queue.inboundChanged()) {
+        const fresh = queue.newRequests();
+        const invalid = fresh.filter((request) => request.payload === undefined);
+        for (const request of invalid) {
+          await queue.finish(
+            resultOf(request.id, { error: `Invalid request: ${request.invalid}` }),
+          );
+        }
+        const valid = fresh.filter((request) => request.payload !== undefined);
+        if (valid.length > 0) {
+          waiting.push(...valid);
+          void queue.accept(valid.map((request) => request.id), bootId);
+        }
+        const cancelled = queue.cancelled([...waiting.map((r) => r.id), ...running.keys()]);
+        for (const id of cancelled) {
+          running.get(id)?.abort.abort("cancel");
+          const index = waiting.findIndex((request) => request.id === id);
+          if (index >= 0) {
+            waiting.splice(index, 1);
+            void queue.finish(
+              resultOf(id, { cancelled: true, error: "Cancelled before it started" }),
+            );
+          }
+        }
+        void queue.collectAcked();
+      }
+      while (running.size < concurrency && waiting.length > 0) {
+        void execute(waiting.shift()!);
+      }
+      const now = Date.now();
+      setIdle(running.size === 0 && waiting.length === 0 ? (idleSince ?? now) : null);
+      if (idleExitMs > 0 && idleSince !== null && now - idleSince >= idleExitMs) break;
+      kick = new AbortController();
+      if (stop.signal.aborted) break;
+      await watcher.wait(kick.signal);
+    }
+  } finally {
+    for (const entry of running.values()) entry.abort.abort("interrupt");
+    while (running.size > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    clearInterval(reaper);
+    watcher.close();
+    await stopWorker(heartbeat);
+    await queue.writeHeartbeat({
+      runnerId,
+      bootId,
+      seq: Number.MAX_SAFE_INTEGER,
+      time: Date.now(),
+      state: "exited",
+      idleSince,
+    }).catch(() => {});
+    queue.close();
+    for (const name of signals) Deno.removeSignalListener(name, onSignal);
+  }
+  return 0;
+}
+
+interface RunOneOptions {
+  bootId: string;
+  workspace: string;
+  abort: AbortSignal;
+  claimOrphans: boolean;
+}
+
+// Validates, marks started (durably), runs, and returns the result. Chunks
+// are appended through the group commit, so the last ones share the result's
+// transaction.
+async function runOne(
+  queue: RunnerQueue,
+  request: InboundRequest,
+  options: RunOneOptions,
+): Promise<ExecResult> {
+  const payload = request.payload!;
+  let cwd: string;
+  let env: Record<string, string>;
+  try {
+    cwd = resolveCwd(options.workspace, payload.cwd);
+    env = buildEnv(
+      { PATH: BASE_PATH, HOME: options.workspace, LANG: "C.UTF-8", TMPDIR: "/tmp" },
+      payload.env,
+      request.id,
+    );
+  } catch (error) {
+    if (error instanceof UsageError) return resultOf(request.id, { error: error.message });
+    throw error;
+  }
+  await queue.start(request.id, options.bootId);
+  if (options.abort.aborted) {
+    return resultOf(request.id, {
+      interrupted: true,
+      error: "The runner stopped before this request started",
+    });
+  }
+
+  const seq: Record<StreamName, number> = { stdout: 0, stderr: 0 };
+  let buffered: { stream: StreamName; seq: number; data: Uint8Array }[] = [];
+  let bufferedBytes = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const flush = (): void => {
+    clearTimeout(timer);
+    timer = undefined;
+    if (buffered.length === 0) return;
+    void queue.appendChunks(request.id, buffered);
+    buffered = [];
+    bufferedBytes = 0;
+  };
+  const onOutput = (stream: StreamName, data: Uint8Array): void => {
+    // exec.ts already splits at MAX_CHUNK_BYTES; this guards the protocol limit.
+    for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
+      const piece = data.slice(offset, offset + MAX_CHUNK_BYTES);
+      buffered.push({ stream, seq: seq[stream]++, data: piece });
+      bufferedBytes += piece.byteLength;
+    }
+    if (bufferedBytes >= FLUSH_BYTES) flush();
+    else timer ??= setTimeout(flush, FLUSH_MS);
+  };
+
+  const outcome: ExecOutcome = await runCommand({
+    requestId: request.id,
+    argv: payload.argv,
+    cwd,
+    env,
+    stdin: payload.stdin === undefined ? null : fromBase64(payload.stdin),
+    ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
+    outputCap: payload.outputCap ?? DEFAULT_OUTPUT_CAP,
+  }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
+  flush();
+  return {
+    requestId: request.id,
+    exitCode: outcome.exitCode,
+    signal: outcome.signal,
+    timedOut: outcome.timedOut,
+    interrupted: outcome.interrupted,
+    cancelled: outcome.cancelled,
+    stdoutTruncated: outcome.stdoutTruncated,
+    stderrTruncated: outcome.stderrTruncated,
+    stdoutBytes: outcome.stdoutBytes,
+    stderrBytes: outcome.stderrBytes,
+    startedAt: outcome.startedAt,
+    endedAt: outcome.endedAt,
+    durationMs: Math.max(0, outcome.endedAt - outcome.startedAt),
+    error: outcome.error === null ? null : outcome.error.slice(0, 4096),
+  };
+}
+
+/**
+ * A result for a request that did not run to an exit status.
+ *
+ * @param requestId The request.
+ * @param fields What happened.
+ * @returns A complete result.
+ */
+export function resultOf(
+  requestId: string,
+  fields: Partial<Pick<ExecResult, "interrupted" | "cancelled" | "error">>,
+): ExecResult {
+  const now = Date.now();
+  return {
+    requestId,
+    exitCode: null,
+    signal: null,
+    timedOut: false,
+    interrupted: fields.interrupted ?? false,
+    cancelled: fields.cancelled ?? false,
+    stdoutTruncated: false,
+    stderrTruncated: false,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    startedAt: null,
+    endedAt: now,
+    durationMs: 0,
+    error: fields.error ?? null,
+  };
+}
+
+function post(worker: Worker, message: HeartbeatMessage): void {
+  worker.postMessage(message);
+}
+
+async function stopWorker(worker: Worker): Promise<void> {
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, 1000);
+    worker.onmessage = (event): void => {
+      if (event.data?.type === "stopped") {
+        clearTimeout(timer);
+        resolve();
+      }
+    };
+    post(worker, { type: "stop" });
+  });
+  worker.terminate();
+}
+
+function fromBase64(text: string): Uint8Array {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}

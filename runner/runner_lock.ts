@@ -1,0 +1,37 @@
+/**
+ * One runner per queue: the runner holds an exclusive `flock` on the queue's
+ * `runner.lock` for its whole life. The kernel drops it when the process dies
+ * (even by SIGKILL), so a stale lock cannot outlive its runner. Works across
+ * the bind mount because host and container share one kernel.
+ *
+ * @module
+ */
+import { RunnerError } from "../lib/errors.ts";
+import { libc } from "./libc.ts";
+
+const O_RDWR = 2;
+const O_CLOEXEC = 0o2000000;
+const LOCK_EX = 2;
+const LOCK_NB = 4;
+
+/**
+ * Takes the queue's runner lock without waiting. The descriptor stays open
+ * (and the lock held) until the process exits.
+ *
+ * @param path The queue's `runner.lock`.
+ * @throws {RunnerError} When another runner holds it or the file cannot be opened.
+ */
+export function acquireRunnerLock(path: string): void {
+  const c = libc();
+  if (c === undefined) throw new RunnerError("Cannot lock the queue: libc is not available here");
+  const fd = c.open(new TextEncoder().encode(`${path}\0`), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) throw new RunnerError(`Cannot open runner lock '${path}'`);
+  if (c.flock(fd, LOCK_EX | LOCK_NB) !== 0) {
+    throw new RunnerError(`Another runner already serves the queue (lock '${path}' is held)`, {
+      exitCode: EXIT_LOCKED,
+    });
+  }
+}
+
+/** Exit code of a runner that found another runner on its queue. */
+export const EXIT_LOCKED = 75;

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Prepares a machine to develop and run waffle. Idempotent: every step checks
+# first and only acts when something is missing, so it is safe to run often.
+#
+# Usage: scripts/setup.sh [--docker] [--force-image]
+#   (always)       Deno 2.9.6 at .tools/bin/deno (from the npm package `deno`),
+#                  then `deno install` so node_modules is complete on disk (the
+#                  runner container mounts it read-only and cannot fetch).
+#   --docker       also: install docker.io via apt when dockerd is missing,
+#                  start dockerd when the daemon does not answer, build the
+#                  runner image (scripts/build_image.sh) when missing or stale,
+#                  and print the daemon's version, arch, storage and cgroup driver.
+#   --force-image  rebuild the runner image even when it is up to date.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+DENO_VERSION="2.9.6"
+DENO="$REPO/.tools/bin/deno"
+DOCKER_WAIT_SECONDS=60
+
+with_docker=0
+force_image=0
+for arg in "$@"; do
+  case "$arg" in
+    --docker) with_docker=1 ;;
+    --force-image) force_image=1 ;;
+    -h | --help)
+      sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "setup: error: unknown argument '$arg'" >&2
+      exit 2
+      ;;
+  esac
+done
+
+say() { printf 'setup: %s\n' "$*"; }
+die() {
+  printf 'setup: error: %s\n' "$*" >&2
+  exit 1
+}
+is_root() { [[ "$(id -u)" == 0 ]]; }
+
+deno_platform_package() {
+  case "$(uname -m)" in
+    x86_64 | amd64) echo "linux-x64-glibc" ;;
+    aarch64 | arm64) echo "linux-arm64-glibc" ;;
+    *) die "No Deno npm build for architecture '$(uname -m)'" ;;
+  esac
+}
+
+ensure_deno() {
+  local current
+  current="$("$DENO" --version 2>/dev/null | head -n1 || true)"
+  if [[ "$current" == "deno $DENO_VERSION "* ]]; then
+    say "deno $DENO_VERSION already at $DENO"
+    return
+  fi
+  [[ -z "$current" ]] || say "found '$current' at $DENO, want $DENO_VERSION"
+  command -v npm >/dev/null 2>&1 || die "npm not found; install Node.js and npm first (apt-get install -y npm)"
+  local platform
+  platform="$(deno_platform_package)"
+  say "npm install --prefix $REPO/.tools deno@$DENO_VERSION"
+  mkdir -p "$REPO/.tools/bin"
+  npm install --prefix "$REPO/.tools" --save-exact --include=optional --no-audit --no-fund \
+    "deno@$DENO_VERSION"
+  local binary="$REPO/.tools/node_modules/@deno/$platform/deno"
+  [[ -x "$binary" ]] || die "npm did not install '$binary' (optional dependency @deno/$platform missing?)"
+  # Relative link, so the checkout can move.
+  ln -sfn "../node_modules/@deno/$platform/deno" "$DENO"
+  current="$("$DENO" --version | head -n1)"
+  [[ "$current" == "deno $DENO_VERSION "* ]] || die "$DENO reports '$current', want $DENO_VERSION"
+  say "installed $current at $DENO"
+}
+
+ensure_node_modules() {
+  say "deno install (populates $REPO/node_modules from deno.lock)"
+  (cd "$REPO" && "$DENO" install)
+  # The runner container sees node_modules read-only with an empty DENO_DIR and
+  # no network: prove every npm import resolves under exactly those conditions.
+  local scratch
+  scratch="$(mktemp -d "${TMPDIR:-/tmp}/waffle-setup-deno.XXXXXX")"
+  if (cd "$REPO" && DENO_DIR="$scratch" DENO_NO_UPDATE_CHECK=1 "$DENO" eval --quiet --cached-only \
+    --node-modules-dir=manual --config "$REPO/deno.json" '
+      const config = JSON.parse(Deno.readTextFileSync("deno.json"));
+      const names = Object.entries(config.imports ?? {})
+        .filter(([, target]) => String(target).startsWith("npm:")).map(([name]) => name);
+      for (const name of names) await import(name);
+      console.log(`setup: node_modules complete (${names.join(", ")} load offline)`);
+    '); then
+    rm -rf "$scratch"
+  else
+    rm -rf "$scratch"
+    die "node_modules is incomplete: npm imports do not load with --cached-only"
+  fi
+}
+
+docker_answers() {
+  command -v docker >/dev/null 2>&1 &&
+    timeout 15 docker version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+ensure_docker_installed() {
+  if command -v dockerd >/dev/null 2>&1 && command -v docker >/dev/null 2>&1; then
+    say "docker engine installed: $(command -v dockerd)"
+    return
+  fi
+  is_root || die "dockerd is missing and installing it needs root (apt-get install -y docker.io)"
+  command -v apt-get >/dev/null 2>&1 || die "dockerd is missing and apt-get is not available"
+  say "apt-get update && apt-get install -y docker.io"
+  DEBIAN_FRONTEND=noninteractive apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io
+}
+
+ensure_docker_running() {
+  if docker_answers; then
+    say "docker daemon answers"
+    return
+  fi
+  is_root || die "The Docker daemon does not answer and starting it needs root"
+  local pid=""
+  if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+    say "systemctl start docker"
+    systemctl start docker || say "systemctl start docker failed; waiting anyway"
+  elif pgrep -x dockerd >/dev/null 2>&1; then
+    say "a dockerd process exists but does not answer yet; waiting for it"
+  else
+    local log=/var/log/waffle-dockerd.log
+    if ! touch "$log" 2>/dev/null; then
+      mkdir -p "$REPO/.tools"
+      log="$REPO/.tools/dockerd.log"
+    fi
+    say "starting dockerd in the background (log: $log)"
+    # setsid + nohup: the daemon outlives this script and its terminal.
+    setsid nohup dockerd >>"$log" 2>&1 </dev/null &
+    pid=$!
+  fi
+  local waited=0
+  until docker_answers; do
+    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$log" >&2 || true
+      die "dockerd exited during startup (see $log)"
+    fi
+    ((waited < DOCKER_WAIT_SECONDS)) || die "Docker daemon did not answer within ${DOCKER_WAIT_SECONDS}s"
+    sleep 1
+    waited=$((waited + 1))
+  done
+  say "docker daemon answers after ${waited}s"
+}
+
+ensure_image() {
+  local args=()
+  ((force_image == 0)) || args+=(--force)
+  say "scripts/build_image.sh ${args[*]:-}(rebuilds only when the image is missing or stale)"
+  DENO_BIN="$DENO" "$REPO/scripts/build_image.sh" "${args[@]}"
+}
+
+print_docker_summary() {
+  local summary
+  summary="$(docker info --format \
+    'server {{.ServerVersion}}, arch {{.Architecture}}, storage driver {{.Driver}}, cgroup driver {{.CgroupDriver}} (v{{.CgroupVersion}})')"
+  say "docker: $summary"
+  say "docker: API $(docker version --format '{{.Server.APIVersion}}'), image $(docker image inspect \
+    --format '{{.Id}}' "${WAFFLE_IMAGE:-waffle-runner:latest}")"
+}
+
+ensure_deno
+ensure_node_modules
+if ((with_docker == 1)); then
+  ensure_docker_installed
+  ensure_docker_running
+  ensure_image
+  print_docker_summary
+else
+  say "skipping Docker (run with --docker to install/start it and build the runner image)"
+fi
+say "done"

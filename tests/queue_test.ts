@@ -1,0 +1,279 @@
+/**
+ * The queue protocol: pragmas, schema versions, the one-writer rule, group
+ * commit, validation, exactly-once submission, GC and hostile outbound rows.
+ * Real SQLite files and a real runner process; nothing is mocked.
+ */
+import assert from "node:assert/strict";
+import { DatabaseSync } from "node:sqlite";
+import { openDatabase } from "../lib/queue/connection.ts";
+import { Queue } from "../lib/queue/queue.ts";
+import { RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { initQueue, queuePaths } from "../lib/queue/schema.ts";
+import { ProtocolError, QueueError, UsageError } from "../lib/errors.ts";
+import { startRunner, tempQueue, text } from "./_helpers.ts";
+
+// The SQLite file change counter (header bytes 24..27) moves on every write
+// transaction in rollback-journal mode: it proves who wrote a file.
+function changeCounter(path: string): number {
+  const header = Deno.readFileSync(path).subarray(24, 28);
+  return new DataView(header.buffer, header.byteOffset, 4).getUint32(0);
+}
+
+Deno.test("openDatabase() sets TRUNCATE, FULL and busy_timeout 5000 and checks them", async () => {
+  await using q = await tempQueue();
+  const db = openDatabase(queuePaths(q.queueDir).inbound, { role: "owner" });
+  const one = (sql: string): unknown => Object.values(db.prepare(sql).get() as object)[0];
+  assert.equal(one("PRAGMA journal_mode"), "truncate");
+  assert.equal(one("PRAGMA synchronous"), 2);
+  assert.equal(one("PRAGMA busy_timeout"), 5000);
+  db.close();
+});
+
+Deno.test("openDatabase() rejects another schema version, naming both", async () => {
+  await using q = await tempQueue();
+  const path = queuePaths(q.queueDir).outbound;
+  const raw = new DatabaseSync(path);
+  raw.exec("PRAGMA user_version = 7");
+  raw.close();
+  assert.throws(
+    () => openDatabase(path, { role: "reader" }),
+    (error: unknown) =>
+      error instanceof QueueError && /schema version 7/.test(error.message) && /speaks 1/.test(error.message),
+  );
+});
+
+Deno.test("openDatabase() refuses a symlinked queue file", async () => {
+  await using q = await tempQueue();
+  const paths = queuePaths(q.queueDir);
+  await Deno.rename(paths.outbound, `${paths.outbound}.real`);
+  await Deno.symlink(`${paths.outbound}.real`, paths.outbound);
+  assert.throws(() => openDatabase(paths.outbound, { role: "reader" }), /is not a regular file/);
+});
+
+Deno.test("Queue.open() without create names the missing directory", () => {
+  assert.throws(() => Queue.open("/nonexistent/waffle-q"), /Queue directory '\/nonexistent\/waffle-q'/);
+});
+
+Deno.test("the host never writes outbound.db and the runner never writes inbound.db", async () => {
+  await using q = await tempQueue();
+  const paths = queuePaths(q.queueDir);
+  const outboundBefore = changeCounter(paths.outbound);
+  const queue = Queue.open(q.queueDir);
+  const id = await queue.submit({ argv: ["true"] });
+  await queue.cancel(id);
+  queue.state(id);
+  await queue.ack(id);
+  await queue.gc();
+  queue.close();
+  assert.equal(changeCounter(paths.outbound), outboundBefore, "host operations changed outbound.db");
+
+  const inboundBefore = changeCounter(paths.inbound);
+  const runner = RunnerQueue.open(q.queueDir);
+  runner.recover();
+  runner.newRequests();
+  await runner.accept(["x"], "boot");
+  await runner.start("x", "boot");
+  await runner.appendChunks("x", [{ stream: "stdout", seq: 0, data: new Uint8Array([1]) }]);
+  await runner.collectAcked();
+  runner.close();
+  assert.equal(changeCounter(paths.inbound), inboundBefore, "runner operations changed inbound.db");
+  assert.notEqual(changeCounter(paths.outbound), outboundBefore, "runner writes must reach outbound.db");
+});
+
+Deno.test("the side that does not own a file cannot write it (query_only)", async () => {
+  await using q = await tempQueue();
+  const reader = openDatabase(queuePaths(q.queueDir).outbound, { role: "reader" });
+  assert.throws(
+    () => reader.exec("INSERT INTO results (request_id, body, created_at) VALUES ('x', '{}', 0)"),
+    /readonly/,
+  );
+  reader.close();
+});
+
+Deno.test("a reader rolls back a hot journal left by a writer killed mid-commit", async () => {
+  await using q = await tempQueue();
+  const paths = queuePaths(q.queueDir);
+  const seed = openDatabase(paths.outbound, { role: "owner" });
+  seed.exec("BEGIN IMMEDIATE");
+  for (let i = 0; i < 500; i++) {
+    seed.prepare("INSERT INTO chunks VALUES (?, 'stdout', 0, randomblob(2000))").run(`r${i}`);
+  }
+  seed.exec("COMMIT");
+  seed.close();
+  // A child process rewrites every row with a tiny page cache (so pages spill
+  // into the file before commit) and is SIGKILLed mid-transaction.
+  const script = `
+    import { DatabaseSync } from "node:sqlite";
+    const db = new DatabaseSync(${JSON.stringify(paths.outbound)});
+    db.exec("PRAGMA journal_mode=TRUNCATE; PRAGMA synchronous=FULL; PRAGMA cache_size=1; BEGIN IMMEDIATE");
+    db.exec("UPDATE chunks SET data = randomblob(2000)");
+    console.log("dirty");
+    await new Promise(() => setInterval(() => {}, 1000));`;
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  const reader = child.stdout.getReader();
+  const first = await reader.read();
+  assert.match(text(first.value ?? new Uint8Array()), /dirty/);
+  child.kill("SIGKILL");
+  await child.status;
+  reader.releaseLock();
+  await child.stdout.cancel();
+  assert.ok(Deno.statSync(`${paths.outbound}-journal`).size > 0, "expected a hot journal");
+  const host = openDatabase(paths.outbound, { role: "reader" });
+  assert.equal((host.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
+  assert.equal((host.prepare("SELECT count(*) AS n FROM chunks").get() as { n: number }).n, 500);
+  host.close();
+});
+
+Deno.test("Queue.submit() shares one transaction among concurrent submissions", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  const before = queue.commits;
+  const ids = await Promise.all(Array.from({ length: 50 }, () => queue.submit({ argv: ["true"] })));
+  assert.equal(new Set(ids).size, 50);
+  assert.equal(queue.commits - before, 1, "50 concurrent submits should be one group commit");
+  queue.close();
+});
+
+Deno.test("Queue.submit() with a known tool-use id returns the same request", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  const a = await queue.submit({ argv: ["echo", "x"], toolUseId: "toolu_1" });
+  const b = await queue.submit({ argv: ["echo", "x"], toolUseId: "toolu_1" });
+  assert.equal(a, b);
+  await assert.rejects(
+    queue.submit({ argv: ["echo", "y"], toolUseId: "toolu_1" }),
+    (error: unknown) => error instanceof UsageError && /toolu_1/.test(error.message),
+  );
+  queue.close();
+});
+
+Deno.test("Queue.submit() rejects bad input with one line naming it, writing nothing", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  const counter = changeCounter(queuePaths(q.queueDir).inbound);
+  const cases: [Parameters<Queue["submit"]>[0], RegExp][] = [
+    [{ argv: [] }, /argv/],
+    [{ argv: ["a\0b"] }, /argv/],
+    [{ argv: ["true"], env: { "BAD-NAME": "x" } }, /env/],
+    [{ argv: ["true"], timeoutMs: -5 }, /timeoutMs/],
+    [{ argv: ["true"], outputCap: 1e12 }, /outputCap/],
+    [{ argv: ["true"], shell: "true" }, /exactly one/],
+    [{ argv: ["true"], toolUseId: "has space" }, /has space/],
+    [{ argv: ["true"], stdin: new Uint8Array(17 * 1024 * 1024) }, /Stdin/],
+  ];
+  for (const [options, pattern] of cases) {
+    await assert.rejects(
+      Promise.resolve().then(() => queue.submit(options)),
+      (error: unknown) => error instanceof UsageError && pattern.test(error.message) && !error.message.includes("\n"),
+      `expected ${pattern}`,
+    );
+  }
+  queue.close();
+  assert.equal(changeCounter(queuePaths(q.queueDir).inbound), counter);
+});
+
+Deno.test("Queue.state() rejects an unknown request id", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  assert.throws(() => queue.state("3f1e-none"), /No request '3f1e-none'/);
+  queue.close();
+});
+
+Deno.test("acknowledged requests are garbage-collected from both files", async () => {
+  await using q = await tempQueue();
+  await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const queue = Queue.open(q.queueDir);
+  const ids = await Promise.all(Array.from({ length: 20 }, (_, i) => queue.submit({ argv: ["echo", `${i}`] })));
+  for (const id of ids) {
+    const { stdout } = await queue.collect(id);
+    assert.ok(text(stdout).length > 0);
+    await queue.ack(id);
+  }
+  let forgotten = 0;
+  for (let i = 0; i < 200 && forgotten < ids.length; i++) {
+    forgotten += await queue.gc();
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  assert.equal(forgotten, ids.length);
+  const count = (path: string, table: string): number => {
+    const db = new DatabaseSync(path, { readOnly: true });
+    const n = (db.prepare(`SELECT count(*) AS n FROM ${table}`).get() as { n: number }).n;
+    db.close();
+    return n;
+  };
+  const paths = queuePaths(q.queueDir);
+  for (const table of ["requests", "acks"]) assert.equal(count(paths.inbound, table), 0, table);
+  for (const table of ["states", "chunks", "results"]) assert.equal(count(paths.outbound, table), 0, table);
+  queue.close();
+});
+
+Deno.test("hostile outbound rows fail their own request and the host keeps serving", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  const paths = queuePaths(q.queueDir);
+  const ids = await Promise.all(Array.from({ length: 7 }, () => queue.submit({ argv: ["true"] })));
+  const [wrongType, hugeBlob, badJson, otherId, duplicate, outOfOrder, overCap] = ids as [
+    string, string, string, string, string, string, string,
+  ];
+  // Plays the part of a compromised runner writing straight into outbound.db.
+  const hostile = new DatabaseSync(paths.outbound);
+  hostile.exec("PRAGMA journal_mode=TRUNCATE; PRAGMA busy_timeout=5000");
+  const good = (id: string): string =>
+    JSON.stringify({
+      requestId: id, exitCode: 0, signal: null, timedOut: false, interrupted: false, cancelled: false,
+      stdoutTruncated: false, stderrTruncated: false, stdoutBytes: 0, stderrBytes: 0,
+      startedAt: 1, endedAt: 2, durationMs: 1, error: null,
+    });
+  const insert = hostile.prepare("INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)");
+  insert.run(wrongType, good(wrongType).replace('"exitCode":0', '"exitCode":"zero"'));
+  insert.run(hugeBlob, "x".repeat(8 * 1024 * 1024));
+  insert.run(badJson, "{not json");
+  insert.run(otherId, good(wrongType));
+  // A hostile runner can rebuild tables without their keys.
+  hostile.exec("ALTER TABLE results RENAME TO results_old; CREATE TABLE results (request_id, body, created_at); INSERT INTO results SELECT * FROM results_old;");
+  const insert2 = hostile.prepare("INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)");
+  insert2.run(duplicate, good(duplicate));
+  insert2.run(duplicate, good(duplicate));
+  const chunk = hostile.prepare("INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, ?, ?, ?)");
+  chunk.run(outOfOrder, "stdout", 5, new Uint8Array(3));
+  insert2.run(outOfOrder, good(outOfOrder));
+  for (let i = 0; i < 20; i++) chunk.run(overCap, "stdout", i, new Uint8Array(60 * 1024));
+  insert2.run(overCap, good(overCap));
+  hostile.close();
+
+  const expectations: [string, RegExp][] = [
+    [wrongType, /malformed/],
+    [hugeBlob, /at most 16384 bytes/],
+    [badJson, /not valid JSON/],
+    [otherId, /names request/],
+    [duplicate, /Duplicate result/],
+  ];
+  for (const [id, pattern] of expectations) {
+    await assert.rejects(queue.wait(id), (e: unknown) => e instanceof ProtocolError && pattern.test(e.message), id);
+  }
+  await assert.rejects(queue.collect(outOfOrder), /out of order/);
+  await assert.rejects(queue.collect(overCap), /exceeds its 1048576-byte stdout cap/);
+
+  // The same host still serves new requests through a real runner.
+  await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const fresh = await queue.submit({ argv: ["echo", "still serving"] });
+  const { result, stdout } = await queue.collect(fresh);
+  assert.equal(result.exitCode, 0);
+  assert.equal(text(stdout), "still serving\n");
+  queue.close();
+});
+
+Deno.test("initQueue() is idempotent and keeps existing rows", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  const id = await queue.submit({ argv: ["true"] });
+  queue.close();
+  initQueue(q.queueDir);
+  const again = Queue.open(q.queueDir, { create: true });
+  assert.equal(again.state(id).state, "queued");
+  again.close();
+});

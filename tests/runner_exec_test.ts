@@ -1,0 +1,604 @@
+/**
+ * Tests of the runner's command execution with real processes: exit codes,
+ * spawn failures, output streaming and caps, stdin, timeouts, cancellation,
+ * and killing whole process trees including `setsid`/double-fork escapees.
+ *
+ * Run with `deno test --allow-all tests/runner_exec_test.ts` (reading
+ * `/proc/<pid>/environ` and FFI need it).
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
+import { UsageError } from "../lib/errors.ts";
+import { type ExecOutcome, runCommand, spawnedPids } from "../runner/exec.ts";
+import { findTree, parseProcStat, readProcStat } from "../runner/process_tree.ts";
+import { enableSubreaper, reapOrphans } from "../runner/subreaper.ts";
+import { buildEnv, resolveCwd } from "../runner/workspace.ts";
+
+const PATH = "/usr/local/bin:/usr/bin:/bin";
+/** A safety net so a broken kill path fails the test instead of hanging it. */
+const SAFETY_TIMEOUT_MS = 60_000;
+
+// Orphans of the commands must come back to this process to be killed and reaped.
+const subreaper = enableSubreaper();
+
+interface RunArgs {
+  cwd?: string;
+  stdin?: Uint8Array | null;
+  timeoutMs?: number;
+  outputCap?: number;
+  env?: Record<string, string>;
+  signal?: AbortSignal;
+  claimOrphans?: boolean;
+  killGraceMs?: number;
+  onText?: (stream: StreamName, text: string) => void;
+}
+
+interface Run {
+  outcome: ExecOutcome;
+  stdout: string;
+  stderr: string;
+  stdoutBytes: Uint8Array;
+  events: [StreamName, string][];
+  pieceSizes: number[];
+}
+
+async function run(argv: string[], args: RunArgs = {}): Promise<Run> {
+  const requestId = crypto.randomUUID();
+  const chunks: Record<StreamName, Uint8Array[]> = { stdout: [], stderr: [] };
+  const events: [StreamName, string][] = [];
+  const pieceSizes: number[] = [];
+  const decoder = new TextDecoder();
+  const outcome = await runCommand({
+    requestId,
+    argv,
+    cwd: args.cwd ?? Deno.cwd(),
+    env: buildEnv({ PATH }, args.env, requestId),
+    stdin: args.stdin ?? null,
+    timeoutMs: args.timeoutMs ?? SAFETY_TIMEOUT_MS,
+    outputCap: args.outputCap ?? 1024 * 1024,
+  }, {
+    onOutput(stream, data): void {
+      chunks[stream].push(data.slice());
+      pieceSizes.push(data.byteLength);
+      const text = decoder.decode(data);
+      events.push([stream, text]);
+      args.onText?.(stream, text);
+    },
+    signal: args.signal,
+    claimOrphans: args.claimOrphans ?? true,
+    killGraceMs: args.killGraceMs,
+  });
+  const stdoutBytes = concat(chunks.stdout);
+  return {
+    outcome,
+    stdout: decoder.decode(stdoutBytes),
+    stderr: decoder.decode(concat(chunks.stderr)),
+    stdoutBytes,
+    events,
+    pieceSizes,
+  };
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((sum, part) => sum + part.byteLength, 0));
+  let offset = 0;
+  for (const part of parts) {
+    out.set(part, offset);
+    offset += part.byteLength;
+  }
+  return out;
+}
+
+async function withTempDir(fn: (dir: string) => Promise<void> | void): Promise<void> {
+  const dir = Deno.realPathSync(Deno.makeTempDirSync({ prefix: "waffle_exec_test_" }));
+  try {
+    await fn(dir);
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
+}
+
+function writeScript(dir: string, name: string, body: string): string {
+  const path = `${dir}/${name}`;
+  Deno.writeTextFileSync(path, body);
+  return path;
+}
+
+// A process that no longer exists at all: not alive, and not a zombie either.
+function assertGone(pid: number, what: string): void {
+  const stat = readProcStat(pid);
+  assert.equal(stat, null, `${what} (pid ${pid}) survived as ${JSON.stringify(stat)}`);
+}
+
+// Written by a detached escapee: `echo $$ > pid.tmp && mv pid.tmp pid` makes it atomic.
+const ESCAPEE_BODY = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 1000';
+
+function readPid(path: string): number {
+  const pid = Number(Deno.readTextFileSync(path).trim());
+  assert.ok(Number.isSafeInteger(pid) && pid > 1, `bad pidfile '${path}'`);
+  return pid;
+}
+
+function baseOutcome(run: Run): Pick<ExecOutcome, "timedOut" | "cancelled" | "interrupted"> {
+  const { timedOut, cancelled, interrupted } = run.outcome;
+  return { timedOut, cancelled, interrupted };
+}
+
+const NOT_STOPPED = { timedOut: false, cancelled: false, interrupted: false };
+
+Deno.test("enableSubreaper() makes the test process a child subreaper", () => {
+  assert.equal(subreaper, true);
+  assert.equal(enableSubreaper(), true);
+});
+
+for (const code of [0, 1, 23]) {
+  Deno.test(`runCommand() reports exit ${code} exactly`, async () => {
+    const result = await run(["sh", "-c", `exit ${code}`]);
+    assert.equal(result.outcome.exitCode, code);
+    assert.equal(result.outcome.signal, null);
+    assert.equal(result.outcome.error, null);
+    assert.deepEqual(baseOutcome(result), NOT_STOPPED);
+  });
+}
+
+Deno.test("runCommand() treats a command's own exit 124 as an ordinary exit", async () => {
+  const result = await run(["sh", "-c", "exit 124"]);
+  assert.equal(result.outcome.exitCode, 124);
+  assert.equal(result.outcome.timedOut, false);
+  assert.equal(result.outcome.error, null);
+});
+
+Deno.test("runCommand() reports a missing command as 127", async () => {
+  const result = await run(["waffle-no-such-command-xyz", "arg"]);
+  assert.equal(result.outcome.exitCode, 127);
+  assert.equal(result.outcome.signal, null);
+  assert.equal(result.outcome.error, "Command not found: 'waffle-no-such-command-xyz'");
+  assert.deepEqual(spawnedPids().size, 0);
+});
+
+Deno.test("runCommand() reports a non-executable file as 126", async () => {
+  await withTempDir(async (dir) => {
+    const path = writeScript(dir, "script.sh", "#!/bin/sh\necho nope\n");
+    Deno.chmodSync(path, 0o644);
+    const result = await run([path]);
+    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(result.outcome.error, `Cannot execute '${path}': Permission denied`);
+    assert.equal(result.stdout, "");
+  });
+});
+
+Deno.test("runCommand() reports a directory as 126", async () => {
+  await withTempDir(async (dir) => {
+    const result = await run([dir]);
+    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(result.outcome.error, `Cannot execute '${dir}': Is a directory`);
+  });
+});
+
+Deno.test("runCommand() reports death by SIGKILL as 137", async () => {
+  const result = await run(["sh", "-c", "kill -KILL $$"]);
+  assert.equal(result.outcome.exitCode, 137);
+  assert.equal(result.outcome.signal, "SIGKILL");
+  assert.deepEqual(baseOutcome(result), NOT_STOPPED);
+});
+
+Deno.test("runCommand() passes exactly the given environment plus WAFFLE_REQUEST_ID", async () => {
+  const requestId = crypto.randomUUID();
+  const lines: string[] = [];
+  const outcome = await runCommand({
+    requestId,
+    argv: ["env"],
+    cwd: Deno.cwd(),
+    env: buildEnv({ PATH }, { FOO: "bar baz", ["__proto__"]: "x" }, requestId),
+    stdin: null,
+    outputCap: 65536,
+  }, {
+    onOutput(_stream, data): void {
+      lines.push(...new TextDecoder().decode(data).split("\n").filter((line) => line !== ""));
+    },
+  });
+  assert.equal(outcome.exitCode, 0);
+  assert.deepEqual(lines.sort(), [
+    "FOO=bar baz",
+    `PATH=${PATH}`,
+    `WAFFLE_REQUEST_ID=${requestId}`,
+    "__proto__=x",
+  ]);
+});
+
+Deno.test("runCommand() runs in the given working directory", async () => {
+  await withTempDir(async (dir) => {
+    Deno.mkdirSync(`${dir}/sub dir`);
+    const result = await run(["pwd"], { cwd: `${dir}/sub dir` });
+    assert.equal(result.stdout, `${dir}/sub dir\n`);
+  });
+});
+
+Deno.test("runCommand() keeps stdout and stderr apart and streams them in order", async () => {
+  await withTempDir(async (dir) => {
+    // Each line waits for the test to have received the previous one, so
+    // the order proves output is forwarded while the command still runs.
+    const script = writeScript(
+      dir,
+      "stream.sh",
+      [
+        "echo one",
+        "while [ ! -e flag1 ]; do sleep 0.01; done",
+        "echo two >&2",
+        "while [ ! -e flag2 ]; do sleep 0.01; done",
+        "echo three",
+      ].join("\n"),
+    );
+    const result = await run(["sh", script], {
+      cwd: dir,
+      onText(_stream, text): void {
+        if (text.includes("one")) Deno.writeTextFileSync(`${dir}/flag1`, "");
+        if (text.includes("two")) Deno.writeTextFileSync(`${dir}/flag2`, "");
+      },
+    });
+    assert.equal(result.outcome.exitCode, 0);
+    assert.deepEqual(result.events, [["stdout", "one\n"], ["stderr", "two\n"], [
+      "stdout",
+      "three\n",
+    ]]);
+    assert.equal(result.outcome.stdoutBytes, 10);
+    assert.equal(result.outcome.stderrBytes, 4);
+  });
+});
+
+Deno.test("runCommand() caps output, flags truncation and counts every byte", async () => {
+  const result = await run(
+    ["sh", "-c", "head -c 300000 /dev/zero; head -c 5000 /dev/zero >&2; echo tail"],
+    { outputCap: 70_000 },
+  );
+  const { outcome } = result;
+  assert.equal(outcome.exitCode, 0);
+  assert.equal(outcome.stdoutBytes, 300_005);
+  assert.equal(outcome.stderrBytes, 5000);
+  assert.equal(outcome.stdoutTruncated, true);
+  assert.equal(outcome.stderrTruncated, false);
+  assert.equal(result.stdoutBytes.byteLength, 70_000);
+  assert.ok(result.stdoutBytes.every((byte) => byte === 0));
+  assert.ok(result.pieceSizes.every((size) => size > 0 && size <= MAX_CHUNK_BYTES));
+});
+
+Deno.test("runCommand() caps stderr separately from stdout", async () => {
+  const result = await run(["sh", "-c", "echo out; head -c 5000 /dev/zero >&2"], {
+    outputCap: 1000,
+  });
+  assert.equal(result.stdout, "out\n");
+  assert.equal(result.outcome.stdoutTruncated, false);
+  assert.equal(result.outcome.stderrTruncated, true);
+  assert.equal(result.outcome.stderrBytes, 5000);
+  assert.equal(result.stderr.length, 1000);
+});
+
+Deno.test("runCommand() does not flag output that exactly fills the cap", async () => {
+  const result = await run(["head", "-c", "1000", "/dev/zero"], { outputCap: 1000 });
+  assert.equal(result.outcome.stdoutBytes, 1000);
+  assert.equal(result.stdoutBytes.byteLength, 1000);
+  assert.equal(result.outcome.stdoutTruncated, false);
+});
+
+Deno.test("runCommand() writes stdin bytes and then closes stdin", async () => {
+  const input = new Uint8Array(1024).map((_, index) => index % 256);
+  const result = await run(["cat"], { stdin: input });
+  assert.equal(result.outcome.exitCode, 0);
+  assert.deepEqual(result.stdoutBytes, input);
+});
+
+Deno.test("runCommand() streams a large stdin while output flows back", async () => {
+  // 4 MiB both ways: more than any pipe buffer, so writing all of stdin
+  // before reading stdout would deadlock.
+  const input = new Uint8Array(4 * 1024 * 1024).map((_, index) => (index * 7) % 251);
+  const result = await run(["cat"], { stdin: input, outputCap: 8 * 1024 * 1024 });
+  assert.equal(result.outcome.exitCode, 0);
+  assert.equal(result.outcome.stdoutBytes, input.byteLength);
+  assert.deepEqual(result.stdoutBytes, input);
+});
+
+Deno.test("runCommand() gives a closed stdin when stdin is null", async () => {
+  const result = await run(["wc", "-c"], { stdin: null });
+  assert.equal(result.outcome.exitCode, 0);
+  assert.equal(result.stdout.trim(), "0");
+});
+
+Deno.test("runCommand() does not fail when the command ignores its stdin", async () => {
+  const result = await run(["true"], { stdin: new Uint8Array(1024 * 1024) });
+  assert.equal(result.outcome.exitCode, 0);
+  assert.equal(result.outcome.error, null);
+});
+
+Deno.test("runCommand() times out and kills a setsid escapee", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        `setsid sh ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &`,
+        `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+        "echo started",
+        "sleep 1000",
+      ].join("\n"),
+    );
+    const result = await run(["sh", script], { timeoutMs: 1500 });
+    const { outcome } = result;
+    assert.equal(result.stdout, "started\n");
+    assert.equal(outcome.timedOut, true);
+    assert.equal(outcome.signal, "SIGTERM");
+    assert.equal(outcome.exitCode, 143);
+    assert.equal(outcome.error, "Command timed out after 1500 ms");
+    assertGone(readPid(`${dir}/pid`), "setsid escapee");
+  });
+});
+
+Deno.test("runCommand() escalates to SIGKILL when SIGTERM is ignored", async () => {
+  const result = await run(["sh", "-c", "trap '' TERM; sleep 1000"], {
+    timeoutMs: 200,
+    killGraceMs: 100,
+  });
+  assert.equal(result.outcome.timedOut, true);
+  assert.equal(result.outcome.signal, "SIGKILL");
+  assert.equal(result.outcome.exitCode, 137);
+});
+
+Deno.test("runCommand() returns when the foreground exits although a background child holds stdout", async () => {
+  const result = await run(["sh", "-c", "sleep 30 & echo $!; echo hi"]);
+  const [pidLine, hi] = result.stdout.split("\n");
+  assert.equal(hi, "hi");
+  assert.equal(result.outcome.exitCode, 0);
+  assert.deepEqual(baseOutcome(result), NOT_STOPPED);
+  assert.equal(result.outcome.error, null);
+  // Returned before the 30 s sleep would have ended: the sleep is dead, not finished.
+  assertGone(Number(pidLine), "background sleep");
+});
+
+Deno.test("runCommand() kills a double-fork setsid escapee after a normal exit (environment marker)", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        `(setsid sh ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &)`,
+        `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+        "echo done",
+      ].join("\n"),
+    );
+    // Without orphan claiming, only the WAFFLE_REQUEST_ID marker attributes it.
+    const result = await run(["sh", script], { claimOrphans: false });
+    assert.equal(result.outcome.exitCode, 0);
+    assert.equal(result.stdout, "done\n");
+    assertGone(readPid(`${dir}/pid`), "double-fork escapee");
+  });
+});
+
+Deno.test("runCommand() with claimOrphans kills an escapee that dropped the marker", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        // env -i: no WAFFLE_REQUEST_ID, new session, reparented to the runner.
+        `(env -i "$(command -v setsid)" "$(command -v sh)" ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &)`,
+        `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+        "echo done",
+      ].join("\n"),
+    );
+    const result = await run(["sh", script], { claimOrphans: true });
+    assert.equal(result.outcome.exitCode, 0);
+    const pid = readPid(`${dir}/pid`);
+    assertGone(pid, "unmarked escapee");
+  });
+});
+
+for (const reason of ["cancel", "interrupt"] as const) {
+  Deno.test(`runCommand() kills the tree when aborted with reason '${reason}'`, async () => {
+    await withTempDir(async (dir) => {
+      const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+      const script = writeScript(
+        dir,
+        "main.sh",
+        [
+          `setsid sh ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &`,
+          `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+          "echo ready",
+          "sleep 1000",
+        ].join("\n"),
+      );
+      const controller = new AbortController();
+      const result = await run(["sh", script], {
+        signal: controller.signal,
+        onText(_stream, text): void {
+          if (text.includes("ready")) controller.abort(reason);
+        },
+      });
+      const { outcome } = result;
+      assert.deepEqual(baseOutcome(result), {
+        timedOut: false,
+        cancelled: reason === "cancel",
+        interrupted: reason === "interrupt",
+      });
+      assert.equal(outcome.signal, "SIGTERM");
+      assert.equal(outcome.exitCode, 143);
+      assert.ok(
+        outcome.error !== null && /^Command was (cancelled|interrupted)/.test(outcome.error),
+      );
+      assertGone(readPid(`${dir}/pid`), "escapee");
+    });
+  });
+}
+
+Deno.test("runCommand() does not start a command whose signal is already aborted", async () => {
+  await withTempDir(async (dir) => {
+    const result = await run(["sh", "-c", `touch ${dir}/ran`], {
+      signal: AbortSignal.abort("cancel"),
+    });
+    assert.equal(result.outcome.exitCode, null);
+    assert.equal(result.outcome.cancelled, true);
+    assert.equal(result.outcome.error, "Command was cancelled");
+    assert.throws(() => Deno.statSync(`${dir}/ran`), Deno.errors.NotFound);
+  });
+});
+
+Deno.test("findTree() finds descendants and marked escapees but never the runner", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        `setsid sh ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &`,
+        `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+        "sleep 1000 &",
+        "echo ready",
+        "wait",
+      ].join("\n"),
+    );
+    const requestId = crypto.randomUUID();
+    const controller = new AbortController();
+    let rootPid = 0;
+    let seen: { pids: number[]; pgids: number[] } | undefined;
+    const outcome = await runCommand({
+      requestId,
+      argv: ["sh", script],
+      cwd: dir,
+      env: buildEnv({ PATH }, undefined, requestId),
+      stdin: null,
+      timeoutMs: SAFETY_TIMEOUT_MS,
+      outputCap: 1024,
+    }, {
+      onSpawn(pid): void {
+        rootPid = pid;
+      },
+      onOutput(): void {
+        seen = findTree(rootPid, { known: spawnedPids(), requestId });
+        controller.abort("cancel");
+      },
+      signal: controller.signal,
+    });
+    assert.equal(outcome.cancelled, true);
+    const escapeePid = readPid(`${dir}/pid`);
+    assert.ok(seen !== undefined);
+    assert.ok(seen.pids.includes(rootPid), "root missing");
+    assert.ok(seen.pids.includes(escapeePid), "escapee missing");
+    assert.ok(seen.pids.length >= 3, "background sleep missing");
+    assert.ok(!seen.pids.includes(Deno.pid), "runner included");
+    assert.deepEqual([...seen.pgids].sort(), [rootPid, escapeePid].sort());
+    assertGone(escapeePid, "escapee");
+  });
+});
+
+Deno.test("reapOrphans() reaps adopted zombies but never Deno's own children", async () => {
+  // An orphan that exits after its parent: reparented to us, then a zombie.
+  const parent = new Deno.Command("sh", {
+    args: ["-c", "sleep 0.2 & echo $!"],
+    stdout: "piped",
+  }).spawn();
+  const orphan = Number(new TextDecoder().decode((await parent.output()).stdout).trim());
+  // Deno's own child, caught as a zombie: Deno reaps on the event loop,
+  // which this synchronous wait blocks.
+  const own = new Deno.Command("sh", { args: ["-c", "exit 7"] }).spawn();
+  const known = new Set([own.pid]);
+  while (readProcStat(own.pid)?.state !== "Z") {
+    // Busy-wait on purpose (see above).
+  }
+  for (let i = 0; i < 500 && readProcStat(orphan)?.state !== "Z"; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  assert.equal(readProcStat(orphan)?.ppid, Deno.pid);
+  const reaped = reapOrphans(known);
+  assert.ok(reaped.includes(orphan), `orphan ${orphan} not reaped: ${reaped}`);
+  assert.ok(!reaped.includes(own.pid));
+  assertGone(orphan, "reaped orphan");
+  assert.equal((await own.status).code, 7);
+});
+
+Deno.test("parseProcStat() reads fields after the last parenthesis", () => {
+  const rest = Array.from({ length: 40 }, (_, index) => String(index + 100));
+  rest.splice(0, 4, "S", "1", "42", "43");
+  rest[19] = "987654";
+  const stat = parseProcStat(`4242 (a) b (c)) ${rest.join(" ")}\n`);
+  assert.deepEqual(stat, {
+    pid: 4242,
+    comm: "a) b (c)",
+    state: "S",
+    ppid: 1,
+    pgid: 42,
+    sid: 43,
+    starttime: 987654,
+  });
+  assert.equal(parseProcStat("garbage"), null);
+  assert.equal(readProcStat(Deno.pid)?.pid, Deno.pid);
+});
+
+Deno.test("resolveCwd() accepts directories inside the workspace", async () => {
+  await withTempDir((root) => {
+    Deno.mkdirSync(`${root}/a/b`, { recursive: true });
+    Deno.symlinkSync(`${root}/a/b`, `${root}/inner-link`);
+    assert.equal(resolveCwd(root, undefined), root);
+    assert.equal(resolveCwd(root, "a/b"), `${root}/a/b`);
+    assert.equal(resolveCwd(root, `${root}/a`), `${root}/a`);
+    assert.equal(resolveCwd(root, "a/../a/b/"), `${root}/a/b`);
+    assert.equal(resolveCwd(root, "inner-link"), `${root}/a/b`);
+  });
+});
+
+Deno.test("resolveCwd() rejects directories outside the workspace, missing ones and NUL", async () => {
+  await withTempDir((dir) => {
+    const root = `${dir}/ws`;
+    Deno.mkdirSync(root);
+    Deno.mkdirSync(`${dir}/outside`);
+    Deno.symlinkSync(`${dir}/outside`, `${root}/escape`);
+    Deno.writeTextFileSync(`${root}/file`, "");
+    const cases: [string, string][] = [
+      ["../x", `Working directory '../x' is outside the workspace '${root}'`],
+      ["/etc", `Working directory '/etc' is outside the workspace '${root}'`],
+      ["a/../../outside", `Working directory 'a/../../outside' is outside the workspace '${root}'`],
+      ["escape", `Working directory 'escape' resolves outside the workspace '${root}'`],
+      ["missing", "Working directory 'missing' does not exist"],
+      ["file", "Working directory 'file' is not a directory"],
+      ["file/sub", "Working directory 'file/sub' is not a directory"],
+      ["a\0b", "Working directory 'a\\0b' contains a NUL byte"],
+    ];
+    for (const [cwd, message] of cases) {
+      assert.throws(() => resolveCwd(root, cwd), (error: unknown) => {
+        assert.ok(error instanceof UsageError, `not a UsageError for ${JSON.stringify(cwd)}`);
+        assert.equal(error.message, message);
+        return true;
+      });
+    }
+  });
+});
+
+Deno.test("buildEnv() adds the request marker and rejects bad variables", () => {
+  const env = buildEnv({ PATH, HOME: "/w" }, { HOME: "/x", _A1: "" }, "req-1");
+  assert.deepEqual({ ...env }, {
+    PATH,
+    HOME: "/x",
+    _A1: "",
+    WAFFLE_REQUEST_ID: "req-1",
+  });
+  const cases: [Record<string, string>, string][] = [
+    [{ "1A": "x" }, "Environment variable name '1A' is invalid"],
+    [{ "A-B": "x" }, "Environment variable name 'A-B' is invalid"],
+    [{ "": "x" }, "Environment variable name '' is invalid"],
+    [{ "A=B": "x" }, "Environment variable name 'A=B' is invalid"],
+    [{ FOO: "a\0b" }, "Environment variable 'FOO' contains a NUL byte"],
+    [
+      { WAFFLE_REQUEST_ID: "other" },
+      "Environment variable 'WAFFLE_REQUEST_ID' is reserved by waffle",
+    ],
+  ];
+  for (const [extra, message] of cases) {
+    assert.throws(() => buildEnv({ PATH }, extra, "req-1"), (error: unknown) => {
+      assert.ok(error instanceof UsageError);
+      assert.equal(error.message, message);
+      return true;
+    });
+  }
+});
