@@ -217,6 +217,8 @@ export class DockerClient {
   readonly #modem: ModemLike;
 
   /**
+   * Creates a client; nothing connects until the first request.
+   *
    * @param options Endpoint (default `$DOCKER_HOST`, then `/var/run/docker.sock`),
    *   timeout and API version.
    */

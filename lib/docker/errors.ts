@@ -9,6 +9,8 @@ import { DockerError, type WaffleErrorOptions } from "../errors.ts";
 /** The daemon answered 404: the container, image or exec does not exist. */
 export class DockerNotFoundError extends DockerError {
   /**
+   * Creates a 404 error.
+   *
    * @param message One-line reason.
    * @param options Cause and exit code; the status is always 404.
    */
@@ -24,6 +26,8 @@ export class DockerNotFoundError extends DockerError {
  */
 export class DockerConflictError extends DockerError {
   /**
+   * Creates a 409 error.
+   *
    * @param message One-line reason.
    * @param options Cause and exit code; the status is always 409.
    */

@@ -22,6 +22,8 @@ export {
   type WaitOptions,
 } from "./client.ts";
 export { DockerConflictError, DockerNotFoundError } from "./errors.ts";
+// The base class, so callers can catch any Docker failure from this module alone.
+export { DockerError } from "../errors.ts";
 export { concat, demuxDockerStream, type DemuxedOutput } from "./stream.ts";
 export type {
   ContainerConfig,
