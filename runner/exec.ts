@@ -268,11 +268,14 @@ async function execute(
     fail(`Spawn handler failed: ${messageOf(error)}`);
   }
 
-  let status: Deno.CommandStatus | null = null;
+  let status: { code: number; signal: string | null } | null = null;
   try {
     status = await child.status;
   } catch (error) {
-    state.failure ??= `Lost track of the command's exit status: ${messageOf(error)}`;
+    status = realtimeSignalStatus(error);
+    if (status === null) {
+      state.failure ??= `Lost track of the command's exit status: ${messageOf(error)}`;
+    }
   } finally {
     state.exited = true;
     spawned.delete(pid);
@@ -452,6 +455,15 @@ function spawnFailed(
     return notRun(startedAt, `Working directory ${quoteValue(spec.cwd)} does not exist`);
   }
   if (error instanceof Deno.errors.NotFound) {
+    // execve() also says ENOENT when the file exists but its `#!` interpreter
+    // (or ELF loader) does not.
+    if (argv0.includes("/") && exists(commandPath(spec, argv0))) {
+      return notRun(
+        startedAt,
+        `Cannot execute ${quoteValue(argv0)}: Its interpreter or loader was not found`,
+        126,
+      );
+    }
     return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, 127);
   }
   return notRun(
@@ -463,10 +475,7 @@ function spawnFailed(
 
 function execFailureReason(spec: ExecSpec, argv0: string, error: unknown): string {
   // execve() says EACCES for a directory; say what it is.
-  if (argv0.includes("/")) {
-    const path = argv0.startsWith("/") ? argv0 : `${spec.cwd}/${argv0}`;
-    if (isDirectory(path)) return "Is a directory";
-  }
+  if (argv0.includes("/") && isDirectory(commandPath(spec, argv0))) return "Is a directory";
   const code = typeof error === "object" && error !== null && "code" in error
     ? String(error.code)
     : "";
@@ -486,6 +495,30 @@ function execFailureReason(spec: ExecSpec, argv0: string, error: unknown): strin
     / \(os error \d+\)$/,
     "",
   );
+}
+
+// Deno rejects `status` with "Invalid signal: 34" when a process dies of a
+// real-time signal (it has no name for it). The process was reaped all the
+// same; report it as SIGRT<n>, exit code 128+n.
+function realtimeSignalStatus(error: unknown): { code: number; signal: string } | null {
+  const match = /^Invalid signal: (\d+)$/.exec(messageOf(error));
+  const number = Number(match?.[1]);
+  if (match === null || !Number.isSafeInteger(number) || number < 32 || number > 64) return null;
+  return { code: 128 + number, signal: `SIGRT${number}` };
+}
+
+// A command given as a path is relative to the command's working directory.
+function commandPath(spec: ExecSpec, argv0: string): string {
+  return argv0.startsWith("/") ? argv0 : `${spec.cwd}/${argv0}`;
+}
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 function isDirectory(path: string): boolean {

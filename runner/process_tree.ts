@@ -123,7 +123,8 @@ export async function killTree(rootPid: number, options: KillTreeOptions): Promi
       signalAll(first, "SIGCONT", signalled);
       await waitGone(first, Math.max(0, options.graceMs ?? DEFAULT_KILL_GRACE_MS));
     }
-    for (let round = 0; round < KILL_ROUNDS; round++) {
+    // Nothing found at all: nothing to escalate (the common case after a clean exit).
+    for (let round = 0; round < KILL_ROUNDS && first.length > 0; round++) {
       const left = scanTree(rootPid, options);
       survivors = left;
       if (left.length === 0) break;

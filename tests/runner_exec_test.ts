@@ -155,7 +155,7 @@ Deno.test("runCommand() reports a missing command as 127", async () => {
   assert.equal(result.outcome.exitCode, 127);
   assert.equal(result.outcome.signal, null);
   assert.equal(result.outcome.error, "Command not found: 'waffle-no-such-command-xyz'");
-  assert.deepEqual(spawnedPids().size, 0);
+  assert.equal(spawnedPids().size, 0);
 });
 
 Deno.test("runCommand() reports a non-executable file as 126", async () => {
@@ -182,6 +182,27 @@ Deno.test("runCommand() reports death by SIGKILL as 137", async () => {
   assert.equal(result.outcome.exitCode, 137);
   assert.equal(result.outcome.signal, "SIGKILL");
   assert.deepEqual(baseOutcome(result), NOT_STOPPED);
+});
+
+Deno.test("runCommand() reports death by a real-time signal as 128+n", async () => {
+  // Deno has no name for real-time signals and rejects `status`; runCommand recovers.
+  const result = await run(["sh", "-c", "kill -34 $$"]);
+  assert.equal(result.outcome.exitCode, 162);
+  assert.equal(result.outcome.signal, "SIGRT34");
+  assert.equal(result.outcome.error, null);
+});
+
+Deno.test("runCommand() reports a script with a missing interpreter as 126", async () => {
+  await withTempDir(async (dir) => {
+    writeScript(dir, "bad.sh", "#!/waffle/no/such/interpreter\n");
+    Deno.chmodSync(`${dir}/bad.sh`, 0o755);
+    const result = await run(["./bad.sh"], { cwd: dir });
+    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(
+      result.outcome.error,
+      "Cannot execute './bad.sh': Its interpreter or loader was not found",
+    );
+  });
 });
 
 Deno.test("runCommand() passes exactly the given environment plus WAFFLE_REQUEST_ID", async () => {
@@ -432,6 +453,88 @@ for (const reason of ["cancel", "interrupt"] as const) {
     });
   });
 }
+
+Deno.test("runCommand() SIGKILLs processes forked during the grace period", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    // On SIGTERM the root starts a new-session escapee and keeps running.
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        `trap 'setsid sh ${escapee} ${dir}/pid </dev/null >/dev/null 2>&1 &' TERM`,
+        "echo ready",
+        "while :; do sleep 0.05; done",
+      ].join("\n"),
+    );
+    const controller = new AbortController();
+    const result = await run(["sh", script], {
+      signal: controller.signal,
+      killGraceMs: 1500,
+      onText(_stream, text): void {
+        if (text.includes("ready")) controller.abort("cancel");
+      },
+    });
+    assert.equal(result.outcome.cancelled, true);
+    assert.equal(result.outcome.signal, "SIGKILL");
+    assertGone(readPid(`${dir}/pid`), "escapee forked during the grace period");
+  });
+});
+
+Deno.test("runCommand() stops waiting for a pipe held by a process it cannot attribute", async () => {
+  await withTempDir(async (dir) => {
+    const escapee = writeScript(dir, "escapee.sh", ESCAPEE_BODY);
+    // No marker, own session, and (without claimOrphans) nothing ties it to the
+    // request, yet it holds stdout open.
+    const script = writeScript(
+      dir,
+      "main.sh",
+      [
+        `(env -i "$(command -v setsid)" "$(command -v sh)" ${escapee} ${dir}/pid </dev/null &)`,
+        `while [ ! -e ${dir}/pid ]; do sleep 0.01; done`,
+        "echo done",
+      ].join("\n"),
+    );
+    const result = await run(["sh", script], { claimOrphans: false });
+    const pid = readPid(`${dir}/pid`);
+    try {
+      assert.equal(result.outcome.exitCode, 0);
+      assert.equal(result.stdout, "done\n");
+      // Returned although the holder is still alive: the drain is bounded.
+      assert.equal(readProcStat(pid)?.state, "S");
+    } finally {
+      Deno.kill(pid, "SIGKILL");
+      for (let i = 0; i < 500 && readProcStat(pid)?.state !== "Z"; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+      reapOrphans(spawnedPids());
+    }
+    assertGone(pid, "holder");
+  });
+});
+
+Deno.test("runCommand() kills the tree and reports an output handler failure", async () => {
+  await withTempDir(async (dir) => {
+    const requestId = crypto.randomUUID();
+    const outcome = await runCommand({
+      requestId,
+      argv: ["sh", "-c", `echo $$ > ${dir}/pid; echo ready; sleep 1000`],
+      cwd: dir,
+      env: buildEnv({ PATH }, undefined, requestId),
+      stdin: null,
+      timeoutMs: SAFETY_TIMEOUT_MS,
+      outputCap: 1024,
+    }, {
+      onOutput(): void {
+        throw new Error("Disk full");
+      },
+    });
+    assert.equal(outcome.error, "Output handler failed: Disk full");
+    assert.equal(outcome.signal, "SIGTERM");
+    assert.deepEqual({ ...outcome, ...NOT_STOPPED }, outcome);
+    assertGone(readPid(`${dir}/pid`), "root");
+  });
+});
 
 Deno.test("runCommand() does not start a command whose signal is already aborted", async () => {
   await withTempDir(async (dir) => {

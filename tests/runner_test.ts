@@ -200,13 +200,14 @@ Deno.test("a runner SIGKILLed mid-command leaves it interrupted, never re-run", 
   await using q = await tempQueue();
   const queue = Queue.open(q.queueDir);
   const counter = join(q.workspace, "runs");
-  const id = await queue.submit({ argv: ["sh", "-c", `echo run >> ${counter}; sleep 1000`] });
+  const unique = `${1000 + Math.floor(Math.random() * 1e6)}`;
+  const id = await queue.submit({ argv: ["sh", "-c", `echo run >> ${counter}; exec sleep ${unique}`] });
   const runner = await startRunner(q.queueDir, { workspace: q.workspace });
   await waitFor(() => queue.state(id).state === "started", { what: "start" });
   await waitFor(async () => (await Deno.readTextFile(counter).catch(() => "")).length > 0);
   await runner.stop("SIGKILL");
   // The dead runner's orphan tree is the subreaper's no longer; kill it for hygiene.
-  await new Deno.Command("pkill", { args: ["-f", counter] }).output();
+  await new Deno.Command("pkill", { args: ["-f", `sleep ${unique}`] }).output();
   await using _again = await startRunner(q.queueDir, { workspace: q.workspace });
   const result = await queue.wait(id);
   assert.equal(result.interrupted, true);

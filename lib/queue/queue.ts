@@ -293,6 +293,7 @@ export class Queue {
         yield* page;
       }
       if (result !== undefined) return result;
+      this.#refuseCollected(id);
       await this.#changedSince(version, options);
     }
   }
@@ -310,6 +311,7 @@ export class Queue {
       const version = dataVersion(this.#outbound);
       const result = this.#guard(id, () => readResult(this.#outbound, id));
       if (result !== undefined) return result;
+      this.#refuseCollected(id);
       await this.#changedSince(version, options);
     }
   }
@@ -356,6 +358,14 @@ export class Queue {
       : execPayloadSchema.parse(JSON.parse(row.payload)).outputCap ?? DEFAULT_OUTPUT_CAP;
     this.#caps.set(id, cap);
     return cap;
+  }
+
+  // An acknowledged result may already be deleted by the runner: waiting for
+  // it again would wait forever.
+  #refuseCollected(id: string): void {
+    if (this.#inbound.prepare("SELECT 1 AS hit FROM acks WHERE request_id = ?").get(id) !== undefined) {
+      throw new UsageError(`Request '${id}' was already collected and acknowledged`);
+    }
   }
 
   #requireRequest(id: string): void {
