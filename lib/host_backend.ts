@@ -9,7 +9,7 @@
 import { join } from "node:path";
 import { RunnerError } from "./errors.ts";
 import { HEARTBEAT_INTERVAL_MS } from "./queue/protocol.ts";
-import { Queue } from "./queue/queue.ts";
+import { Queue, type SubmitOptions } from "./queue/queue.ts";
 import { selfCommand } from "./config/self.ts";
 
 /** Options for {@linkcode openHostBackend}. */
@@ -30,6 +30,11 @@ export interface Backend {
   readonly queue: Queue;
   /** Makes sure a live runner serves the queue (starting one if needed). */
   ensure(): Promise<void>;
+  /**
+   * Ensures a runner and submits, as one step: a Docker backend holds the
+   * sandbox lock across both, so a recycle never races a submission.
+   */
+  submit(options: SubmitOptions): Promise<string>;
   /** Closes the queue; the runner keeps going until its idle exit. */
   close(): void;
 }
@@ -56,7 +61,15 @@ export function openHostBackend(queueDir: string, options: HostBackendOptions = 
     });
     return starting;
   };
-  return { queue, ensure, close: () => queue.close() };
+  return {
+    queue,
+    ensure,
+    submit: async (request) => {
+      await ensure();
+      return await queue.submit(request);
+    },
+    close: () => queue.close(),
+  };
 }
 
 /**

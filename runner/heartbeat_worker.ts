@@ -23,9 +23,13 @@ let timer: ReturnType<typeof setInterval> | undefined;
 function write(): void {
   if (db === undefined || beat === undefined) return;
   beat = { ...beat, seq: beat.seq + 1, time: Date.now() };
+  const current = beat;
+  transaction(db, () => writeHeartbeatRow(db!, current));
+}
+
+function writeOrReport(): void {
   try {
-    const current = beat;
-    transaction(db, () => writeHeartbeatRow(db!, current));
+    write();
   } catch (error) {
     // A missed beat is visible to the host as a gap; keep trying.
     self.postMessage({ type: "error", message: String(error) });
@@ -35,10 +39,15 @@ function write(): void {
 self.onmessage = (event: MessageEvent<HeartbeatMessage>): void => {
   const message = event.data;
   if (message.type === "start") {
-    db = openDatabase(message.outbound, { role: "owner" });
-    beat = message.beat;
-    write();
-    timer = setInterval(write, message.intervalMs);
+    try {
+      db = openDatabase(message.outbound, { role: "owner" });
+      beat = message.beat;
+      write();
+    } catch (error) {
+      self.postMessage({ type: "failed", message: String(error) });
+      return;
+    }
+    timer = setInterval(writeOrReport, message.intervalMs);
     self.postMessage({ type: "started" });
   } else if (message.type === "update" && beat !== undefined) {
     beat = { ...beat, idleSince: message.idleSince };

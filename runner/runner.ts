@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { UsageError } from "../lib/errors.ts";
+import { RunnerError, UsageError } from "../lib/errors.ts";
 import { messageOf } from "../lib/queue/connection.ts";
 import {
   DEFAULT_OUTPUT_CAP,
@@ -108,7 +108,13 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   });
   await new Promise<void>((resolve, reject) => {
     heartbeat.onmessage = (event): void => {
-      if (event.data?.type === "started") resolve();
+      const data = event.data as { type?: string; message?: string } | undefined;
+      if (data?.type === "started") resolve();
+      else if (data?.type === "failed") {
+        reject(new RunnerError(`Cannot write the heartbeat: ${data.message}`));
+      } else if (data?.type === "error") {
+        console.error(`waffle runner: heartbeat write failed: ${data.message}`);
+      }
     };
     heartbeat.onerror = (event): void => {
       event.preventDefault();

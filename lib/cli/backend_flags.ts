@@ -6,6 +6,7 @@
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
 import { type Backend, openHostBackend } from "../host_backend.ts";
+import { openSandbox } from "../lifecycle/sandbox.ts";
 import { type Parsed, stringFlag } from "./args.ts";
 
 /** Flag definitions for backend selection. */
@@ -17,20 +18,6 @@ export const BACKEND_OPTIONS: NonNullable<ParseArgsConfig["options"]> = {
   image: { type: "string" },
 };
 
-/** Opens a Docker backend; injected so the CLI core does not import Docker code. */
-export type DockerOpener = (options: { tenant: string; user: string; image?: string }) => Promise<Backend>;
-
-let dockerOpener: DockerOpener | undefined;
-
-/**
- * Registers how the Docker backend is opened (done once by `main.ts`).
- *
- * @param opener The opener.
- */
-export function setDockerOpener(opener: DockerOpener): void {
-  dockerOpener = opener;
-}
-
 /**
  * Opens the backend the flags ask for. Docker is the default; the host
  * backend is used only when named, never as a fallback.
@@ -39,7 +26,7 @@ export function setDockerOpener(opener: DockerOpener): void {
  * @returns The backend.
  * @throws {UsageError} On a bad combination of flags.
  */
-export async function openBackend(parsed: Parsed): Promise<Backend> {
+export function openBackend(parsed: Parsed): Backend {
   const backend = stringFlag(parsed, "backend") ?? "docker";
   const queue = stringFlag(parsed, "queue");
   if (backend === "host") {
@@ -52,11 +39,9 @@ export async function openBackend(parsed: Parsed): Promise<Backend> {
   if (queue !== undefined) throw new UsageError("--queue is only for --backend host");
   const user = stringFlag(parsed, "user");
   if (user === undefined) throw new UsageError("Missing --user U: the Docker backend needs it");
-  if (dockerOpener === undefined) throw new UsageError("The Docker backend is not available in this build");
   const image = stringFlag(parsed, "image");
-  return await dockerOpener({
+  return openSandbox(user, {
     tenant: stringFlag(parsed, "tenant") ?? "default",
-    user,
-    ...(image === undefined ? {} : { image }),
+    config: image === undefined ? {} : { image },
   });
 }

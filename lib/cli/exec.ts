@@ -55,10 +55,9 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
   const cwd = stringFlag(parsed, "cwd");
   const env = envFlags((parsed.values.env as string[] | undefined) ?? []);
   const stdin = io.stdin === null ? undefined : await readCapped(io.stdin);
-  const backend = await openBackend(parsed);
+  const backend = openBackend(parsed);
   try {
-    await backend.ensure();
-    const id = await backend.queue.submit({
+    const id = await backend.submit({
       argv: parsed.positionals,
       ...(cwd === undefined ? {} : { cwd }),
       ...(Object.keys(env).length === 0 ? {} : { env }),
@@ -93,7 +92,7 @@ export async function waitCommand(args: string[], io: CliIo): Promise<number> {
   const parsed = parse(args, { ...BACKEND_OPTIONS, json: { type: "boolean" } });
   const [id, ...rest] = parsed.positionals;
   if (id === undefined || rest.length > 0) throw new UsageError("Expected exactly one request id: 'waffle wait ID'");
-  const backend = await openBackend(parsed);
+  const backend = openBackend(parsed);
   try {
     backend.queue.state(id); // fails fast on an unknown id
     return await follow(backend, id, { io, json: parsed.values.json === true });

@@ -11,7 +11,6 @@ import type { CliIo } from "./io.ts";
 import { RUNNER_HELP, runnerCommand } from "./runner.ts";
 
 export { type CliIo, processIo } from "./io.ts";
-export { type DockerOpener, setDockerOpener } from "./backend_flags.ts";
 export { type DoctorCheck, registerDoctorChecks } from "./doctor.ts";
 
 /** A subcommand: its help and its implementation. */

@@ -204,3 +204,18 @@ export function idsWithOutboundRows(db: DatabaseSync, ids: string[]): Set<string
   }
   return present;
 }
+
+/**
+ * Requests the runner marked started that have no result yet.
+ *
+ * @param db A connection to outbound.db.
+ * @returns Up to 256 request ids (untrusted: use only to decide whether to wait).
+ */
+export function readInFlight(db: DatabaseSync): string[] {
+  return (all(
+    db,
+    `SELECT request_id FROM states s WHERE state = 'started' AND typeof(request_id) = 'text'
+       AND length(request_id) <= 128
+       AND NOT EXISTS (SELECT 1 FROM results r WHERE r.request_id = s.request_id) LIMIT 256`,
+  )).map((row) => String(row.request_id));
+}

@@ -15,6 +15,7 @@ import {
   newCursor,
   readChunks,
   readHeartbeat,
+  readInFlight,
   readResult,
   readState,
 } from "./outbound_rows.ts";
@@ -268,6 +269,19 @@ export class Queue {
       return readHeartbeat(this.#outbound);
     } catch {
       return undefined;
+    }
+  }
+
+  /**
+   * Requests the runner has started and not finished (from any host).
+   *
+   * @returns Their ids; empty when the runner is idle or unreadable.
+   */
+  inFlight(): string[] {
+    try {
+      return readInFlight(this.#outbound);
+    } catch {
+      return [];
     }
   }
 

@@ -115,8 +115,14 @@ export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePat
   try {
     Deno.writeFileSync(paths.runnerLock, new Uint8Array(), { append: true, create: true });
     if (options.shared) {
-      for (const path of [paths.inbound, paths.outbound, paths.runnerLock]) {
-        Deno.chmodSync(path, 0o666);
+      // Journals too: SQLite creates them with the mode the database file had then.
+      const files = [paths.inbound, paths.outbound, `${paths.inbound}-journal`, `${paths.outbound}-journal`];
+      for (const path of [...files, paths.runnerLock]) {
+        try {
+          Deno.chmodSync(path, 0o666);
+        } catch (error) {
+          if (!(error instanceof Deno.errors.NotFound)) throw error;
+        }
       }
     }
   } catch (cause) {

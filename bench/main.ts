@@ -1,0 +1,179 @@
+/**
+ * `deno task bench`: waffle's benchmarks.
+ *
+ * ```sh
+ * deno task bench                       # table on stdout, progress on stderr
+ * deno task bench --json                # only {"results":[…],"ratios":[…]} on stdout
+ * deno task bench --n 500 --seconds 10  # more samples, longer throughput runs
+ * deno task bench --only floor,queue_roundtrip
+ * ```
+ *
+ * Flags (environment defaults in brackets): `--n` measured iterations of
+ * count-based cases [WAFFLE_BENCH_N, 300]; `--warmup` unmeasured ones first
+ * [WAFFLE_BENCH_WARMUP, 20]; `--seconds` per throughput case
+ * [WAFFLE_BENCH_SECONDS, 5]; `--only` comma-separated case names; `--dir`
+ * parent directory of the temp root (choose the filesystem) [TMPDIR];
+ * `--quiet` no progress lines.
+ *
+ * @module
+ */
+// deno-lint-ignore-file no-console
+import { parseArgs } from "node:util";
+import { queueSection } from "./queue_bench.ts";
+import { type BenchContext, Cleanup, type Section } from "./section.ts";
+import { type BenchReport, Progress, renderJson, renderTable } from "./stats.ts";
+
+/** Every section, in run order. Append new sections (e.g. Docker) here. */
+export const SECTIONS: readonly Section[] = [queueSection];
+
+/** Parsed command line. */
+export interface BenchOptions {
+  json: boolean;
+  quiet: boolean;
+  n: number;
+  warmup: number;
+  seconds: number;
+  /** Wanted case names; undefined means all. */
+  only: ReadonlySet<string> | undefined;
+  /** Parent of the temp root; undefined means the system temp dir. */
+  dir: string | undefined;
+  help: boolean;
+}
+
+const HELP = `Usage: deno task bench [--json] [--n N] [--warmup N] [--seconds S]
+                       [--only NAME,NAME] [--dir DIR] [--quiet]
+
+Cases: ${SECTIONS.flatMap((section) => section.cases).join(", ")}
+`;
+
+/**
+ * Parses the benchmark's flags, with environment defaults.
+ *
+ * @param args Command-line arguments.
+ * @param env Reads an environment variable.
+ * @returns The options.
+ * @throws {Error} On an unknown flag, a bad number or an unknown case name.
+ */
+export function parseBenchArgs(
+  args: string[],
+  env: (name: string) => string | undefined = (name) => Deno.env.get(name),
+): BenchOptions {
+  const { values, positionals } = parseArgs({
+    args,
+    options: {
+      json: { type: "boolean", default: false },
+      quiet: { type: "boolean", default: false },
+      n: { type: "string" },
+      warmup: { type: "string" },
+      seconds: { type: "string" },
+      only: { type: "string" },
+      dir: { type: "string" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+    strict: true,
+    allowPositionals: true,
+  });
+  if (positionals.length > 0) throw new Error(`Unexpected argument '${positionals[0]}'`);
+  const known = new Set(SECTIONS.flatMap((section) => section.cases));
+  let only: Set<string> | undefined;
+  if (values.only !== undefined) {
+    only = new Set(values.only.split(",").map((name) => name.trim()).filter((name) => name));
+    const unknown = [...only].filter((name) => !known.has(name));
+    if (unknown.length > 0) {
+      throw new Error(`Unknown case '${unknown.join(", ")}'; known: ${[...known].join(", ")}`);
+    }
+  }
+  return {
+    json: values.json ?? false,
+    quiet: values.quiet ?? false,
+    n: positive("n", values.n ?? env("WAFFLE_BENCH_N") ?? "300", true),
+    warmup: positive("warmup", values.warmup ?? env("WAFFLE_BENCH_WARMUP") ?? "20", true, true),
+    seconds: positive("seconds", values.seconds ?? env("WAFFLE_BENCH_SECONDS") ?? "5", false),
+    only,
+    dir: values.dir,
+    help: values.help ?? false,
+  };
+}
+
+/**
+ * Runs every wanted case of every section under one fresh temp root, and
+ * removes it (and stops every runner) afterwards, also on SIGINT/SIGTERM.
+ *
+ * @param options Parsed flags.
+ * @returns The report.
+ */
+export async function runBench(options: BenchOptions): Promise<BenchReport> {
+  const progress = new Progress({ quiet: options.quiet });
+  const cleanup = new Cleanup();
+  const root = await Deno.makeTempDir({
+    prefix: "waffle-bench-",
+    ...(options.dir === undefined ? {} : { dir: options.dir }),
+  });
+  cleanup.add(() => Deno.remove(root, { recursive: true }));
+  const onSignal = (): void => {
+    progress.note("interrupted: cleaning up");
+    void cleanup.runAll().finally(() => Deno.exit(130));
+  };
+  const signals: Deno.Signal[] = ["SIGINT", "SIGTERM"];
+  for (const signal of signals) Deno.addSignalListener(signal, onSignal);
+  const report: BenchReport = { results: [], ratios: [] };
+  try {
+    progress.note(`working under ${root}`);
+    for (const section of SECTIONS) {
+      const wanted = section.cases.filter((name) => options.only?.has(name) ?? true);
+      if (wanted.length === 0) continue;
+      const context: BenchContext = {
+        n: options.n,
+        warmup: options.warmup,
+        seconds: options.seconds,
+        root,
+        progress,
+        results: report.results,
+        cleanup,
+        wants: (name) => options.only?.has(name) ?? true,
+      };
+      const part = await section.run(context);
+      report.results.push(...part.results);
+      report.ratios.push(...part.ratios);
+    }
+    return report;
+  } finally {
+    await cleanup.runAll();
+    for (const signal of signals) Deno.removeSignalListener(signal, onSignal);
+  }
+}
+
+function positive(name: string, text: string, integer: boolean, allowZero = false): number {
+  const value = Number(text);
+  const ok = Number.isFinite(value) && (allowZero ? value >= 0 : value > 0) &&
+    (!integer || Number.isInteger(value));
+  if (!ok) {
+    throw new Error(
+      `--${name} must be a ${integer ? "whole " : ""}number ${
+        allowZero ? "≥ 0" : "> 0"
+      }, got '${text}'`,
+    );
+  }
+  return value;
+}
+
+if (import.meta.main) {
+  let options: BenchOptions;
+  try {
+    options = parseBenchArgs(Deno.args);
+  } catch (error) {
+    console.error(`bench: ${error instanceof Error ? error.message : String(error)}\n\n${HELP}`);
+    Deno.exit(2);
+  }
+  if (options.help) {
+    console.log(HELP);
+    Deno.exit(0);
+  }
+  try {
+    const report = await runBench(options);
+    console.log(options.json ? renderJson(report) : renderTable(report).trimEnd());
+  } catch (error) {
+    console.error(`bench: failed: ${error instanceof Error ? error.stack : String(error)}`);
+    Deno.exit(1);
+  }
+}

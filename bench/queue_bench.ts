@@ -1,0 +1,392 @@
+/**
+ * The queue section: what one tool execution costs through the two SQLite
+ * files with a live runner, against the floor of what it must cost.
+ *
+ * - `floor`: three durable commits with the queue's pragmas (request into a
+ *   fresh `inbound.db`, "started" and result into a fresh `outbound.db`,
+ *   opened with `openDatabase` and written with `transaction()`), plus one
+ *   `Deno.Command("true").output()`, per iteration.
+ * - `queue_roundtrip`: `submit({argv:["true"]})` until `wait()` returns, with
+ *   a runner process serving the queue; each iteration then `ack()`s (timed
+ *   apart, see the details).
+ * - `throughput_1|4|16`: that many concurrent submit→wait→ack loops sharing
+ *   one `Queue` for a fixed time; `throughput_16_c4` is 16 loops against a
+ *   runner with `--concurrency 4`.
+ *
+ * All files live under the context's root, so floor and queue share one
+ * filesystem.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { openDatabase, transaction } from "../lib/queue/connection.ts";
+import { Queue } from "../lib/queue/queue.ts";
+import { INBOUND_SCHEMA, OUTBOUND_SCHEMA } from "../lib/queue/schema.ts";
+import type { ExecResult } from "../lib/queue/protocol.ts";
+import { startBenchRunner } from "./runner_process.ts";
+import type { BenchContext, Section } from "./section.ts";
+import {
+  type BenchRatio,
+  type BenchReport,
+  type BenchResult,
+  now,
+  ratioOf,
+  stageMeans,
+  summarize,
+} from "./stats.ts";
+
+/** Case names of the queue section, in run order. */
+export const QUEUE_CASES = [
+  "floor",
+  "queue_roundtrip",
+  "throughput_1",
+  "throughput_4",
+  "throughput_16",
+  "throughput_16_c4",
+] as const;
+
+/** The command every case runs. */
+const COMMAND = ["true"];
+/** Acknowledged rows are garbage-collected this often, outside the timed window. */
+const GC_EVERY = 50;
+
+/** The queue section, for `main.ts`. */
+export const queueSection: Section = {
+  name: "queue",
+  cases: QUEUE_CASES,
+  run: runQueueSection,
+};
+
+/**
+ * Runs the wanted queue cases and derives their ratios.
+ *
+ * @param context Counts, root directory, filter, progress and cleanup.
+ * @returns Results and ratios.
+ */
+export async function runQueueSection(context: BenchContext): Promise<BenchReport> {
+  const results: BenchResult[] = [];
+  if (context.wants("floor")) results.push(await measureFloor(context));
+
+  const serial = ["queue_roundtrip", "throughput_1", "throughput_4", "throughput_16"]
+    .filter((name) => context.wants(name));
+  if (serial.length > 0) {
+    await withQueue(context, "queue", {}, async (queue, queueDir) => {
+      if (context.wants("queue_roundtrip")) {
+        results.push(await measureRoundtrip(context, queue, "queue_roundtrip"));
+      }
+      for (const submitters of [1, 4, 16]) {
+        const name = `throughput_${submitters}`;
+        if (context.wants(name)) {
+          results.push(await measureThroughput(context, queue, queueDir, name, submitters));
+        }
+      }
+    });
+  }
+  if (context.wants("throughput_16_c4")) {
+    await withQueue(context, "queue_c4", { concurrency: 4 }, async (queue, queueDir) => {
+      const result = await measureThroughput(context, queue, queueDir, "throughput_16_c4", 16);
+      result.note = `${result.note ?? ""}, runner --concurrency 4`.replace(/^, /, "");
+      results.push(result);
+    });
+  }
+  return { results, ratios: queueRatios(results) };
+}
+
+/**
+ * The ratios the queue section reports, for whichever results exist.
+ *
+ * @param results Results of this run.
+ * @returns `queue_roundtrip_p50 / floor_p50` and the throughput scaling ratios.
+ */
+export function queueRatios(results: readonly BenchResult[]): BenchRatio[] {
+  const find = (name: string): BenchResult | undefined =>
+    results.find((result) => result.name === name);
+  return [
+    ratioOf(
+      "queue_roundtrip_p50 / floor_p50",
+      find("queue_roundtrip"),
+      find("floor"),
+      "p50_ms",
+      "≤ 2",
+    ),
+    ratioOf("throughput_4_vs_1", find("throughput_4"), find("throughput_1"), "per_s"),
+    ratioOf("throughput_16_vs_1", find("throughput_16"), find("throughput_1"), "per_s"),
+    ratioOf("throughput_16_c4_vs_16", find("throughput_16_c4"), find("throughput_16"), "per_s"),
+  ].filter((ratio): ratio is BenchRatio => ratio !== undefined);
+}
+
+/**
+ * The floor: per iteration, a request commit to inbound.db, a "started" and
+ * a result commit to outbound.db (fresh files, the queue's pragmas and
+ * schema, `transaction()`), and one spawn of `true` from Deno.
+ *
+ * @param context Counts, root directory and progress.
+ * @returns The `floor` result, with per-stage means in its details.
+ */
+export async function measureFloor(context: BenchContext): Promise<BenchResult> {
+  const dir = join(context.root, "floor");
+  await Deno.mkdir(dir, { recursive: true });
+  const inbound = openDatabase(join(dir, "inbound.db"), { role: "owner", schema: INBOUND_SCHEMA });
+  const outbound = openDatabase(join(dir, "outbound.db"), {
+    role: "owner",
+    schema: OUTBOUND_SCHEMA,
+  });
+  const release = context.cleanup.add(() => {
+    inbound.close();
+    outbound.close();
+  });
+  try {
+    const insertRequest = inbound.prepare(
+      `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, created_at)
+       VALUES (?, ?, 'exec', ?, NULL, ?)`,
+    );
+    const insertStarted = outbound.prepare(
+      `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
+       VALUES (?1, 'started', ?2, ?3, ?3)`,
+    );
+    const insertResult = outbound.prepare(
+      "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, ?)",
+    );
+    const markDone = outbound.prepare("UPDATE states SET state = 'done' WHERE request_id = ?");
+    const bootId = crypto.randomUUID();
+    const payload = JSON.stringify({ argv: COMMAND });
+
+    const samples: number[] = [];
+    const stages: Record<string, number>[] = [];
+    const total = context.warmup + context.n;
+    for (let i = 0; i < total; i++) {
+      const id = crypto.randomUUID();
+      const t0 = now();
+      transaction(inbound, () => insertRequest.run(id, id, payload, Date.now()));
+      const t1 = now();
+      transaction(outbound, () => insertStarted.run(id, bootId, Date.now()));
+      const t2 = now();
+      const output = await new Deno.Command(COMMAND[0]!, { args: COMMAND.slice(1) }).output();
+      const t3 = now();
+      const body = JSON.stringify({ requestId: id, exitCode: output.code });
+      transaction(outbound, () => {
+        insertResult.run(id, body, Date.now());
+        markDone.run(id);
+      });
+      const t4 = now();
+      if (!output.success) throw new Error(`'${COMMAND.join(" ")}' exited with ${output.code}`);
+      if (i >= context.warmup) {
+        samples.push(t4 - t0);
+        stages.push({
+          request_commit: t1 - t0,
+          started_commit: t2 - t1,
+          spawn: t3 - t2,
+          result_commit: t4 - t3,
+        });
+        context.progress.step("floor", samples.length, context.n);
+      }
+    }
+    return summarize("floor", samples, {
+      details: stageMeans(stages, "mean_"),
+      note: "3 durable commits + spawn `true`",
+    });
+  } finally {
+    await release();
+  }
+}
+
+/**
+ * Sequential round trips: `submit` → `wait` (the measured latency), then
+ * `ack` (timed separately). Per-stage means come from the result's own
+ * timestamps (`startedAt`/`endedAt`, epoch ms from the runner's clock).
+ *
+ * @param context Counts and progress.
+ * @param queue A queue with a live runner.
+ * @param name The result's name.
+ * @returns The result; details hold stage means and the submit→wait→ack iteration p50.
+ */
+export async function measureRoundtrip(
+  context: BenchContext,
+  queue: Queue,
+  name: string,
+): Promise<BenchResult> {
+  const samples: number[] = [];
+  const iterations: number[] = [];
+  const stages: Record<string, number>[] = [];
+  const total = context.warmup + context.n;
+  for (let i = 0; i < total; i++) {
+    const wall0 = Date.now();
+    const t0 = now();
+    const id = await queue.submit({ argv: COMMAND });
+    const t1 = now();
+    const result = await queue.wait(id);
+    const t2 = now();
+    const wall2 = Date.now();
+    await queue.ack(id);
+    const t3 = now();
+    requireSuccess(result);
+    if (i >= context.warmup) {
+      samples.push(t2 - t0);
+      iterations.push(t3 - t0);
+      stages.push({
+        submit: t1 - t0,
+        // Epoch-ms stamps from two processes: only their means are meaningful.
+        submit_to_spawn: (result.startedAt ?? Number.NaN) - wall0,
+        exec: result.durationMs,
+        exec_end_to_result: wall2 - result.endedAt,
+        ack: t3 - t2,
+      });
+      context.progress.step(name, samples.length, context.n, () => `p50 ${median(samples)}`);
+    }
+    if (i % GC_EVERY === GC_EVERY - 1) await queue.gc();
+  }
+  const iteration = summarize("iteration", iterations);
+  return summarize(name, samples, {
+    details: {
+      ...stageMeans(stages, "mean_"),
+      iteration_p50: iteration.p50_ms,
+      iteration_p99: iteration.p99_ms,
+    },
+    note: "submit → wait; ack timed apart",
+  });
+}
+
+/**
+ * `submitters` concurrent submit → wait → ack loops on one queue for the
+ * context's time budget.
+ *
+ * @param context Time budget, warm-up and progress.
+ * @param queue A queue with a live runner.
+ * @param queueDir Its directory (for the files' change counters).
+ * @param name The result's name.
+ * @param submitters Concurrent loops.
+ * @returns Requests per second, per-request latency percentiles and commits per request.
+ */
+export async function measureThroughput(
+  context: BenchContext,
+  queue: Queue,
+  queueDir: string,
+  name: string,
+  submitters: number,
+): Promise<BenchResult> {
+  // A short warm-up with the same concurrency, untimed.
+  await Promise.all(
+    Array.from({ length: submitters }, () => oneRequest(queue)),
+  );
+  await queue.gc();
+
+  const budgetMs = context.seconds * 1000;
+  const latencies: number[] = [];
+  const hostCommitsBefore = queue.commits;
+  const inboundBefore = changeCounter(join(queueDir, "inbound.db"));
+  const outboundBefore = changeCounter(join(queueDir, "outbound.db"));
+  const start = now();
+  const deadline = start + budgetMs;
+  const loop = async (): Promise<void> => {
+    while (now() < deadline) {
+      latencies.push(await oneRequest(queue));
+      context.progress.timed(name, now() - start, budgetMs, () => `${latencies.length} done`);
+    }
+  };
+  await Promise.all(Array.from({ length: submitters }, loop));
+  const elapsed = now() - start;
+  const completed = latencies.length;
+  const hostCommits = queue.commits - hostCommitsBefore;
+  const inboundCommits = changeCounter(join(queueDir, "inbound.db")) - inboundBefore;
+  const outboundCommits = changeCounter(join(queueDir, "outbound.db")) - outboundBefore;
+  await queue.gc();
+  const perRequest = (count: number): number => completed === 0 ? Number.NaN : count / completed;
+  return summarize(name, latencies, {
+    per_s: completed / (elapsed / 1000),
+    details: {
+      submitters,
+      seconds: elapsed / 1000,
+      host_commits_per_req: perRequest(hostCommits),
+      inbound_writes_per_req: perRequest(inboundCommits),
+      outbound_writes_per_req: perRequest(outboundCommits),
+    },
+    note: `${submitters} submitter${submitters === 1 ? "" : "s"}, ${
+      perRequest(hostCommits).toFixed(2)
+    } host commits/req`,
+  });
+}
+
+// One submit → wait → ack; returns the submit → wait latency.
+async function oneRequest(queue: Queue): Promise<number> {
+  const t0 = now();
+  const id = await queue.submit({ argv: COMMAND });
+  const result = await queue.wait(id);
+  const latency = now() - t0;
+  await queue.ack(id);
+  requireSuccess(result);
+  return latency;
+}
+
+/**
+ * Creates `<root>/<label>/{queue,workspace}`, opens the queue, starts a
+ * runner on it, runs `fn`, and stops and removes everything afterwards.
+ *
+ * @param context Root directory, cleanup and progress.
+ * @param label Sub-directory name.
+ * @param runner Runner flags.
+ * @param fn The measurements.
+ */
+export async function withQueue(
+  context: BenchContext,
+  label: string,
+  runner: { concurrency?: number; pollMs?: number },
+  fn: (queue: Queue, queueDir: string) => Promise<void>,
+): Promise<void> {
+  const base = join(context.root, label);
+  const queueDir = join(base, "queue");
+  const workspace = join(base, "workspace");
+  const queue = Queue.open(queueDir, { create: true });
+  const closeQueue = context.cleanup.add(() => queue.close());
+  const started = now();
+  const runnerProcess = await startBenchRunner(queueDir, { workspace, ...runner });
+  const stopRunner = context.cleanup.add(async () => {
+    const status = await runnerProcess.stop();
+    if (!status.success) {
+      context.progress.note(`runner ${runnerProcess.pid} exited with ${status.code}; see its log`);
+    }
+  });
+  context.progress.note(
+    `${label}: runner pid ${runnerProcess.pid} ready in ${(now() - started).toFixed(0)} ms${
+      runner.concurrency === undefined ? "" : ` (--concurrency ${runner.concurrency})`
+    }`,
+  );
+  try {
+    await fn(queue, queueDir);
+  } finally {
+    await stopRunner();
+    await closeQueue();
+    await Deno.remove(base, { recursive: true }).catch(() => {});
+  }
+}
+
+// SQLite's file change counter (header bytes 24..27): in rollback-journal
+// mode it moves once per write transaction, whoever made it.
+function changeCounter(path: string): number {
+  const file = Deno.openSync(path, { read: true });
+  try {
+    const header = new Uint8Array(28);
+    let read = 0;
+    while (read < header.length) {
+      const got = file.readSync(header.subarray(read));
+      if (got === null) break;
+      read += got;
+    }
+    return new DataView(header.buffer).getUint32(24);
+  } finally {
+    file.close();
+  }
+}
+
+function requireSuccess(result: ExecResult): void {
+  if (result.exitCode !== 0) {
+    throw new Error(
+      `'${COMMAND.join(" ")}' failed through the queue: exit ${result.exitCode}, ${
+        result.error ?? "no error"
+      }`,
+    );
+  }
+}
+
+function median(samples: readonly number[]): string {
+  return `${summarize("", samples).p50_ms.toFixed(2)} ms`;
+}

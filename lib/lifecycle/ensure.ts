@@ -1,0 +1,182 @@
+/**
+ * ensure: make the sandbox of one (tenant, user) exist, match today's image
+ * and posture, run, and have a live runner. Callers hold the sandbox lock.
+ *
+ * inspect → reuse running | start stopped | recreate when paused, dead,
+ * restarting, or when the image id or posture differ → wait for the runner's
+ * first heartbeat.
+ *
+ * @module
+ */
+import type { SandboxConfig } from "../config/config.ts";
+import { DockerConflictError, type DockerClient } from "../docker/mod.ts";
+import type { ContainerInspect } from "../docker/types.ts";
+import { DockerError, RunnerError } from "../errors.ts";
+import { runnerAlive } from "../host_backend.ts";
+import type { Queue } from "../queue/queue.ts";
+import type { SandboxKey, StatePaths } from "./identity.ts";
+import { containerSpec, LABELS } from "./posture.ts";
+
+/** What ensure had to do. */
+export type EnsureAction = "reused" | "started" | "created" | "recreated";
+
+/** The outcome of {@linkcode ensureContainer}. */
+export interface Ensured {
+  containerId: string;
+  imageId: string;
+  action: EnsureAction;
+}
+
+/** Options for {@linkcode ensureContainer}. */
+export interface EnsureOptions {
+  config: SandboxConfig;
+  paths: StatePaths;
+  /** The host side of this sandbox's queue (to watch the heartbeat). */
+  queue: Queue;
+  /** How long to wait for the first heartbeat. Default 60 s. */
+  readyTimeoutMs?: number;
+  /** How long a recycle waits for in-flight requests to finish. Default 10 min. */
+  drainTimeoutMs?: number;
+}
+
+/**
+ * Resolves a configured image reference to its immutable id.
+ *
+ * @param docker The Docker client.
+ * @param ref Image reference.
+ * @returns The image id.
+ * @throws {DockerError} When the image does not exist.
+ */
+export async function resolveImage(docker: DockerClient, ref: string): Promise<string> {
+  const image = await docker.inspectImage(ref);
+  if (image === null) {
+    throw new DockerError(`Image '${ref}' not found; build it with 'bash scripts/build_image.sh'`);
+  }
+  return image.id;
+}
+
+/**
+ * Why an existing container cannot be reused as it is, or undefined.
+ *
+ * @param container The inspected container.
+ * @param expected Today's image id and posture hash.
+ * @returns A reason to recreate, or undefined when it is compatible.
+ */
+export function incompatibility(
+  container: ContainerInspect,
+  expected: { imageId: string; postureHash: string },
+): string | undefined {
+  const state = container.State;
+  if (state.Paused) return "paused";
+  if (state.Dead || state.Status === "dead") return "dead";
+  if (state.Restarting || state.Status === "restarting") return "restarting";
+  if (state.Status === "removing") return "being removed";
+  if (container.Image !== expected.imageId || container.Config.Labels[LABELS.image] !== expected.imageId) {
+    return "image changed";
+  }
+  if (container.Config.Labels[LABELS.posture] !== expected.postureHash) return "posture changed";
+  return undefined;
+}
+
+/**
+ * Ensures the sandbox container runs today's image and posture with a live
+ * runner. The caller must hold the sandbox's lock.
+ *
+ * @param docker The Docker client.
+ * @param key Whose sandbox.
+ * @param options Config, state paths and the queue.
+ * @returns The container id, image id and what was done.
+ */
+export async function ensureContainer(
+  docker: DockerClient,
+  key: SandboxKey,
+  options: EnsureOptions,
+): Promise<Ensured> {
+  const { config, paths, queue } = options;
+  const imageId = await resolveImage(docker, config.image);
+  const spec = containerSpec(key, { config, imageId, paths });
+  let container = await docker.inspectContainer(spec.name);
+  let action: EnsureAction = "reused";
+
+  if (container !== null) {
+    const reason = incompatibility(container, { imageId, postureHash: spec.postureHash });
+    if (reason !== undefined) {
+      if (container.State.Running && !container.State.Paused) await drain(queue, options.drainTimeoutMs);
+      await docker.removeContainer(container.Id, { force: true });
+      container = null;
+      action = "recreated";
+    }
+  }
+  if (container === null) {
+    const before = queue.heartbeat()?.bootId;
+    let id: string;
+    try {
+      id = await docker.createContainer(spec.name, spec.body);
+      if (action === "reused") action = "created";
+    } catch (error) {
+      // Another process created it between our inspect and create: adopt it
+      // (it holds today's spec: it was created under the same lock protocol).
+      if (!(error instanceof DockerConflictError)) throw error;
+      const adopted = await docker.inspectContainer(spec.name);
+      if (adopted === null) throw error;
+      id = adopted.Id;
+    }
+    await docker.startContainer(id);
+    await waitReady(docker, id, { queue, before, timeoutMs: options.readyTimeoutMs });
+    return { containerId: id, imageId, action };
+  }
+
+  if (container.State.Running) {
+    if (runnerAlive(queue)) return { containerId: container.Id, imageId, action };
+    // Running but no fresh heartbeat: the runner is exiting (idle) or wedged.
+    // Let an exiting one finish, then start the container again.
+    const exited = await docker.waitContainer(container.Id, { timeoutMs: 5000 }).then(
+      () => true,
+      () => false,
+    );
+    if (!exited) await docker.stopContainer(container.Id, { timeoutSeconds: 5 });
+  }
+  const before = queue.heartbeat()?.bootId;
+  await docker.startContainer(container.Id);
+  await waitReady(docker, container.Id, { queue, before, timeoutMs: options.readyTimeoutMs });
+  return { containerId: container.Id, imageId, action: "started" };
+}
+
+// Waits for a heartbeat from a runner booted after `before`.
+async function waitReady(
+  docker: DockerClient,
+  id: string,
+  options: { queue: Queue; before: string | undefined; timeoutMs: number | undefined },
+): Promise<void> {
+  const deadline = Date.now() + (options.timeoutMs ?? 60_000);
+  let checks = 0;
+  while (Date.now() < deadline) {
+    const beat = options.queue.heartbeat();
+    if (beat !== undefined && beat.bootId !== options.before && beat.state === "running") return;
+    if (++checks % 25 === 0) {
+      const state = await docker.inspectContainer(id);
+      if (state === null || !state.State.Running) {
+        throw new RunnerError(
+          `Runner container '${id.slice(0, 12)}' stopped during start (exit code ${
+            state?.State.ExitCode ?? "unknown"
+          }${state?.State.Error ? `: ${state.State.Error}` : ""}); see 'docker logs ${id.slice(0, 12)}'`,
+        );
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  throw new RunnerError(`Runner in container '${id.slice(0, 12)}' sent no heartbeat within ${Math.round((options.timeoutMs ?? 60_000) / 1000)} s`);
+}
+
+// A recycle must not kill a command another host is waiting for.
+async function drain(queue: Queue, timeoutMs = 600_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (queue.inFlight().length > 0) {
+    if (Date.now() > deadline) {
+      throw new RunnerError(
+        `Cannot recycle the sandbox: ${queue.inFlight().length} request(s) still running after ${timeoutMs / 1000} s`,
+      );
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}

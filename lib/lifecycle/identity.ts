@@ -1,0 +1,72 @@
+/**
+ * Who a sandbox belongs to, and the names derived from it.
+ *
+ * @module
+ */
+import { createHash } from "node:crypto";
+import { join } from "node:path";
+import { UsageError } from "../errors.ts";
+
+/** A validated (tenant, user) pair and its derived names. */
+export interface SandboxKey {
+  tenant: string;
+  user: string;
+  /** Hex SHA-256 of the length-prefixed pair: collision-free across separators. */
+  hash: string;
+  /** Deterministic container name. */
+  containerName: string;
+}
+
+const ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
+
+/**
+ * Validates a tenant and user id and derives the sandbox key. Ids are
+ * length-prefixed before hashing, so ("ab","c") and ("a","bc") never collide.
+ *
+ * @param tenant Tenant id.
+ * @param user User id.
+ * @returns The key.
+ * @throws {UsageError} When an id has characters outside `A-Z a-z 0-9 . _ @ + -` or is longer than 128.
+ */
+export function sandboxKey(tenant: string, user: string): SandboxKey {
+  for (const [what, value] of [["tenant", tenant], ["user", user]] as const) {
+    if (!ID.test(value)) {
+      throw new UsageError(
+        `Invalid ${what} id '${value.slice(0, 140)}': use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit`,
+      );
+    }
+  }
+  const hash = createHash("sha256")
+    .update(`${tenant.length}:${tenant}|${user.length}:${user}`)
+    .digest("hex");
+  return { tenant, user, hash, containerName: `waffle-${hash.slice(0, 24)}` };
+}
+
+/** Host paths of one sandbox's state. */
+export interface StatePaths {
+  /** `$WAFFLE_HOME/sandboxes/<hash>`: mode 0700. */
+  root: string;
+  /** The queue directory, bind-mounted at `/queue`. */
+  queue: string;
+  /** The user's workspace, bind-mounted at `/workspace`. */
+  workspace: string;
+  /** Cross-process lock of this sandbox's lifecycle. */
+  lock: string;
+}
+
+/**
+ * The state paths of a sandbox under a waffle home.
+ *
+ * @param home `WAFFLE_HOME`.
+ * @param key The sandbox key.
+ * @returns Its paths.
+ */
+export function statePaths(home: string, key: SandboxKey): StatePaths {
+  const root = join(home, "sandboxes", key.hash);
+  return {
+    root,
+    queue: join(root, "queue"),
+    workspace: join(root, "workspace"),
+    lock: join(home, "locks", `${key.hash}.lock`),
+  };
+}

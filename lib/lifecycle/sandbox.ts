@@ -1,0 +1,75 @@
+/**
+ * The Docker backend: a per-(tenant, user) persistent container whose runner
+ * serves the user's queue. This is waffle's sandbox; there is no fallback to
+ * unsandboxed execution on any error.
+ *
+ * @module
+ */
+import { loadConfig, type SandboxConfig } from "../config/config.ts";
+import { DockerClient } from "../docker/mod.ts";
+import type { Backend } from "../host_backend.ts";
+import { Queue, type SubmitOptions } from "../queue/queue.ts";
+import { ensureContainer, type Ensured } from "./ensure.ts";
+import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
+import { withLock } from "./lock.ts";
+import { prepareState } from "./state_dir.ts";
+
+/** Options for {@linkcode openSandbox}. */
+export interface SandboxOptions {
+  /** Tenant id; default "default". */
+  tenant?: string;
+  /** Configuration overrides (image, home, limits). */
+  config?: Partial<SandboxConfig>;
+  /** Docker client; default from `DOCKER_HOST`. */
+  docker?: DockerClient;
+  /** Fallback poll interval of the queue. */
+  pollMs?: number;
+}
+
+/** A user's sandbox: the {@linkcode Backend} plus its identity. */
+export interface Sandbox extends Backend {
+  readonly key: SandboxKey;
+  readonly paths: StatePaths;
+  readonly config: SandboxConfig;
+  /** What the last ensure did (undefined before the first). */
+  readonly lastEnsure: Ensured | undefined;
+}
+
+/**
+ * Opens the sandbox of a user: validates the ids, creates the state
+ * directory if needed, and returns a backend whose `ensure`/`submit` create,
+ * adopt, start or recycle the container under the sandbox lock.
+ *
+ * @param user User id.
+ * @param options Tenant, config overrides and Docker client.
+ * @returns The sandbox backend.
+ * @throws {UsageError} On an invalid id or config.
+ */
+export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
+  const key = sandboxKey(options.tenant ?? "default", user);
+  const config = loadConfig(options.config);
+  const paths = statePaths(config.home, key);
+  prepareState(paths);
+  const queue = Queue.open(paths.queue, options.pollMs === undefined ? {} : { pollMs: options.pollMs });
+  const docker = options.docker ?? new DockerClient();
+  let lastEnsure: Ensured | undefined;
+  const ensureLocked = async (): Promise<void> => {
+    lastEnsure = await ensureContainer(docker, key, { config, paths, queue });
+  };
+  return {
+    key,
+    paths,
+    config,
+    queue,
+    get lastEnsure(): Ensured | undefined {
+      return lastEnsure;
+    },
+    ensure: () => withLock(paths.lock, ensureLocked),
+    submit: (request: SubmitOptions) =>
+      withLock(paths.lock, async () => {
+        await ensureLocked();
+        return await queue.submit(request);
+      }),
+    close: () => queue.close(),
+  };
+}

@@ -1,0 +1,193 @@
+// deno-lint-ignore-file no-console
+/**
+ * Integrity after kill: real runner and host processes SIGKILLed at random
+ * moments while they write the queue files. Afterwards both files pass
+ * `PRAGMA integrity_check`, nothing durable is lost, no request runs twice,
+ * and every request ends with exactly one result.
+ *
+ * `WAFFLE_KILL_LOOPS` sets the runner kill iterations (default 20),
+ * `WAFFLE_HOST_KILL_LOOPS` the host writer kill iterations (default 12).
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import type { ExecResult } from "../lib/queue/protocol.ts";
+import { Queue } from "../lib/queue/queue.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
+import { openDatabase } from "../lib/queue/connection.ts";
+import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
+import { envNumber, integrityOfQueue, queueCounts, queueFileSizes, spawnClient } from "./_stress_client.ts";
+
+const OK = { inbound: "ok", outbound: "ok" };
+
+/** How many lines of the request's log mention each tool-use id. */
+async function runCounts(log: string): Promise<Map<string, number>> {
+  const counts = new Map<string, number>();
+  const lines = (await Deno.readTextFile(log).catch(() => "")).split("\n").filter((line) => line !== "");
+  for (const line of lines) counts.set(line, (counts.get(line) ?? 0) + 1);
+  return counts;
+}
+
+/** Size of a file, 0 when missing: a non-empty rollback journal after a kill is a hot journal. */
+function sizeOf(path: string): number {
+  try {
+    return Deno.statSync(path).size;
+  } catch {
+    return 0;
+  }
+}
+
+interface Sent {
+  id: string;
+  toolUseId: string;
+  lines: number;
+}
+
+// Logs the tool-use id, then writes up to ~400 KB of output (several flushes
+// and chunk commits), pauses (a timer flush), and writes stderr and a last line.
+function command(toolUseId: string, lines: number): string {
+  return `echo ${toolUseId} >> ran.log; yes ${toolUseId} | head -n ${lines}; sleep 0.02; ` +
+    `echo "${toolUseId} err" >&2; echo "${toolUseId} end"`;
+}
+
+function expectedStdout(sent: Sent): string {
+  return `${sent.toolUseId}\n`.repeat(sent.lines) + `${sent.toolUseId} end\n`;
+}
+
+Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and runs nothing twice", async () => {
+  const loops = envNumber("WAFFLE_KILL_LOOPS", 20);
+  await using q = await tempQueue();
+  const paths = queuePaths(q.queueDir);
+  const queue = Queue.open(q.queueDir);
+  const sent: Sent[] = [];
+  const seen = new Map<string, ExecResult>(); // results read before some kill
+  const startedAtDeath = new Set<string>();
+  let hotJournals = 0;
+
+  for (let loop = 0; loop < loops; loop++) {
+    const runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: loop % 2 === 0 ? 1 : 3 });
+    const burst = Array.from({ length: 4 + Math.floor(Math.random() * 5) }, (_, i) => ({
+      toolUseId: `k${loop}-${i}`,
+      lines: 1 + Math.floor(Math.random() * 60_000),
+    }));
+    const ids = await Promise.all(
+      burst.map((b) => queue.submit({ argv: ["sh", "-c", command(b.toolUseId, b.lines)], toolUseId: b.toolUseId })),
+    );
+    burst.forEach((b, i) => sent.push({ ...b, id: ids[i]! }));
+    await delay(Math.random() * 150);
+    for (const { id } of sent) {
+      const { result } = queue.state(id);
+      if (result !== undefined && !seen.has(id)) seen.set(id, result);
+    }
+    await runner.stop("SIGKILL");
+    if (sizeOf(`${paths.outbound}-journal`) > 0) hotJournals++;
+
+    assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
+    for (const [id, result] of seen) assert.deepEqual(queue.state(id).result, result, `result of ${id} changed`);
+    for (const { id } of sent) if (queue.state(id).state === "started") startedAtDeath.add(id);
+  }
+
+  const last = await startRunner(q.queueDir, { workspace: q.workspace });
+  const runs = await (async (): Promise<Map<string, number>> => {
+    const collected = new Map<string, Awaited<ReturnType<Queue["collect"]>>>();
+    for (const { id } of sent) collected.set(id, await queue.collect(id));
+    const counts = await runCounts(join(q.workspace, "ran.log"));
+    let interrupted = 0;
+    for (const s of sent) {
+      const { result, stdout, stderr } = collected.get(s.id)!;
+      assert.equal(result.requestId, s.id);
+      const ran = counts.get(s.toolUseId) ?? 0;
+      assert.ok(ran <= 1, `${s.toolUseId} ran ${ran} times`);
+      if (result.interrupted) {
+        interrupted++;
+        assert.ok(startedAtDeath.has(s.id), `${s.toolUseId} interrupted but was not started when a runner died`);
+        assert.equal(result.exitCode, null);
+      } else {
+        assert.ok(!startedAtDeath.has(s.id), `${s.toolUseId} was started when a runner died but completed`);
+        assert.equal(ran, 1, `${s.toolUseId} completed but its command did not run once`);
+        assert.equal(result.exitCode, 0, `${s.toolUseId}: ${JSON.stringify(result)}`);
+        assert.equal(text(stdout), expectedStdout(s));
+        assert.equal(text(stderr), `${s.toolUseId} err\n`);
+      }
+      const before = seen.get(s.id);
+      if (before !== undefined) assert.deepEqual(result, before, `result of ${s.toolUseId} changed`);
+    }
+    assert.equal(interrupted, startedAtDeath.size);
+    console.log(
+      `runner kill loop: ${loops} SIGKILLs (${hotJournals} left a hot outbound journal), ${sent.length} requests, ` +
+        `${sent.length - interrupted} completed, ${interrupted} interrupted, ${seen.size} results re-read after kills, ` +
+        `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
+    );
+    return counts;
+  })();
+  assert.equal([...runs.values()].filter((n) => n > 1).length, 0);
+  const counts = queueCounts(q.queueDir);
+  assert.equal(counts.requests, sent.length);
+  assert.equal(counts.results, sent.length, "not exactly one result per request");
+  queue.close();
+  assert.equal((await last.stop("SIGTERM")).code, 0);
+  assert.deepEqual(integrityOfQueue(q.queueDir), OK);
+});
+
+Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files and loses no durable request", async () => {
+  const loops = envNumber("WAFFLE_HOST_KILL_LOOPS", 12);
+  await using q = await tempQueue();
+  const paths = queuePaths(q.queueDir);
+  // The runner serves the queue throughout: it reads inbound.db while hosts die mid-commit.
+  const runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: 4 });
+  const reported = new Map<string, string>(); // tool-use id -> request id, printed after submit resolved
+  let hotJournals = 0;
+
+  for (let loop = 0; loop < loops; loop++) {
+    const child = spawnClient(["writer", q.queueDir, `h${loop}`, "4"]);
+    let output = "";
+    let exited = false;
+    const pump = (async (): Promise<void> => {
+      for await (const piece of child.stdout.pipeThrough(new TextDecoderStream())) output += piece;
+    })();
+    const status = child.status.then((s) => {
+      exited = true;
+      return s;
+    });
+    await waitFor(() => output.startsWith("ready\n") || exited, { timeoutMs: 30_000, what: "writer to start" });
+    assert.ok(!exited, "writer exited before it was killed");
+    await delay(Math.random() * 50);
+    child.kill("SIGKILL");
+    assert.equal((await status).signal, "SIGKILL");
+    await pump;
+    if (sizeOf(`${paths.inbound}-journal`) > 0) hotJournals++;
+    // Only complete lines: the last one may have been cut by the kill.
+    for (const line of output.split("\n").slice(1, -1)) {
+      const [toolUseId, id] = line.split(" ");
+      reported.set(toolUseId!, id!);
+    }
+    assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
+  }
+
+  const queue = Queue.open(q.queueDir);
+  const inbound = openDatabase(paths.inbound, { role: "reader" });
+  const requests = inbound.prepare("SELECT id, tool_use_id FROM requests ORDER BY seq").all() as {
+    id: string;
+    tool_use_id: string;
+  }[];
+  inbound.close();
+  const stored = new Map(requests.map((row) => [row.tool_use_id, row.id]));
+  for (const [toolUseId, id] of reported) assert.equal(stored.get(toolUseId), id, `lost ${toolUseId}`);
+  for (const { id, tool_use_id: toolUseId } of requests) {
+    const { result, stdout } = await queue.collect(id);
+    assert.equal(result.exitCode, 0, `${toolUseId}: ${JSON.stringify(result)}`);
+    assert.equal(text(stdout), `${toolUseId}\n`);
+  }
+  const runs = await runCounts(join(q.workspace, "ran.log"));
+  for (const { tool_use_id: toolUseId } of requests) assert.equal(runs.get(toolUseId), 1, `${toolUseId} runs`);
+  assert.equal(runs.size, requests.length, "a command ran that has no request");
+  // Requests of a killed host that are durable but never reported are still served exactly once.
+  await waitFor(() => queueCounts(q.queueDir).results === requests.length, { what: "results" });
+  queue.close();
+  assert.equal((await runner.stop("SIGTERM")).code, 0);
+  assert.deepEqual(integrityOfQueue(q.queueDir), OK);
+  console.log(
+    `host kill loop: ${loops} SIGKILLs (${hotJournals} left a hot inbound journal), ${requests.length} requests ` +
+      `in inbound.db, ${reported.size} reported durable, ${requests.length - reported.size} durable but unreported, ` +
+      `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
+  );
+});
