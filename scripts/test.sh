@@ -7,8 +7,8 @@
 #   with the usual console output, and ends with exactly one line
 #       tests: N passed, N failed, N skipped
 #   computed from the junit report (scripts/test_summary.ts; ignored tests
-#   count as skipped, test steps are not counted, an uncaught error in a test
-#   module counts as one failure).
+#   count as skipped, tests left out by --filter and test steps are not
+#   counted, an uncaught error in a test module counts as one failure).
 #   --json   print the counts as one JSON object as the last line instead
 #   Any other argument goes to `deno test`; when none of them names an
 #   existing file or directory, tests/ is added. Examples:

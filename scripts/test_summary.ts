@@ -7,7 +7,9 @@
  *   extra testcases named `parent > step` and are reported apart (`--json`),
  *   so the numbers match Deno's own `ok | N passed | N failed | N ignored` line;
  * - a testcase with `<failure>` or `<error>` (e.g. cancelled) failed, one with
- *   `<skipped/>` (`ignore: true`) is skipped, any other passed;
+ *   `<skipped/>` and a `time` attribute (`ignore: true`) is skipped, any other passed;
+ * - a `<skipped/>` testcase without `time` was filtered out (`--filter`): it is
+ *   not counted (only in `--json`, as `filtered`), as in Deno's own summary;
  * - an uncaught error from a test module (top-level throw, dangling promise) is
  *   missing from the junit report altogether; it is taken from the console log
  *   (`./x_test.ts (uncaught error)` under FAILURES) and counted as one failure.
@@ -39,11 +41,15 @@ export interface JunitCounts {
   tests: Tally;
   /** Test steps (`t.step`). */
   steps: Tally;
+  /** Top-level tests not run because of `--filter`. */
+  filtered: number;
 }
 
 /** The numbers printed at the end of a run. */
 export interface Summary extends Tally {
   steps: Tally;
+  /** Tests not run because of `--filter` (not in the other counts). */
+  filtered: number;
   /** Modules with an uncaught error (included in `failed`). */
   uncaughtErrors: string[];
   /** Exit status of `deno test`, or null when unknown. */
@@ -93,24 +99,30 @@ export function countJunit(xml: string): JunitCounts {
   const counts: JunitCounts = {
     tests: { passed: 0, failed: 0, skipped: 0 },
     steps: { passed: 0, failed: 0, skipped: 0 },
+    filtered: 0,
   };
   const suites = xml.match(/<testsuite\b[^>]*\/>|<testsuite\b[\s\S]*?<\/testsuite>/g) ?? [];
   for (const suite of suites) {
     const seen = new Set<string>();
     const cases = suite.matchAll(/<testcase\b([^>]*?)(\/>|>([\s\S]*?)<\/testcase>)/g);
     for (const testcase of cases) {
-      const name = attribute(testcase[1] ?? "", "name") ?? "";
+      const attributes = testcase[1] ?? "";
+      const name = attribute(attributes, "name") ?? "";
       const body = testcase[3] ?? "";
-      const outcome: keyof Tally = /<(failure|error)\b/.test(body)
-        ? "failed"
-        : /<skipped\b/.test(body)
-        ? "skipped"
-        : "passed";
       // Deno names a step "<parent> > <step>"; its parent came earlier in the suite.
       const cut = name.lastIndexOf(" > ");
       const isStep = cut > 0 && seen.has(name.slice(0, cut));
       seen.add(name);
-      (isStep ? counts.steps : counts.tests)[outcome]++;
+      const tally = isStep ? counts.steps : counts.tests;
+      if (/<(failure|error)\b/.test(body)) {
+        tally.failed++;
+      } else if (!/<skipped\b/.test(body)) {
+        tally.passed++;
+      } else if (attribute(attributes, "time") !== undefined) {
+        tally.skipped++; // ignored: Deno reported it, in 0 ms
+      } else if (!isStep) {
+        counts.filtered++; // never reported: filtered out
+      }
     }
   }
   return counts;
@@ -174,6 +186,7 @@ export function summarize(
     failed,
     skipped,
     steps: counts.steps,
+    filtered: counts.filtered,
     uncaughtErrors: uncaught,
     denoStatus,
     junitFound: junit !== undefined,

@@ -44,7 +44,12 @@ export interface StressRequest {
 export function stressRequest(toolUseId: string, n: number): StressRequest {
   switch (n % 4) {
     case 0:
-      return { options: { argv: ["echo", toolUseId], toolUseId }, stdout: `${toolUseId}\n`, stderr: "", exitCode: 0 };
+      return {
+        options: { argv: ["echo", toolUseId], toolUseId },
+        stdout: `${toolUseId}\n`,
+        stderr: "",
+        exitCode: 0,
+      };
     case 1:
       return {
         options: { shell: `echo ${toolUseId}; echo err-${toolUseId} >&2`, toolUseId },
@@ -95,7 +100,15 @@ export interface StressSummary {
  * @returns A summary with zero counts.
  */
 export function newSummary(): StressSummary {
-  return { requests: 0, results: 0, mismatches: [], toolUseIds: [], errors: [], busyErrors: 0, collected: 0 };
+  return {
+    requests: 0,
+    results: 0,
+    mismatches: [],
+    toolUseIds: [],
+    errors: [],
+    busyErrors: 0,
+    collected: 0,
+  };
 }
 
 /**
@@ -122,7 +135,11 @@ export async function stressLoop(
       summary.toolUseIds.push(request.options.toolUseId);
       const { result, stdout, stderr } = await queue.collect(id);
       summary.results++;
-      const got = { stdout: decoder.decode(stdout), stderr: decoder.decode(stderr), exitCode: result.exitCode };
+      const got = {
+        stdout: decoder.decode(stdout),
+        stderr: decoder.decode(stderr),
+        exitCode: result.exitCode,
+      };
       if (
         got.stdout !== request.stdout || got.stderr !== request.stderr ||
         got.exitCode !== request.exitCode || result.requestId !== id
@@ -133,7 +150,9 @@ export async function stressLoop(
       if (n % 8 === 7) summary.collected += await queue.gc();
     } catch (error) {
       if (isBusyError(error)) summary.busyErrors++;
-      summary.errors.push(`${request.options.toolUseId}: ${error instanceof Error ? error.message : String(error)}`);
+      summary.errors.push(
+        `${request.options.toolUseId}: ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
   }
 }
@@ -295,7 +314,10 @@ export function integrityOfQueue(queueDir: string): { inbound: string; outbound:
  */
 export function queueFileSizes(queueDir: string): { inbound: number; outbound: number } {
   const paths = queuePaths(queueDir);
-  return { inbound: Deno.statSync(paths.inbound).size, outbound: Deno.statSync(paths.outbound).size };
+  return {
+    inbound: Deno.statSync(paths.inbound).size,
+    outbound: Deno.statSync(paths.outbound).size,
+  };
 }
 
 /**
@@ -327,14 +349,22 @@ export function spawnClient(args: string[]): Deno.ChildProcess {
   }).spawn();
 }
 
-async function stressMain(queueDir: string, deadline: number, prefix: string, workers: number): Promise<void> {
+async function stressMain(
+  queueDir: string,
+  deadline: number,
+  prefix: string,
+  workers: number,
+): Promise<void> {
   const queue = Queue.open(queueDir);
   const observerQueue = Queue.open(queueDir);
   const observer = new HeartbeatObserver(observerQueue);
   observer.start();
   const summary = newSummary();
   await Promise.all(
-    Array.from({ length: workers }, (_, w) => stressLoop(queue, `${prefix}w${w}`, deadline, summary)),
+    Array.from(
+      { length: workers },
+      (_, w) => stressLoop(queue, `${prefix}w${w}`, deadline, summary),
+    ),
   );
   summary.heartbeat = observer.stop();
   queue.close();
@@ -351,7 +381,10 @@ async function writerMain(queueDir: string, prefix: string, batch: number): Prom
     await Promise.all(
       Array.from({ length: batch }, (_, i) => {
         const toolUseId = `${prefix}-${round}-${i}`;
-        return queue.submit({ argv: ["sh", "-c", `echo ${toolUseId} >> ran.log; echo ${toolUseId}`], toolUseId })
+        return queue.submit({
+          argv: ["sh", "-c", `echo ${toolUseId} >> ran.log; echo ${toolUseId}`],
+          toolUseId,
+        })
           .then((id) => console.log(`${toolUseId} ${id}`));
       }),
     );

@@ -123,7 +123,7 @@ Deno.test("Ctrl-C on waffle exec cancels the request and kills its tree", async 
 });
 
 Deno.test("waffle doctor reports the host queue round trip", async () => {
-  const out = await runCliProcess(["doctor", "--json"], { env: { WAFFLE_DOCTOR_SKIP_DOCKER: "1" } });
+  const out = await runCliProcess(["doctor", "--json", "--no-docker"]);
   const report = JSON.parse(out.stdout);
   const row = report.checks.find((check: { name: string }) => check.name.startsWith("queue round trip"));
   assert.ok(row, out.stdout);

@@ -15,14 +15,22 @@ import { Queue } from "../lib/queue/queue.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { openDatabase } from "../lib/queue/connection.ts";
 import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
-import { envNumber, integrityOfQueue, queueCounts, queueFileSizes, spawnClient } from "./_stress_client.ts";
+import {
+  envNumber,
+  integrityOfQueue,
+  queueCounts,
+  queueFileSizes,
+  spawnClient,
+} from "./_stress_client.ts";
 
 const OK = { inbound: "ok", outbound: "ok" };
 
 /** How many lines of the request's log mention each tool-use id. */
 async function runCounts(log: string): Promise<Map<string, number>> {
   const counts = new Map<string, number>();
-  const lines = (await Deno.readTextFile(log).catch(() => "")).split("\n").filter((line) => line !== "");
+  const lines = (await Deno.readTextFile(log).catch(() => "")).split("\n").filter((line) =>
+    line !== ""
+  );
   for (const line of lines) counts.set(line, (counts.get(line) ?? 0) + 1);
   return counts;
 }
@@ -64,25 +72,37 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
   let hotJournals = 0;
 
   for (let loop = 0; loop < loops; loop++) {
-    const runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: loop % 2 === 0 ? 1 : 3 });
+    const runner = await startRunner(q.queueDir, {
+      workspace: q.workspace,
+      concurrency: loop % 2 === 0 ? 1 : 3,
+    });
     const burst = Array.from({ length: 4 + Math.floor(Math.random() * 5) }, (_, i) => ({
       toolUseId: `k${loop}-${i}`,
       lines: 1 + Math.floor(Math.random() * 60_000),
     }));
     const ids = await Promise.all(
-      burst.map((b) => queue.submit({ argv: ["sh", "-c", command(b.toolUseId, b.lines)], toolUseId: b.toolUseId })),
+      burst.map((b) =>
+        queue.submit({ argv: ["sh", "-c", command(b.toolUseId, b.lines)], toolUseId: b.toolUseId })
+      ),
     );
     burst.forEach((b, i) => sent.push({ ...b, id: ids[i]! }));
-    await delay(Math.random() * 150);
+    await delay(Math.random() * 100);
     for (const { id } of sent) {
       const { result } = queue.state(id);
       if (result !== undefined && !seen.has(id)) seen.set(id, result);
+    }
+    if (loop % 2 === 1) {
+      // Aim for an open transaction: kill as soon as the rollback journal is non-empty.
+      const until = Date.now() + 50 + Math.random() * 100;
+      while (Date.now() < until && sizeOf(`${paths.outbound}-journal`) === 0) await delay(0);
     }
     await runner.stop("SIGKILL");
     if (sizeOf(`${paths.outbound}-journal`) > 0) hotJournals++;
 
     assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
-    for (const [id, result] of seen) assert.deepEqual(queue.state(id).result, result, `result of ${id} changed`);
+    for (const [id, result] of seen) {
+      assert.deepEqual(queue.state(id).result, result, `result of ${id} changed`);
+    }
     for (const { id } of sent) if (queue.state(id).state === "started") startedAtDeath.add(id);
   }
 
@@ -99,22 +119,32 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
       assert.ok(ran <= 1, `${s.toolUseId} ran ${ran} times`);
       if (result.interrupted) {
         interrupted++;
-        assert.ok(startedAtDeath.has(s.id), `${s.toolUseId} interrupted but was not started when a runner died`);
+        assert.ok(
+          startedAtDeath.has(s.id),
+          `${s.toolUseId} interrupted but was not started when a runner died`,
+        );
         assert.equal(result.exitCode, null);
       } else {
-        assert.ok(!startedAtDeath.has(s.id), `${s.toolUseId} was started when a runner died but completed`);
+        assert.ok(
+          !startedAtDeath.has(s.id),
+          `${s.toolUseId} was started when a runner died but completed`,
+        );
         assert.equal(ran, 1, `${s.toolUseId} completed but its command did not run once`);
         assert.equal(result.exitCode, 0, `${s.toolUseId}: ${JSON.stringify(result)}`);
         assert.equal(text(stdout), expectedStdout(s));
         assert.equal(text(stderr), `${s.toolUseId} err\n`);
       }
       const before = seen.get(s.id);
-      if (before !== undefined) assert.deepEqual(result, before, `result of ${s.toolUseId} changed`);
+      if (before !== undefined) {
+        assert.deepEqual(result, before, `result of ${s.toolUseId} changed`);
+      }
     }
     assert.equal(interrupted, startedAtDeath.size);
     console.log(
       `runner kill loop: ${loops} SIGKILLs (${hotJournals} left a hot outbound journal), ${sent.length} requests, ` +
-        `${sent.length - interrupted} completed, ${interrupted} interrupted, ${seen.size} results re-read after kills, ` +
+        `${
+          sent.length - interrupted
+        } completed, ${interrupted} interrupted, ${seen.size} results re-read after kills, ` +
         `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
     );
     return counts;
@@ -148,7 +178,10 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
       exited = true;
       return s;
     });
-    await waitFor(() => output.startsWith("ready\n") || exited, { timeoutMs: 30_000, what: "writer to start" });
+    await waitFor(() => output.startsWith("ready\n") || exited, {
+      timeoutMs: 30_000,
+      what: "writer to start",
+    });
     assert.ok(!exited, "writer exited before it was killed");
     await delay(Math.random() * 50);
     child.kill("SIGKILL");
@@ -160,6 +193,8 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
       const [toolUseId, id] = line.split(" ");
       reported.set(toolUseId!, id!);
     }
+    // A fresh host opens the files first (rolling back a hot journal if the runner did not).
+    Queue.open(q.queueDir).close();
     assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
   }
 
@@ -171,14 +206,18 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
   }[];
   inbound.close();
   const stored = new Map(requests.map((row) => [row.tool_use_id, row.id]));
-  for (const [toolUseId, id] of reported) assert.equal(stored.get(toolUseId), id, `lost ${toolUseId}`);
+  for (const [toolUseId, id] of reported) {
+    assert.equal(stored.get(toolUseId), id, `lost ${toolUseId}`);
+  }
   for (const { id, tool_use_id: toolUseId } of requests) {
     const { result, stdout } = await queue.collect(id);
     assert.equal(result.exitCode, 0, `${toolUseId}: ${JSON.stringify(result)}`);
     assert.equal(text(stdout), `${toolUseId}\n`);
   }
   const runs = await runCounts(join(q.workspace, "ran.log"));
-  for (const { tool_use_id: toolUseId } of requests) assert.equal(runs.get(toolUseId), 1, `${toolUseId} runs`);
+  for (const { tool_use_id: toolUseId } of requests) {
+    assert.equal(runs.get(toolUseId), 1, `${toolUseId} runs`);
+  }
   assert.equal(runs.size, requests.length, "a command ran that has no request");
   // Requests of a killed host that are durable but never reported are still served exactly once.
   await waitFor(() => queueCounts(q.queueDir).results === requests.length, { what: "results" });
@@ -187,7 +226,9 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
   assert.deepEqual(integrityOfQueue(q.queueDir), OK);
   console.log(
     `host kill loop: ${loops} SIGKILLs (${hotJournals} left a hot inbound journal), ${requests.length} requests ` +
-      `in inbound.db, ${reported.size} reported durable, ${requests.length - reported.size} durable but unreported, ` +
+      `in inbound.db, ${reported.size} reported durable, ${
+        requests.length - reported.size
+      } durable but unreported, ` +
       `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
   );
 });

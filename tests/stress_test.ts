@@ -53,7 +53,8 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
   observer.start();
   const children = Array.from(
     { length: CHILD_PROCESSES },
-    (_, k) => spawnClient(["stress", q.queueDir, String(deadline), `c${k}`, String(LOOPS_PER_CHILD)]),
+    (_, k) =>
+      spawnClient(["stress", q.queueDir, String(deadline), `c${k}`, String(LOOPS_PER_CHILD)]),
   );
   const queues = Array.from({ length: IN_PROCESS_QUEUES }, () => Queue.open(q.queueDir));
   const local = queues.map(() => newSummary());
@@ -91,7 +92,8 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
   const busy = sum((s) => s.busyErrors);
   const maxGapMs = Math.max(beats.maxGapMs, ...remote.map((s) => s.heartbeat?.maxGapMs ?? 0));
   const maxSeqStep = Math.max(beats.maxSeqStep, ...remote.map((s) => s.heartbeat?.maxSeqStep ?? 0));
-  const unreadable = beats.unreadable + remote.reduce((n, s) => n + (s.heartbeat?.unreadable ?? 0), 0);
+  const unreadable = beats.unreadable +
+    remote.reduce((n, s) => n + (s.heartbeat?.unreadable ?? 0), 0);
   const integrity = integrityOfQueue(q.queueDir);
   const counts = queueCounts(q.queueDir);
   const sizes = queueFileSizes(q.queueDir);
@@ -102,7 +104,9 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
       `${results} results, ${(results / (elapsed / 1000)).toFixed(0)} req/s, ` +
       `max heartbeat gap ${maxGapMs} ms (seq step ${maxSeqStep}, ${beats.beats} beats seen here, ` +
       `observer max sample interval ${beats.maxSampleIntervalMs} ms), ` +
-      `inbound.db ${sizes.inbound} B, outbound.db ${sizes.outbound} B, rows left ${JSON.stringify(counts)}`,
+      `inbound.db ${sizes.inbound} B, outbound.db ${sizes.outbound} B, rows left ${
+        JSON.stringify(counts)
+      }`,
   );
 
   assert.deepEqual(errors, [], `${errors.length} errors (${busy} busy)`);
@@ -117,7 +121,10 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
   assert.ok(maxGapMs < MAX_HEARTBEAT_GAP_MS, `heartbeat gap ${maxGapMs} ms`);
   assert.deepEqual(integrity, { inbound: "ok", outbound: "ok" });
   assert.deepEqual(counts, { requests: 0, cancels: 0, acks: 0, states: 0, chunks: 0, results: 0 });
-  assert.ok(sizes.inbound < MAX_FILE_BYTES && sizes.outbound < MAX_FILE_BYTES, JSON.stringify(sizes));
+  assert.ok(
+    sizes.inbound < MAX_FILE_BYTES && sizes.outbound < MAX_FILE_BYTES,
+    JSON.stringify(sizes),
+  );
 }
 
 Deno.test("concurrent queue load: one runner, 8 in-process hosts and 2 host processes", async () => {

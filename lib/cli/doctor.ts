@@ -7,6 +7,7 @@
 import { join } from "node:path";
 import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
+import { dockerChecks } from "./doctor_docker.ts";
 import { parse } from "./args.ts";
 import type { CliIo } from "./io.ts";
 
@@ -21,23 +22,13 @@ export interface DoctorRow {
 /** A named check; returns a detail line or throws the reason. */
 export type DoctorCheck = { name: string; run: () => Promise<string> };
 
-const extraChecks: DoctorCheck[] = [];
-
-/**
- * Adds checks (the Docker rows are registered by `main.ts`).
- *
- * @param checks Checks run after the built-in ones.
- */
-export function registerDoctorChecks(checks: DoctorCheck[]): void {
-  extraChecks.push(...checks);
-}
-
 /** Help text of `waffle doctor`. */
-export const DOCTOR_HELP = `Usage: waffle doctor [--json]
+export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker]
 
-Checks the queue round trip on the host filesystem and, when Docker is
-configured, the daemon, the runner image and a container bind-mount round trip.
-Exit status 0 when every check passes, 1 otherwise.
+Checks the queue round trip on the host filesystem and, unless --no-docker,
+the Docker daemon, the runner image, and a sandbox container start with a
+bind-mount write/read round trip. Exit status 0 when every check passes, 1
+otherwise.
 `;
 
 /**
@@ -48,8 +39,11 @@ Exit status 0 when every check passes, 1 otherwise.
  * @returns 0 when all checks pass, else 1.
  */
 export async function doctorCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { json: { type: "boolean" } });
-  const checks: DoctorCheck[] = [{ name: "queue round trip (host fs)", run: queueRoundTrip }, ...extraChecks];
+  const parsed = parse(args, { json: { type: "boolean" }, "no-docker": { type: "boolean" } });
+  const checks: DoctorCheck[] = [
+    { name: "queue round trip (host fs)", run: queueRoundTrip },
+    ...(parsed.values["no-docker"] ? [] : dockerChecks()),
+  ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {
     const started = performance.now();

@@ -9,9 +9,9 @@ import { DOCTOR_HELP, doctorCommand } from "./doctor.ts";
 import { EXEC_HELP, execCommand, WAIT_HELP, waitCommand } from "./exec.ts";
 import type { CliIo } from "./io.ts";
 import { RUNNER_HELP, runnerCommand } from "./runner.ts";
+import { PS_HELP, psCommand, RM_HELP, rmCommand, STOP_HELP, stopCommand, SWEEP_HELP, sweepCommand } from "./fleet.ts";
 
 export { type CliIo, processIo } from "./io.ts";
-export { type DoctorCheck, registerDoctorChecks } from "./doctor.ts";
 
 /** A subcommand: its help and its implementation. */
 export interface Subcommand {
@@ -24,6 +24,10 @@ const commands = new Map<string, Subcommand>([
   ["exec", { help: EXEC_HELP, summary: "run a command in a sandbox", run: execCommand }],
   ["wait", { help: WAIT_HELP, summary: "wait for a detached request", run: waitCommand }],
   ["doctor", { help: DOCTOR_HELP, summary: "check the queue, Docker and the image", run: doctorCommand }],
+  ["ps", { help: PS_HELP, summary: "list sandbox containers", run: psCommand }],
+  ["sweep", { help: SWEEP_HELP, summary: "stop idle, remove stale or incompatible sandboxes", run: sweepCommand }],
+  ["stop", { help: STOP_HELP, summary: "stop a user's sandbox", run: stopCommand }],
+  ["rm", { help: RM_HELP, summary: "remove a user's sandbox (--purge: and its state)", run: rmCommand }],
   ["runner", {
     help: RUNNER_HELP,
     summary: "serve a queue (runs inside the sandbox)",

@@ -10,3 +10,12 @@ export { withLock } from "./lock.ts";
 export { bind, containerSpec, type ContainerSpec, LABELS, SANDBOX_UID } from "./posture.ts";
 export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
 export { prepareState, stateExists } from "./state_dir.ts";
+export {
+  listSandboxes,
+  removeSandbox,
+  type SandboxStatus,
+  stopSandbox,
+  sweep,
+  type SweepAction,
+  type SweepOptions,
+} from "./fleet.ts";

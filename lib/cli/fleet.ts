@@ -1,0 +1,150 @@
+/**
+ * `waffle ps`, `sweep`, `stop` and `rm`: the sandbox fleet on this daemon.
+ *
+ * @module
+ */
+import { loadConfig } from "../config/config.ts";
+import { DockerClient } from "../docker/mod.ts";
+import { UsageError } from "../errors.ts";
+import { listSandboxes, removeSandbox, stopSandbox, sweep } from "../lifecycle/fleet.ts";
+import { sandboxKey } from "../lifecycle/identity.ts";
+import { numberFlag, parse, stringFlag } from "./args.ts";
+import type { CliIo } from "./io.ts";
+
+/** Help of `waffle ps`. */
+export const PS_HELP = `Usage: waffle ps [--json]
+
+Lists sandbox containers: tenant, user, container id, state, image id, last
+heartbeat and idle time.
+`;
+
+/**
+ * Runs `waffle ps`.
+ *
+ * @param args Arguments after `ps`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function psCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { json: { type: "boolean" } });
+  noPositionals(parsed.positionals);
+  const rows = await listSandboxes(new DockerClient(), { config: loadConfig() });
+  if (parsed.values.json) {
+    await io.stdout(`${JSON.stringify({ sandboxes: rows })}\n`);
+    return 0;
+  }
+  const lines = [["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "HEARTBEAT", "IDLE"]];
+  for (const row of rows) {
+    lines.push([
+      row.tenant,
+      row.user,
+      row.containerId.slice(0, 12),
+      row.state,
+      row.imageId.replace(/^sha256:/, "").slice(0, 12),
+      row.lastHeartbeat === null ? "-" : `${Math.round((Date.now() - row.lastHeartbeat) / 1000)} s ago`,
+      row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
+    ]);
+  }
+  const widths = lines[0]!.map((_, i) => Math.max(...lines.map((line) => line[i]!.length)));
+  await io.stdout(lines.map((line) => line.map((cell, i) => cell.padEnd(widths[i]!)).join("  ")).join("\n") + "\n");
+  return 0;
+}
+
+/** Help of `waffle sweep`. */
+export const SWEEP_HELP = `Usage: waffle sweep [--idle-seconds S] [--max-running N] [--json]
+
+Reconciles every waffle container on the daemon, including ones whose host
+process died: removes paused, dead or incompatible (image or posture changed)
+containers and those whose state directory is gone; stops containers idle for
+S seconds (default: the configured idle time; 0 never); stops the least
+recently used beyond N running (0: no cap). Never touches a container with a
+request in flight.
+`;
+
+/**
+ * Runs `waffle sweep`.
+ *
+ * @param args Arguments after `sweep`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function sweepCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, {
+    json: { type: "boolean" },
+    "idle-seconds": { type: "string" },
+    "max-running": { type: "string" },
+  });
+  noPositionals(parsed.positionals);
+  const idleSeconds = numberFlag(parsed, "idle-seconds", { allowZero: true });
+  const maxRunning = numberFlag(parsed, "max-running", { allowZero: true, integer: true });
+  const actions = await sweep(new DockerClient(), {
+    config: loadConfig(),
+    ...(idleSeconds === undefined ? {} : { idleSeconds }),
+    ...(maxRunning === undefined ? {} : { maxRunning }),
+  });
+  if (parsed.values.json) {
+    await io.stdout(`${JSON.stringify({ actions })}\n`);
+  } else {
+    for (const a of actions) {
+      await io.stdout(`${a.action.padEnd(8)} ${a.tenant}/${a.user} ${a.containerId.slice(0, 12)}  ${a.reason}\n`);
+    }
+    if (actions.length === 0) await io.stdout("no waffle containers\n");
+  }
+  return 0;
+}
+
+/** Help of `waffle stop`. */
+export const STOP_HELP = `Usage: waffle stop --user U [--tenant T]
+
+Stops the user's container gracefully; it stays and restarts on the next call.
+`;
+
+/**
+ * Runs `waffle stop`.
+ *
+ * @param args Arguments after `stop`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function stopCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { user: { type: "string" }, tenant: { type: "string" } });
+  noPositionals(parsed.positionals);
+  const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
+  const stopped = await stopSandbox(new DockerClient(), key, { config: loadConfig() });
+  await io.stdout(`${stopped ? "stopped" : "already stopped"} ${key.containerName}\n`);
+  return 0;
+}
+
+/** Help of `waffle rm`. */
+export const RM_HELP = `Usage: waffle rm --user U [--tenant T] [--purge]
+
+Removes the user's container. --purge also deletes the user's queue and workspace.
+`;
+
+/**
+ * Runs `waffle rm`.
+ *
+ * @param args Arguments after `rm`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function rmCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { user: { type: "string" }, tenant: { type: "string" }, purge: { type: "boolean" } });
+  noPositionals(parsed.positionals);
+  const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
+  const removed = await removeSandbox(new DockerClient(), key, {
+    config: loadConfig(),
+    purge: parsed.values.purge === true,
+  });
+  await io.stdout(`${removed ? "removed" : "no container"} ${key.containerName}${parsed.values.purge ? " (state purged)" : ""}\n`);
+  return 0;
+}
+
+function keyOf(tenant: string | undefined, user: string | undefined): ReturnType<typeof sandboxKey> {
+  if (user === undefined) throw new UsageError("Missing --user U");
+  return sandboxKey(tenant ?? "default", user);
+}
+
+function noPositionals(positionals: string[]): void {
+  if (positionals.length > 0) throw new UsageError(`Unexpected argument '${positionals[0]}'`);
+}

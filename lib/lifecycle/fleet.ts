@@ -1,0 +1,244 @@
+/**
+ * Operations over every waffle container on the daemon: list, sweep, stop,
+ * remove. They work from labels and the state directories alone, so a fresh
+ * host process reconciles containers it never saw (or whose host died).
+ *
+ * @module
+ */
+import type { SandboxConfig } from "../config/config.ts";
+import type { DockerClient } from "../docker/mod.ts";
+import type { ContainerSummary } from "../docker/types.ts";
+import { UsageError } from "../errors.ts";
+import type { Heartbeat } from "../queue/protocol.ts";
+import { Queue } from "../queue/queue.ts";
+import { incompatibility } from "./ensure.ts";
+import { sandboxKey, type SandboxKey, statePaths } from "./identity.ts";
+import { withLock } from "./lock.ts";
+import { containerSpec, LABELS } from "./posture.ts";
+import { stateExists } from "./state_dir.ts";
+
+/** One sandbox container as `waffle ps` shows it. */
+export interface SandboxStatus {
+  tenant: string;
+  user: string;
+  containerId: string;
+  name: string;
+  /** Docker state: running, exited, paused, created, dead, restarting. */
+  state: string;
+  imageId: string;
+  /** Time of the runner's last heartbeat (ms since epoch), or null. */
+  lastHeartbeat: number | null;
+  /** How long the runner has had nothing to do, in ms; null while busy or unknown. */
+  idleMs: number | null;
+  statePath: string;
+}
+
+function summaryKey(summary: ContainerSummary): SandboxKey | undefined {
+  try {
+    return sandboxKey(summary.Labels[LABELS.tenant] ?? "", summary.Labels[LABELS.user] ?? "");
+  } catch {
+    return undefined;
+  }
+}
+
+function readHeartbeat(queueDir: string): Heartbeat | undefined {
+  try {
+    const queue = Queue.open(queueDir);
+    try {
+      return queue.heartbeat();
+    } finally {
+      queue.close();
+    }
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Lists every waffle-labelled container with its runner's liveness.
+ *
+ * @param docker The Docker client.
+ * @param options Config (for the state root of this waffle home).
+ * @returns One status per container, sorted by tenant and user.
+ */
+export async function listSandboxes(
+  docker: DockerClient,
+  options: { config: SandboxConfig; now?: number },
+): Promise<SandboxStatus[]> {
+  const now = options.now ?? Date.now();
+  const containers = await docker.listContainers({ all: true, labels: [LABELS.key] });
+  return containers.map((summary) => {
+    const statePath = summary.Labels[LABELS.state] ?? "";
+    const beat = stateExists(statePath) ? readHeartbeat(`${statePath}/queue`) : undefined;
+    const idleMs = beat === undefined
+      ? null
+      : beat.idleSince === null
+      ? null
+      : Math.max(0, now - beat.idleSince);
+    return {
+      tenant: summary.Labels[LABELS.tenant] ?? "?",
+      user: summary.Labels[LABELS.user] ?? "?",
+      containerId: summary.Id,
+      name: (summary.Names[0] ?? "").replace(/^\//, ""),
+      state: summary.State,
+      imageId: summary.ImageID,
+      lastHeartbeat: beat?.time ?? null,
+      idleMs,
+      statePath,
+    };
+  }).sort((a, b) => `${a.tenant}/${a.user}`.localeCompare(`${b.tenant}/${b.user}`));
+}
+
+/** One thing sweep did (or decided not to do). */
+export interface SweepAction {
+  tenant: string;
+  user: string;
+  containerId: string;
+  action: "stopped" | "removed" | "kept";
+  reason: string;
+}
+
+/** Options for {@linkcode sweep}. */
+export interface SweepOptions {
+  config: SandboxConfig;
+  /** Stop running containers idle at least this long; default the config's idle time; 0 never. */
+  idleSeconds?: number;
+  /** Stop least recently used running containers beyond this many; default the config's; 0 no cap. */
+  maxRunning?: number;
+  now?: number;
+}
+
+/**
+ * Reconciles every labelled container: removes paused, dead, restarting and
+ * incompatible ones (image or posture changed) and those whose state
+ * directory is gone; stops idle ones; enforces the running cap by stopping
+ * the least recently used. A container with a request in flight is never
+ * stopped or removed by sweep.
+ *
+ * @param docker The Docker client.
+ * @param options Config, thresholds.
+ * @returns What was done to each container.
+ */
+export async function sweep(docker: DockerClient, options: SweepOptions): Promise<SweepAction[]> {
+  const { config } = options;
+  const idleMs = (options.idleSeconds ?? config.idleSeconds) * 1000;
+  const cap = options.maxRunning ?? config.maxRunning;
+  const image = await docker.inspectImage(config.image);
+  const actions: SweepAction[] = [];
+  const running: { status: SandboxStatus; key: SandboxKey }[] = [];
+  for (const status of await listSandboxes(docker, options.now === undefined ? { config } : { config, now: options.now })) {
+    const record = (action: SweepAction["action"], reason: string): void => {
+      actions.push({ tenant: status.tenant, user: status.user, containerId: status.containerId, action, reason });
+    };
+    const key = sandboxKey(status.tenant, status.user);
+    const paths = statePaths(config.home, key);
+    if (status.statePath !== paths.root) {
+      // Labelled by another waffle home: not ours to judge beyond removal of orphans.
+      if (!stateExists(status.statePath)) {
+        await docker.removeContainer(status.containerId, { force: true });
+        record("removed", "state directory is gone");
+      } else record("kept", "belongs to another WAFFLE_HOME");
+      continue;
+    }
+    await withLock(paths.lock, async () => {
+      const container = await docker.inspectContainer(status.containerId);
+      if (container === null) return;
+      if (!stateExists(paths.root)) {
+        await docker.removeContainer(container.Id, { force: true });
+        return record("removed", "state directory is gone");
+      }
+      const busy = container.State.Running && inFlight(paths.queue) > 0;
+      const expected = image === null ? undefined : {
+        imageId: image.id,
+        postureHash: containerSpec(key, { config, imageId: image.id, paths }).postureHash,
+      };
+      const reason = expected === undefined ? "image missing" : incompatibility(container, expected);
+      if (reason !== undefined && !(busy && (reason === "image changed" || reason === "posture changed"))) {
+        await docker.removeContainer(container.Id, { force: true });
+        return record("removed", reason);
+      }
+      if (!container.State.Running) return record("kept", `not running (${container.State.Status})`);
+      if (busy) return record("kept", "request in flight");
+      if (idleMs > 0 && status.idleMs !== null && status.idleMs >= idleMs) {
+        await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
+        return record("stopped", `idle for ${Math.round(status.idleMs / 1000)} s`);
+      }
+      running.push({ status, key });
+    });
+  }
+  if (cap > 0 && running.length > cap) {
+    // Least recently used first: the longest idle; busy ones last.
+    running.sort((a, b) => (b.status.idleMs ?? -1) - (a.status.idleMs ?? -1));
+    for (const { status, key } of running.slice(0, running.length - cap)) {
+      const paths = statePaths(config.home, key);
+      await withLock(paths.lock, async () => {
+        if (inFlight(paths.queue) > 0) return;
+        await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
+        actions.push({
+          tenant: status.tenant,
+          user: status.user,
+          containerId: status.containerId,
+          action: "stopped",
+          reason: `over the cap of ${cap} running`,
+        });
+      });
+    }
+  }
+  return actions;
+}
+
+function inFlight(queueDir: string): number {
+  try {
+    const queue = Queue.open(queueDir);
+    try {
+      return queue.inFlight().length;
+    } finally {
+      queue.close();
+    }
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * Stops a user's container gracefully (SIGTERM: the runner records running
+ * requests as interrupted). The container stays adoptable.
+ *
+ * @param docker The Docker client.
+ * @param key Whose sandbox.
+ * @param options Config.
+ * @returns True when a running container was stopped.
+ */
+export async function stopSandbox(
+  docker: DockerClient,
+  key: SandboxKey,
+  options: { config: SandboxConfig },
+): Promise<boolean> {
+  const paths = statePaths(options.config.home, key);
+  return await withLock(paths.lock, async () => {
+    const container = await docker.inspectContainer(key.containerName);
+    if (container === null) throw new UsageError(`No sandbox for user '${key.user}' of tenant '${key.tenant}'`);
+    return await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
+  });
+}
+
+/**
+ * Removes a user's container; with `purge`, also their state (queue and workspace).
+ *
+ * @param docker The Docker client.
+ * @param key Whose sandbox.
+ * @param options Config and purge.
+ * @returns True when a container was removed.
+ */
+export async function removeSandbox(
+  docker: DockerClient,
+  key: SandboxKey,
+  options: { config: SandboxConfig; purge?: boolean },
+): Promise<boolean> {
+  const paths = statePaths(options.config.home, key);
+  return await withLock(paths.lock, async () => {
+    const removed = await docker.removeContainer(key.containerName, { force: true });
+    if (options.purge) await Deno.remove(paths.root, { recursive: true }).catch(() => {});
+    return removed;
+  });
+}
