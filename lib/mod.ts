@@ -15,4 +15,9 @@
  */
 export * from "./errors.ts";
 export * from "./queue/mod.ts";
-export { type Backend, type HostBackendOptions, openHostBackend, runnerAlive } from "./host_backend.ts";
+export {
+  type Backend,
+  type HostBackendOptions,
+  openHostBackend,
+  runnerAlive,
+} from "./host_backend.ts";

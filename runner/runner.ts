@@ -19,6 +19,7 @@ import { type InboundRequest, RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
 import { type ExecOutcome, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
+import { logLine } from "./log.ts";
 import { acquireRunnerLock } from "./runner_lock.ts";
 import { enableSubreaper, reapOrphans } from "./subreaper.ts";
 import { spawnedPids } from "./exec.ts";
@@ -113,7 +114,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       else if (data?.type === "failed") {
         reject(new RunnerError(`Cannot write the heartbeat: ${data.message}`));
       } else if (data?.type === "error") {
-        console.error(`waffle runner: heartbeat write failed: ${data.message}`);
+        logLine(`heartbeat write failed: ${data.message}`);
       }
     };
     heartbeat.onerror = (event): void => {
@@ -154,47 +155,67 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     } catch (error) {
       // The result could not be written (e.g. busy past the timeout): the
       // request stays "started" and a later runner reports it interrupted.
-      console.error(`waffle runner: cannot record result of '${request.id}': ${messageOf(error)}`);
+      logLine(`cannot record result of '${request.id}': ${messageOf(error)}`);
     } finally {
       running.delete(request.id);
       kick.abort();
     }
   };
 
+  const onWriteError = (what: string) => (error: unknown): void => {
+    logLine(`cannot record ${what}: ${messageOf(error)}`);
+  };
+  // Reads new requests, cancels and acks. A failed read (e.g. a lock held
+  // past busy_timeout) is retried on the next turn rather than lost.
+  const poll = async (): Promise<void> => {
+    const fresh = queue.newRequests();
+    for (const request of fresh.filter((r) => r.payload === undefined)) {
+      await queue.finish(resultOf(request.id, { error: `Invalid request: ${request.invalid}` }));
+    }
+    const valid = fresh.filter((request) => request.payload !== undefined);
+    if (valid.length > 0) {
+      waiting.push(...valid);
+      queue.accept(valid.map((request) => request.id), bootId).catch(onWriteError("acceptance"));
+    }
+    for (const id of queue.cancelled([...waiting.map((r) => r.id), ...running.keys()])) {
+      running.get(id)?.abort.abort("cancel");
+      const index = waiting.findIndex((request) => request.id === id);
+      if (index >= 0) {
+        waiting.splice(index, 1);
+        queue.finish(resultOf(id, { cancelled: true, error: "Cancelled before it started" }))
+          .catch(onWriteError(`cancellation of '${id}'`));
+      }
+    }
+    queue.collectAcked().catch(onWriteError("garbage collection"));
+  };
+
+  let retry = false;
   try {
     while (!stop.signal.aborted) {
-      if (queue.inboundChanged()) {
-        const fresh = queue.newRequests();
-        const invalid = fresh.filter((request) => request.payload === undefined);
-        for (const request of invalid) {
-          await queue.finish(
-            resultOf(request.id, { error: `Invalid request: ${request.invalid}` }),
-          );
+      if (retry || queue.inboundChanged()) {
+        retry = false;
+        try {
+          await poll();
+        } catch (error) {
+          retry = true;
+          logLine(`cannot read the queue, retrying: ${messageOf(error)}`);
+          await new Promise((resolve) => setTimeout(resolve, 500));
+          continue;
         }
-        const valid = fresh.filter((request) => request.payload !== undefined);
-        if (valid.length > 0) {
-          waiting.push(...valid);
-          void queue.accept(valid.map((request) => request.id), bootId);
-        }
-        const cancelled = queue.cancelled([...waiting.map((r) => r.id), ...running.keys()]);
-        for (const id of cancelled) {
-          running.get(id)?.abort.abort("cancel");
-          const index = waiting.findIndex((request) => request.id === id);
-          if (index >= 0) {
-            waiting.splice(index, 1);
-            void queue.finish(
-              resultOf(id, { cancelled: true, error: "Cancelled before it started" }),
-            );
-          }
-        }
-        void queue.collectAcked();
       }
       while (running.size < concurrency && waiting.length > 0) {
         void execute(waiting.shift()!);
       }
       const now = Date.now();
       setIdle(running.size === 0 && waiting.length === 0 ? (idleSince ?? now) : null);
-      if (idleExitMs > 0 && idleSince !== null && now - idleSince >= idleExitMs) break;
+      if (idleExitMs > 0 && idleSince !== null && now - idleSince >= idleExitMs) {
+        // A last look, so a request committed just now is served, not stranded.
+        if (queue.inboundChanged()) {
+          retry = true;
+          continue;
+        }
+        break;
+      }
       kick = new AbortController();
       if (stop.signal.aborted) break;
       await watcher.wait(kick.signal);
@@ -264,7 +285,9 @@ async function runOne(
     clearTimeout(timer);
     timer = undefined;
     if (buffered.length === 0) return;
-    void queue.appendChunks(request.id, buffered);
+    queue.appendChunks(request.id, buffered).catch((error) =>
+      logLine(`cannot record output of '${request.id}': ${messageOf(error)}`)
+    );
     buffered = [];
     bufferedBytes = 0;
   };

@@ -63,7 +63,10 @@ export interface StartRunnerOptions {
  * @param options Runner flags.
  * @returns The process handle.
  */
-export async function startRunner(queueDir: string, options: StartRunnerOptions): Promise<RunnerProcess> {
+export async function startRunner(
+  queueDir: string,
+  options: StartRunnerOptions,
+): Promise<RunnerProcess> {
   const self = selfCommand();
   const queue = Queue.open(queueDir);
   const before = queue.heartbeat()?.bootId;
@@ -75,7 +78,9 @@ export async function startRunner(queueDir: string, options: StartRunnerOptions)
       queueDir,
       "--workspace",
       options.workspace,
-      ...(options.idleExitSeconds === undefined ? [] : ["--idle-exit", String(options.idleExitSeconds)]),
+      ...(options.idleExitSeconds === undefined
+        ? []
+        : ["--idle-exit", String(options.idleExitSeconds)]),
       ...(options.concurrency === undefined ? [] : ["--concurrency", String(options.concurrency)]),
       ...(options.pollMs === undefined ? [] : ["--poll-ms", String(options.pollMs)]),
     ],
@@ -109,7 +114,12 @@ export async function startRunner(queueDir: string, options: StartRunnerOptions)
     }
     return await exited;
   };
-  return { child, pid: child.pid, stop, [Symbol.asyncDispose]: async () => void (await stop("SIGKILL")) };
+  return {
+    child,
+    pid: child.pid,
+    stop,
+    [Symbol.asyncDispose]: async () => void (await stop("SIGKILL")),
+  };
 }
 
 /**
@@ -133,7 +143,9 @@ export async function waitFor(
 ): Promise<void> {
   const deadline = Date.now() + (options.timeoutMs ?? 10_000);
   while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`Timed out waiting for ${options.what ?? "condition"}`);
+    if (Date.now() > deadline) {
+      throw new Error(`Timed out waiting for ${options.what ?? "condition"}`);
+    }
     await delay(10);
   }
 }

@@ -320,6 +320,55 @@ export function queueFileSizes(queueDir: string): { inbound: number; outbound: n
   };
 }
 
+const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+
+/**
+ * Whether a queue file has a hot rollback journal: one whose header SQLite
+ * has synced, so the database file may already hold half a transaction and
+ * the next connection must roll it back. (A journal of a writer that died
+ * before syncing starts with zeros and is ignored.)
+ *
+ * @param dbPath The database file (not the journal).
+ * @returns True when `<dbPath>-journal` starts with the journal magic.
+ */
+export function hotJournal(dbPath: string): boolean {
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(`${dbPath}-journal`);
+  } catch {
+    return false;
+  }
+  try {
+    const header = new Uint8Array(JOURNAL_MAGIC.length);
+    return file.readSync(header) === header.length &&
+      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
+  } finally {
+    file.close();
+  }
+}
+
+/**
+ * Busy-polls (without yielding: the writer is another process) until a
+ * queue file has a hot journal or the time is up, then SIGKILLs `pid`.
+ *
+ * @param dbPath The database file the process writes.
+ * @param kill Sends the SIGKILL.
+ * @param withinMs How long to hunt before killing anyway.
+ * @returns True when the kill was aimed at a hot journal.
+ */
+export function killInsideCommit(dbPath: string, kill: () => void, withinMs: number): boolean {
+  const until = Date.now() + withinMs;
+  let aimed = false;
+  while (Date.now() < until) {
+    if (hotJournal(dbPath)) {
+      aimed = true;
+      break;
+    }
+  }
+  kill();
+  return aimed;
+}
+
 /**
  * A number from the environment.
  *

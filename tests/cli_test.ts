@@ -20,7 +20,10 @@ Deno.test("waffle exec exits with the command's status, 124 on timeout, 126, 127
     [["sh", "-c", "kill -KILL $$"], 137, null],
   ];
   for (const [args, code, stderr] of cases) {
-    const out = await runCliProcess([...host, ...(args[0] === "--timeout" ? args : ["--", ...args])]);
+    const out = await runCliProcess([
+      ...host,
+      ...(args[0] === "--timeout" ? args : ["--", ...args]),
+    ]);
     assert.equal(out.code, code, `${args.join(" ")}: ${out.stderr}`);
     if (stderr !== null) assert.match(out.stderr, stderr);
   }
@@ -40,15 +43,35 @@ Deno.test("waffle exec streams output and passes stdin through", async () => {
 Deno.test("waffle exec --json prints one object with the documented fields", async () => {
   await using q = await tempQueue();
   const out = await runCliProcess([
-    "exec", "--backend", "host", "--queue", q.queueDir, "--json", "--env", "A=b c", "--",
-    "sh", "-c", "printf %s \"$A\"; echo oops >&2; exit 3",
+    "exec",
+    "--backend",
+    "host",
+    "--queue",
+    q.queueDir,
+    "--json",
+    "--env",
+    "A=b c",
+    "--",
+    "sh",
+    "-c",
+    'printf %s "$A"; echo oops >&2; exit 3',
   ]);
   assert.equal(out.code, 3);
   const json = JSON.parse(out.stdout);
-  for (const key of [
-    "id", "exitCode", "signal", "timedOut", "interrupted", "stdout", "stderr", "stdoutTruncated",
-    "stderrTruncated", "durationMs",
-  ]) assert.ok(key in json, key);
+  for (
+    const key of [
+      "id",
+      "exitCode",
+      "signal",
+      "timedOut",
+      "interrupted",
+      "stdout",
+      "stderr",
+      "stdoutTruncated",
+      "stderrTruncated",
+      "durationMs",
+    ]
+  ) assert.ok(key in json, key);
   assert.equal(json.exitCode, 3);
   assert.equal(json.stdout, "b c");
   assert.equal(json.stderr, "oops\n");
@@ -58,7 +81,15 @@ Deno.test("waffle exec --json prints one object with the documented fields", asy
 Deno.test("waffle exec --detach prints an id that waffle wait collects", async () => {
   await using q = await tempQueue();
   const flags = ["--backend", "host", "--queue", q.queueDir];
-  const detached = await runCliProcess(["exec", ...flags, "--detach", "--", "sh", "-c", "sleep 0.2; echo later; exit 5"]);
+  const detached = await runCliProcess([
+    "exec",
+    ...flags,
+    "--detach",
+    "--",
+    "sh",
+    "-c",
+    "sleep 0.2; echo later; exit 5",
+  ]);
   assert.equal(detached.code, 0);
   const id = detached.stdout.trim();
   assert.match(id, /^[0-9a-f-]{36}$/);
@@ -68,7 +99,8 @@ Deno.test("waffle exec --detach prints an id that waffle wait collects", async (
   const again = await runCliProcess(["wait", id, ...flags]);
   assert.equal(again.code, 125);
   assert.match(again.stderr, /already collected|No request/);
-  const second = (await runCliProcess(["exec", ...flags, "--detach", "--", "sh", "-c", "exit 6"])).stdout.trim();
+  const second = (await runCliProcess(["exec", ...flags, "--detach", "--", "sh", "-c", "exit 6"]))
+    .stdout.trim();
   const json = await runCliProcess(["wait", second, ...flags, "--json"]);
   assert.equal(json.code, 6);
   assert.equal(JSON.parse(json.stdout).exitCode, 6);
@@ -77,15 +109,24 @@ Deno.test("waffle exec --detach prints an id that waffle wait collects", async (
 Deno.test("waffle's own errors exit 125 with one line naming the bad value", async () => {
   await using q = await tempQueue();
   const cases: [string[], RegExp][] = [
-    [["exec", "--backend", "host", "--queue", q.queueDir, "--timeout", "soon", "--", "true"], /--timeout 'soon'/],
-    [["exec", "--backend", "host", "--queue", q.queueDir, "--env", "NOEQUALS", "--", "true"], /--env 'NOEQUALS'/],
+    [
+      ["exec", "--backend", "host", "--queue", q.queueDir, "--timeout", "soon", "--", "true"],
+      /--timeout 'soon'/,
+    ],
+    [
+      ["exec", "--backend", "host", "--queue", q.queueDir, "--env", "NOEQUALS", "--", "true"],
+      /--env 'NOEQUALS'/,
+    ],
     [["exec", "--backend", "nowhere", "--", "true"], /--backend 'nowhere'/],
     [["exec", "--backend", "host", "--", "true"], /--queue/],
     [["exec", "--backend", "host", "--queue", q.queueDir], /Missing command/],
     [["exec", "--bogus", "--", "true"], /bogus/],
     [["wait", "not-an-id", "--backend", "host", "--queue", q.queueDir], /No request 'not-an-id'/],
     [["frobnicate"], /Unknown command 'frobnicate'/],
-    [["exec", "--backend", "host", "--queue", q.queueDir, "--cwd", "../..", "--", "true"], /outside the workspace/],
+    [
+      ["exec", "--backend", "host", "--queue", q.queueDir, "--cwd", "../..", "--", "true"],
+      /outside the workspace/,
+    ],
   ];
   for (const [args, pattern] of cases) {
     const out = await runCliProcess(args);
@@ -101,12 +142,26 @@ Deno.test("Ctrl-C on waffle exec cancels the request and kills its tree", async 
   const pidFile = join(q.root, "workspace", "sleeper.pid");
   const self = selfCommand();
   const child = new Deno.Command(self.executable, {
-    args: [...self.prefix, "exec", "--backend", "host", "--queue", q.queueDir, "--", "sh", "-c", `echo $$ > ${pidFile}; exec sleep 1000`],
+    args: [
+      ...self.prefix,
+      "exec",
+      "--backend",
+      "host",
+      "--queue",
+      q.queueDir,
+      "--",
+      "sh",
+      "-c",
+      `echo $$ > ${pidFile}; exec sleep 1000`,
+    ],
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
   }).spawn();
-  await waitFor(async () => (await Deno.readTextFile(pidFile).catch(() => "")).trim().length > 0, { what: "pid file", timeoutMs: 20_000 });
+  await waitFor(async () => (await Deno.readTextFile(pidFile).catch(() => "")).trim().length > 0, {
+    what: "pid file",
+    timeoutMs: 20_000,
+  });
   const sleeper = Number(await Deno.readTextFile(pidFile));
   child.kill("SIGINT");
   const out = await child.output();
@@ -125,7 +180,9 @@ Deno.test("Ctrl-C on waffle exec cancels the request and kills its tree", async 
 Deno.test("waffle doctor reports the host queue round trip", async () => {
   const out = await runCliProcess(["doctor", "--json", "--no-docker"]);
   const report = JSON.parse(out.stdout);
-  const row = report.checks.find((check: { name: string }) => check.name.startsWith("queue round trip"));
+  const row = report.checks.find((check: { name: string }) =>
+    check.name.startsWith("queue round trip")
+  );
   assert.ok(row, out.stdout);
   assert.equal(row.ok, true, row.detail);
   assert.ok(row.ms > 0);

@@ -1,23 +1,26 @@
 // deno-lint-ignore-file no-console
 /**
- * Integrity after kill: real runner and host processes SIGKILLed at random
- * moments while they write the queue files. Afterwards both files pass
- * `PRAGMA integrity_check`, nothing durable is lost, no request runs twice,
- * and every request ends with exactly one result.
+ * Integrity after kill: real runner and host processes SIGKILLed while they
+ * write the queue files, half the time at a random moment and half the time
+ * aimed inside a commit (once SQLite's rollback journal is hot). Afterwards
+ * both files pass `PRAGMA integrity_check`, nothing durable is lost, no
+ * request runs twice, and every request ends with exactly one result.
  *
  * `WAFFLE_KILL_LOOPS` sets the runner kill iterations (default 20),
- * `WAFFLE_HOST_KILL_LOOPS` the host writer kill iterations (default 12).
+ * `WAFFLE_HOST_KILL_LOOPS` the host writer kill iterations (default 20).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import type { ExecResult } from "../lib/queue/protocol.ts";
-import { Queue } from "../lib/queue/queue.ts";
-import { queuePaths } from "../lib/queue/schema.ts";
 import { openDatabase } from "../lib/queue/connection.ts";
+import type { ExecResult } from "../lib/queue/protocol.ts";
+import { type Collected, Queue } from "../lib/queue/queue.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
 import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 import {
   envNumber,
+  hotJournal,
   integrityOfQueue,
+  killInsideCommit,
   queueCounts,
   queueFileSizes,
   spawnClient,
@@ -25,23 +28,14 @@ import {
 
 const OK = { inbound: "ok", outbound: "ok" };
 
-/** How many lines of the request's log mention each tool-use id. */
+/** How many times each tool-use id appears in a command log. */
 async function runCounts(log: string): Promise<Map<string, number>> {
   const counts = new Map<string, number>();
-  const lines = (await Deno.readTextFile(log).catch(() => "")).split("\n").filter((line) =>
-    line !== ""
-  );
-  for (const line of lines) counts.set(line, (counts.get(line) ?? 0) + 1);
-  return counts;
-}
-
-/** Size of a file, 0 when missing: a non-empty rollback journal after a kill is a hot journal. */
-function sizeOf(path: string): number {
-  try {
-    return Deno.statSync(path).size;
-  } catch {
-    return 0;
+  const content = await Deno.readTextFile(log).catch(() => "");
+  for (const line of content.split("\n")) {
+    if (line !== "") counts.set(line, (counts.get(line) ?? 0) + 1);
   }
+  return counts;
 }
 
 interface Sent {
@@ -50,8 +44,8 @@ interface Sent {
   lines: number;
 }
 
-// Logs the tool-use id, then writes up to ~400 KB of output (several flushes
-// and chunk commits), pauses (a timer flush), and writes stderr and a last line.
+// Logs the tool-use id first (so a second run would show), then writes up to
+// ~400 KB (several chunk commits), pauses (a timer flush), then stderr and a last line.
 function command(toolUseId: string, lines: number): string {
   return `echo ${toolUseId} >> ran.log; yes ${toolUseId} | head -n ${lines}; sleep 0.02; ` +
     `echo "${toolUseId} err" >&2; echo "${toolUseId} end"`;
@@ -69,12 +63,12 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
   const sent: Sent[] = [];
   const seen = new Map<string, ExecResult>(); // results read before some kill
   const startedAtDeath = new Set<string>();
-  let hotJournals = 0;
+  let hotKills = 0;
 
   for (let loop = 0; loop < loops; loop++) {
     const runner = await startRunner(q.queueDir, {
       workspace: q.workspace,
-      concurrency: loop % 2 === 0 ? 1 : 3,
+      concurrency: loop % 4 < 2 ? 1 : 3,
     });
     const burst = Array.from({ length: 4 + Math.floor(Math.random() * 5) }, (_, i) => ({
       toolUseId: `k${loop}-${i}`,
@@ -91,81 +85,72 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
       const { result } = queue.state(id);
       if (result !== undefined && !seen.has(id)) seen.set(id, result);
     }
-    if (loop % 2 === 1) {
-      // Aim for an open transaction: kill as soon as the rollback journal is non-empty.
-      const until = Date.now() + 50 + Math.random() * 100;
-      while (Date.now() < until && sizeOf(`${paths.outbound}-journal`) === 0) await delay(0);
-    }
+    const kill = (): void => runner.child.kill("SIGKILL");
+    if (loop % 2 === 1) killInsideCommit(paths.outbound, kill, 50 + Math.random() * 100);
+    else kill();
     await runner.stop("SIGKILL");
-    if (sizeOf(`${paths.outbound}-journal`) > 0) hotJournals++;
+    if (hotJournal(paths.outbound)) hotKills++;
 
-    assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
+    // The host's own reader connection meets the hot journal first and must roll it back.
     for (const [id, result] of seen) {
       assert.deepEqual(queue.state(id).result, result, `result of ${id} changed`);
     }
     for (const { id } of sent) if (queue.state(id).state === "started") startedAtDeath.add(id);
+    assert.equal(hotJournal(paths.outbound), false, "the host did not roll back the hot journal");
+    assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
   }
 
   const last = await startRunner(q.queueDir, { workspace: q.workspace });
-  const runs = await (async (): Promise<Map<string, number>> => {
-    const collected = new Map<string, Awaited<ReturnType<Queue["collect"]>>>();
-    for (const { id } of sent) collected.set(id, await queue.collect(id));
-    const counts = await runCounts(join(q.workspace, "ran.log"));
-    let interrupted = 0;
-    for (const s of sent) {
-      const { result, stdout, stderr } = collected.get(s.id)!;
-      assert.equal(result.requestId, s.id);
-      const ran = counts.get(s.toolUseId) ?? 0;
-      assert.ok(ran <= 1, `${s.toolUseId} ran ${ran} times`);
-      if (result.interrupted) {
-        interrupted++;
-        assert.ok(
-          startedAtDeath.has(s.id),
-          `${s.toolUseId} interrupted but was not started when a runner died`,
-        );
-        assert.equal(result.exitCode, null);
-      } else {
-        assert.ok(
-          !startedAtDeath.has(s.id),
-          `${s.toolUseId} was started when a runner died but completed`,
-        );
-        assert.equal(ran, 1, `${s.toolUseId} completed but its command did not run once`);
-        assert.equal(result.exitCode, 0, `${s.toolUseId}: ${JSON.stringify(result)}`);
-        assert.equal(text(stdout), expectedStdout(s));
-        assert.equal(text(stderr), `${s.toolUseId} err\n`);
-      }
-      const before = seen.get(s.id);
-      if (before !== undefined) {
-        assert.deepEqual(result, before, `result of ${s.toolUseId} changed`);
-      }
+  const collected = new Map<string, Collected>();
+  for (const { id } of sent) collected.set(id, await queue.collect(id));
+  const runs = await runCounts(join(q.workspace, "ran.log"));
+  let interrupted = 0;
+  for (const s of sent) {
+    const { result, stdout, stderr } = collected.get(s.id)!;
+    assert.equal(result.requestId, s.id);
+    const ran = runs.get(s.toolUseId) ?? 0;
+    assert.ok(ran <= 1, `${s.toolUseId} ran ${ran} times`);
+    if (result.interrupted) {
+      interrupted++;
+      assert.ok(startedAtDeath.has(s.id), `${s.toolUseId} interrupted but not started at a kill`);
+      assert.equal(result.exitCode, null);
+    } else {
+      assert.ok(!startedAtDeath.has(s.id), `${s.toolUseId} was started at a kill yet completed`);
+      assert.equal(ran, 1, `${s.toolUseId} completed but its command did not run exactly once`);
+      assert.equal(result.exitCode, 0, `${s.toolUseId}: ${JSON.stringify(result)}`);
+      assert.equal(text(stdout), expectedStdout(s));
+      assert.equal(text(stderr), `${s.toolUseId} err\n`);
     }
-    assert.equal(interrupted, startedAtDeath.size);
-    console.log(
-      `runner kill loop: ${loops} SIGKILLs (${hotJournals} left a hot outbound journal), ${sent.length} requests, ` +
-        `${
-          sent.length - interrupted
-        } completed, ${interrupted} interrupted, ${seen.size} results re-read after kills, ` +
-        `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
-    );
-    return counts;
-  })();
-  assert.equal([...runs.values()].filter((n) => n > 1).length, 0);
+    const before = seen.get(s.id);
+    if (before !== undefined) assert.deepEqual(result, before, `result of ${s.toolUseId} changed`);
+  }
+  assert.equal(interrupted, startedAtDeath.size);
+  const known = new Set(sent.map((s) => s.toolUseId));
+  for (const toolUseId of runs.keys()) assert.ok(known.has(toolUseId), `unknown run ${toolUseId}`);
   const counts = queueCounts(q.queueDir);
   assert.equal(counts.requests, sent.length);
   assert.equal(counts.results, sent.length, "not exactly one result per request");
   queue.close();
   assert.equal((await last.stop("SIGTERM")).code, 0);
   assert.deepEqual(integrityOfQueue(q.queueDir), OK);
+  console.log(
+    `runner kill loop: ${loops} SIGKILLs (${hotKills} inside a commit: hot outbound journal), ` +
+      `${sent.length} requests, ${
+        sent.length - interrupted
+      } completed, ${interrupted} interrupted, ` +
+      `${runs.size} commands ran, ${seen.size} results re-read after kills, ` +
+      `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
+  );
 });
 
 Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files and loses no durable request", async () => {
-  const loops = envNumber("WAFFLE_HOST_KILL_LOOPS", 12);
+  const loops = envNumber("WAFFLE_HOST_KILL_LOOPS", 20);
   await using q = await tempQueue();
   const paths = queuePaths(q.queueDir);
   // The runner serves the queue throughout: it reads inbound.db while hosts die mid-commit.
-  const runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: 4 });
-  const reported = new Map<string, string>(); // tool-use id -> request id, printed after submit resolved
-  let hotJournals = 0;
+  await using runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: 4 });
+  const reported = new Map<string, string>(); // tool-use id -> request id, printed once durable
+  let hotKills = 0;
 
   for (let loop = 0; loop < loops; loop++) {
     const child = spawnClient(["writer", q.queueDir, `h${loop}`, "4"]);
@@ -183,17 +168,27 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
       what: "writer to start",
     });
     assert.ok(!exited, "writer exited before it was killed");
-    await delay(Math.random() * 50);
-    child.kill("SIGKILL");
+    const kill = (): void => child.kill("SIGKILL");
+    if (loop % 2 === 1) {
+      killInsideCommit(paths.inbound, kill, 100);
+    } else {
+      await delay(Math.random() * 50);
+      kill();
+    }
     assert.equal((await status).signal, "SIGKILL");
     await pump;
-    if (sizeOf(`${paths.inbound}-journal`) > 0) hotJournals++;
     // Only complete lines: the last one may have been cut by the kill.
     for (const line of output.split("\n").slice(1, -1)) {
       const [toolUseId, id] = line.split(" ");
       reported.set(toolUseId!, id!);
     }
-    // A fresh host opens the files first (rolling back a hot journal if the runner did not).
+    if (hotJournal(paths.inbound)) {
+      hotKills++;
+      // No host is left: the runner's query-only connection must roll it back by itself.
+      await waitFor(() => !hotJournal(paths.inbound), {
+        what: "the runner to roll back the host's hot journal",
+      });
+    }
     Queue.open(q.queueDir).close();
     assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
   }
@@ -209,6 +204,7 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
   for (const [toolUseId, id] of reported) {
     assert.equal(stored.get(toolUseId), id, `lost ${toolUseId}`);
   }
+  // Durable requests of a killed host, reported or not, are all served exactly once.
   for (const { id, tool_use_id: toolUseId } of requests) {
     const { result, stdout } = await queue.collect(id);
     assert.equal(result.exitCode, 0, `${toolUseId}: ${JSON.stringify(result)}`);
@@ -219,16 +215,14 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
     assert.equal(runs.get(toolUseId), 1, `${toolUseId} runs`);
   }
   assert.equal(runs.size, requests.length, "a command ran that has no request");
-  // Requests of a killed host that are durable but never reported are still served exactly once.
-  await waitFor(() => queueCounts(q.queueDir).results === requests.length, { what: "results" });
+  assert.equal(queueCounts(q.queueDir).results, requests.length);
   queue.close();
   assert.equal((await runner.stop("SIGTERM")).code, 0);
   assert.deepEqual(integrityOfQueue(q.queueDir), OK);
   console.log(
-    `host kill loop: ${loops} SIGKILLs (${hotJournals} left a hot inbound journal), ${requests.length} requests ` +
-      `in inbound.db, ${reported.size} reported durable, ${
-        requests.length - reported.size
-      } durable but unreported, ` +
+    `host kill loop: ${loops} SIGKILLs (${hotKills} inside a commit: hot inbound journal), ` +
+      `${requests.length} requests in inbound.db, ${reported.size} reported durable, ` +
+      `${requests.length - reported.size} durable but unreported, ` +
       `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
   );
 });

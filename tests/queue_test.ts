@@ -38,7 +38,8 @@ Deno.test("openDatabase() rejects another schema version, naming both", async ()
   assert.throws(
     () => openDatabase(path, { role: "reader" }),
     (error: unknown) =>
-      error instanceof QueueError && /schema version 7/.test(error.message) && /speaks 1/.test(error.message),
+      error instanceof QueueError && /schema version 7/.test(error.message) &&
+      /speaks 1/.test(error.message),
   );
 });
 
@@ -51,7 +52,10 @@ Deno.test("openDatabase() refuses a symlinked queue file", async () => {
 });
 
 Deno.test("Queue.open() without create names the missing directory", () => {
-  assert.throws(() => Queue.open("/nonexistent/waffle-q"), /Queue directory '\/nonexistent\/waffle-q'/);
+  assert.throws(
+    () => Queue.open("/nonexistent/waffle-q"),
+    /Queue directory '\/nonexistent\/waffle-q'/,
+  );
 });
 
 Deno.test("the host never writes outbound.db and the runner never writes inbound.db", async () => {
@@ -65,7 +69,11 @@ Deno.test("the host never writes outbound.db and the runner never writes inbound
   await queue.ack(id);
   await queue.gc();
   queue.close();
-  assert.equal(changeCounter(paths.outbound), outboundBefore, "host operations changed outbound.db");
+  assert.equal(
+    changeCounter(paths.outbound),
+    outboundBefore,
+    "host operations changed outbound.db",
+  );
 
   const inboundBefore = changeCounter(paths.inbound);
   const runner = RunnerQueue.open(q.queueDir);
@@ -77,7 +85,11 @@ Deno.test("the host never writes outbound.db and the runner never writes inbound
   await runner.collectAcked();
   runner.close();
   assert.equal(changeCounter(paths.inbound), inboundBefore, "runner operations changed inbound.db");
-  assert.notEqual(changeCounter(paths.outbound), outboundBefore, "runner writes must reach outbound.db");
+  assert.notEqual(
+    changeCounter(paths.outbound),
+    outboundBefore,
+    "runner writes must reach outbound.db",
+  );
 });
 
 Deno.test("the side that does not own a file cannot write it (query_only)", async () => {
@@ -123,7 +135,10 @@ Deno.test("a reader rolls back a hot journal left by a writer killed mid-commit"
   await child.stdout.cancel();
   assert.ok(Deno.statSync(`${paths.outbound}-journal`).size > 0, "expected a hot journal");
   const host = openDatabase(paths.outbound, { role: "reader" });
-  assert.equal((host.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
+  assert.equal(
+    (host.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check,
+    "ok",
+  );
   assert.equal((host.prepare("SELECT count(*) AS n FROM chunks").get() as { n: number }).n, 500);
   host.close();
 });
@@ -168,7 +183,8 @@ Deno.test("Queue.submit() rejects bad input with one line naming it, writing not
   for (const [options, pattern] of cases) {
     await assert.rejects(
       Promise.resolve().then(() => queue.submit(options)),
-      (error: unknown) => error instanceof UsageError && pattern.test(error.message) && !error.message.includes("\n"),
+      (error: unknown) =>
+        error instanceof UsageError && pattern.test(error.message) && !error.message.includes("\n"),
       `expected ${pattern}`,
     );
   }
@@ -187,7 +203,9 @@ Deno.test("acknowledged requests are garbage-collected from both files", async (
   await using q = await tempQueue();
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const queue = Queue.open(q.queueDir);
-  const ids = await Promise.all(Array.from({ length: 20 }, (_, i) => queue.submit({ argv: ["echo", `${i}`] })));
+  const ids = await Promise.all(
+    Array.from({ length: 20 }, (_, i) => queue.submit({ argv: ["echo", `${i}`] })),
+  );
   for (const id of ids) {
     const { stdout } = await queue.collect(id);
     assert.ok(text(stdout).length > 0);
@@ -207,7 +225,9 @@ Deno.test("acknowledged requests are garbage-collected from both files", async (
   };
   const paths = queuePaths(q.queueDir);
   for (const table of ["requests", "acks"]) assert.equal(count(paths.inbound, table), 0, table);
-  for (const table of ["states", "chunks", "results"]) assert.equal(count(paths.outbound, table), 0, table);
+  for (const table of ["states", "chunks", "results"]) {
+    assert.equal(count(paths.outbound, table), 0, table);
+  }
   queue.close();
 });
 
@@ -217,28 +237,53 @@ Deno.test("hostile outbound rows fail their own request and the host keeps servi
   const paths = queuePaths(q.queueDir);
   const ids = await Promise.all(Array.from({ length: 7 }, () => queue.submit({ argv: ["true"] })));
   const [wrongType, hugeBlob, badJson, otherId, duplicate, outOfOrder, overCap] = ids as [
-    string, string, string, string, string, string, string,
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
   ];
   // Plays the part of a compromised runner writing straight into outbound.db.
   const hostile = new DatabaseSync(paths.outbound);
   hostile.exec("PRAGMA journal_mode=TRUNCATE; PRAGMA busy_timeout=5000");
   const good = (id: string): string =>
     JSON.stringify({
-      requestId: id, exitCode: 0, signal: null, timedOut: false, interrupted: false, cancelled: false,
-      stdoutTruncated: false, stderrTruncated: false, stdoutBytes: 0, stderrBytes: 0,
-      startedAt: 1, endedAt: 2, durationMs: 1, error: null,
+      requestId: id,
+      exitCode: 0,
+      signal: null,
+      timedOut: false,
+      interrupted: false,
+      cancelled: false,
+      stdoutTruncated: false,
+      stderrTruncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      startedAt: 1,
+      endedAt: 2,
+      durationMs: 1,
+      error: null,
     });
-  const insert = hostile.prepare("INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)");
+  const insert = hostile.prepare(
+    "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)",
+  );
   insert.run(wrongType, good(wrongType).replace('"exitCode":0', '"exitCode":"zero"'));
   insert.run(hugeBlob, "x".repeat(8 * 1024 * 1024));
   insert.run(badJson, "{not json");
   insert.run(otherId, good(wrongType));
   // A hostile runner can rebuild tables without their keys.
-  hostile.exec("ALTER TABLE results RENAME TO results_old; CREATE TABLE results (request_id, body, created_at); INSERT INTO results SELECT * FROM results_old;");
-  const insert2 = hostile.prepare("INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)");
+  hostile.exec(
+    "ALTER TABLE results RENAME TO results_old; CREATE TABLE results (request_id, body, created_at); INSERT INTO results SELECT * FROM results_old;",
+  );
+  const insert2 = hostile.prepare(
+    "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, 0)",
+  );
   insert2.run(duplicate, good(duplicate));
   insert2.run(duplicate, good(duplicate));
-  const chunk = hostile.prepare("INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, ?, ?, ?)");
+  const chunk = hostile.prepare(
+    "INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, ?, ?, ?)",
+  );
   chunk.run(outOfOrder, "stdout", 5, new Uint8Array(3));
   insert2.run(outOfOrder, good(outOfOrder));
   for (let i = 0; i < 20; i++) chunk.run(overCap, "stdout", i, new Uint8Array(60 * 1024));
@@ -253,7 +298,11 @@ Deno.test("hostile outbound rows fail their own request and the host keeps servi
     [duplicate, /Duplicate result/],
   ];
   for (const [id, pattern] of expectations) {
-    await assert.rejects(queue.wait(id), (e: unknown) => e instanceof ProtocolError && pattern.test(e.message), id);
+    await assert.rejects(
+      queue.wait(id),
+      (e: unknown) => e instanceof ProtocolError && pattern.test(e.message),
+      id,
+    );
   }
   await assert.rejects(queue.collect(outOfOrder), /out of order/);
   await assert.rejects(queue.collect(overCap), /exceeds its 1048576-byte stdout cap/);

@@ -39,7 +39,11 @@ Deno.test("runner streams stdout and stderr apart, in order, while the command r
   const queue = Queue.open(q.queueDir);
   const marker = join(q.root, "go");
   const id = await queue.submit({
-    argv: ["sh", "-c", `echo one; echo e1 >&2; while [ ! -e ${marker} ]; do sleep 0.02; done; echo two`],
+    argv: [
+      "sh",
+      "-c",
+      `echo one; echo e1 >&2; while [ ! -e ${marker} ]; do sleep 0.02; done; echo two`,
+    ],
   });
   const stream = queue.output(id);
   const first = await stream.next();
@@ -49,7 +53,9 @@ Deno.test("runner streams stdout and stderr apart, in order, while the command r
   await Deno.writeTextFile(marker, "");
   const seen: Record<string, string> = { stdout: "", stderr: "" };
   if (!first.done) seen[first.value.stream] += text(first.value.data);
-  for await (const chunk of { [Symbol.asyncIterator]: () => stream }) seen[chunk.stream] += text(chunk.data);
+  for await (const chunk of { [Symbol.asyncIterator]: () => stream }) {
+    seen[chunk.stream] += text(chunk.data);
+  }
   assert.equal(seen.stdout, "one\ntwo\n");
   assert.equal(seen.stderr, "e1\n");
   queue.close();
@@ -99,7 +105,9 @@ Deno.test("runner timeout kills a setsid escapee; exit 124 of its own is ordinar
   const escapee = Number(await Deno.readTextFile(pidFile));
   assert.ok(escapee > 0);
   await waitFor(() => !alive(escapee), { what: `escapee ${escapee} to die` });
-  const ordinary = await queue.wait(await queue.submit({ argv: ["sh", "-c", "exit 124"], timeoutMs: 30_000 }));
+  const ordinary = await queue.wait(
+    await queue.submit({ argv: ["sh", "-c", "exit 124"], timeoutMs: 30_000 }),
+  );
   assert.equal(ordinary.exitCode, 124);
   assert.equal(ordinary.timedOut, false);
   queue.close();
@@ -110,7 +118,9 @@ Deno.test("runner returns when the foreground exits even if a background child h
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const queue = Queue.open(q.queueDir);
   const pidFile = join(q.workspace, "bg.pid");
-  const id = await queue.submit({ argv: ["sh", "-c", `sleep 1000 & echo $! > ${pidFile}; echo done`] });
+  const id = await queue.submit({
+    argv: ["sh", "-c", `sleep 1000 & echo $! > ${pidFile}; echo done`],
+  });
   const { result, stdout } = await queue.collect(id);
   assert.equal(result.exitCode, 0);
   assert.equal(text(stdout), "done\n");
@@ -149,7 +159,9 @@ Deno.test("runner rejects a cwd outside the workspace and bad env, running nothi
     assert.equal(result.exitCode, null, cwd);
     assert.match(result.error ?? "", /Working directory|workspace/, cwd);
   }
-  const env = await queue.collect(await queue.submit({ argv: ["touch", marker], env: { WAFFLE_REQUEST_ID: "x" } }));
+  const env = await queue.collect(
+    await queue.submit({ argv: ["touch", marker], env: { WAFFLE_REQUEST_ID: "x" } }),
+  );
   assert.equal(env.result.exitCode, null);
   assert.match(env.result.error ?? "", /WAFFLE_REQUEST_ID/);
   await assert.rejects(Deno.stat(marker), Deno.errors.NotFound);
@@ -162,7 +174,9 @@ Deno.test("runner passes only the requested environment, never its own", async (
   await using q = await tempQueue();
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const queue = Queue.open(q.queueDir);
-  const { stdout } = await queue.collect(await queue.submit({ argv: ["env"], env: { ONLY_THIS: "1" } }));
+  const { stdout } = await queue.collect(
+    await queue.submit({ argv: ["env"], env: { ONLY_THIS: "1" } }),
+  );
   const names = text(stdout).trim().split("\n").map((line) => line.split("=")[0]).sort();
   assert.deepEqual(names, ["HOME", "LANG", "ONLY_THIS", "PATH", "TMPDIR", "WAFFLE_REQUEST_ID"]);
   queue.close();
@@ -174,8 +188,13 @@ Deno.test("requests of one queue run one at a time in submission order", async (
   const queue = Queue.open(q.queueDir);
   const log = join(q.workspace, "log");
   const ids = await Promise.all(
-    Array.from({ length: 6 }, (_, i) =>
-      queue.submit({ argv: ["sh", "-c", `echo start ${i} >> ${log}; sleep 0.05; echo end ${i} >> ${log}`] })),
+    Array.from(
+      { length: 6 },
+      (_, i) =>
+        queue.submit({
+          argv: ["sh", "-c", `echo start ${i} >> ${log}; sleep 0.05; echo end ${i} >> ${log}`],
+        }),
+    ),
   );
   for (const id of ids) await queue.wait(id);
   const lines = (await Deno.readTextFile(log)).trim().split("\n");
@@ -201,7 +220,9 @@ Deno.test("a runner SIGKILLed mid-command leaves it interrupted, never re-run", 
   const queue = Queue.open(q.queueDir);
   const counter = join(q.workspace, "runs");
   const unique = `${1000 + Math.floor(Math.random() * 1e6)}`;
-  const id = await queue.submit({ argv: ["sh", "-c", `echo run >> ${counter}; exec sleep ${unique}`] });
+  const id = await queue.submit({
+    argv: ["sh", "-c", `echo run >> ${counter}; exec sleep ${unique}`],
+  });
   const runner = await startRunner(q.queueDir, { workspace: q.workspace });
   await waitFor(() => queue.state(id).state === "started", { what: "start" });
   await waitFor(async () => (await Deno.readTextFile(counter).catch(() => "")).length > 0);
@@ -260,7 +281,8 @@ Deno.test("wait without a runner fails with a clear error once the heartbeat is 
   const id = await queue.submit({ argv: ["true"] });
   await assert.rejects(
     queue.wait(id, { staleAfterMs: 0 }),
-    (error: unknown) => error instanceof RunnerError && /No runner is serving queue/.test(error.message),
+    (error: unknown) =>
+      error instanceof RunnerError && /No runner is serving queue/.test(error.message),
   );
   queue.close();
 });

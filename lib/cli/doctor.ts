@@ -51,12 +51,19 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
       const detail = await check.run();
       rows.push({ name: check.name, ok: true, ms: performance.now() - started, detail });
     } catch (error) {
-      rows.push({ name: check.name, ok: false, ms: performance.now() - started, detail: messageOf(error) });
+      rows.push({
+        name: check.name,
+        ok: false,
+        ms: performance.now() - started,
+        detail: messageOf(error),
+      });
     }
     if (!parsed.values.json) {
       const row = rows.at(-1)!;
       await io.stdout(
-        `${row.ok ? "ok  " : "FAIL"}  ${row.name.padEnd(34)} ${row.ms.toFixed(1).padStart(8)} ms  ${row.detail}\n`,
+        `${row.ok ? "ok  " : "FAIL"}  ${row.name.padEnd(34)} ${
+          row.ms.toFixed(1).padStart(8)
+        } ms  ${row.detail}\n`,
       );
     }
   }

@@ -25,14 +25,20 @@ export function dockerChecks(): DoctorCheck[] {
       name: "docker daemon",
       run: async () => {
         const [version, info] = await Promise.all([docker.version(), docker.info()]);
-        return `server ${version.Version} (API ${version.ApiVersion}), ${info.Architecture}, ${info.Driver}, cgroup ${info.CgroupDriver} v${info.CgroupVersion || "?"}`;
+        return `server ${version.Version} (API ${version.ApiVersion}), ${info.Architecture}, ${info.Driver}, cgroup ${info.CgroupDriver} v${
+          info.CgroupVersion || "?"
+        }`;
       },
     },
     {
       name: "runner image",
       run: async () => {
         const image = await docker.inspectImage(config.image);
-        if (image === null) throw new Error(`Image '${config.image}' not found; build it with 'bash scripts/build_image.sh'`);
+        if (image === null) {
+          throw new Error(
+            `Image '${config.image}' not found; build it with 'bash scripts/build_image.sh'`,
+          );
+        }
         return `${config.image} = ${image.id.slice(0, 19)}`;
       },
     },
@@ -41,7 +47,10 @@ export function dockerChecks(): DoctorCheck[] {
       run: async () => {
         // A throwaway home, so doctor never touches a real user's sandbox.
         const home = await Deno.makeTempDir({ prefix: "waffle-doctor-home-" });
-        const sandbox = openSandbox("doctor", { config: { home, image: config.image, idleSeconds: 60 }, docker });
+        const sandbox = openSandbox("doctor", {
+          config: { home, image: config.image, idleSeconds: 60 },
+          docker,
+        });
         try {
           const started = performance.now();
           await sandbox.ensure();
@@ -49,17 +58,25 @@ export function dockerChecks(): DoctorCheck[] {
           const token = crypto.randomUUID();
           await Deno.writeTextFile(join(sandbox.paths.workspace, "from-host"), token);
           const trip = performance.now();
-          const id = await sandbox.submit({ shell: "cat /workspace/from-host > /workspace/from-sandbox" });
+          const id = await sandbox.submit({
+            shell: "cat /workspace/from-host > /workspace/from-sandbox",
+          });
           const result = await sandbox.queue.wait(id);
           const tripMs = performance.now() - trip;
           const back = await Deno.readTextFile(join(sandbox.paths.workspace, "from-sandbox"));
           if (result.exitCode !== 0 || back !== token) {
-            throw new Error(`Bind-mount round trip failed: exit ${result.exitCode}, read '${back.slice(0, 40)}'`);
+            throw new Error(
+              `Bind-mount round trip failed: exit ${result.exitCode}, read '${back.slice(0, 40)}'`,
+            );
           }
-          return `container ready in ${startMs.toFixed(0)} ms, write/read round trip ${tripMs.toFixed(1)} ms`;
+          return `container ready in ${startMs.toFixed(0)} ms, write/read round trip ${
+            tripMs.toFixed(1)
+          } ms`;
         } finally {
           sandbox.close();
-          await removeSandbox(docker, sandbox.key, { config: sandbox.config, purge: true }).catch(() => false);
+          await removeSandbox(docker, sandbox.key, { config: sandbox.config, purge: true }).catch(
+            () => false,
+          );
           await Deno.remove(home, { recursive: true }).catch(() => {});
         }
       },

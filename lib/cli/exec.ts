@@ -50,7 +50,9 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
     json: { type: "boolean" },
     detach: { type: "boolean" },
   });
-  if (parsed.positionals.length === 0) throw new UsageError("Missing command: use 'waffle exec [options] -- CMD [ARG...]'");
+  if (parsed.positionals.length === 0) {
+    throw new UsageError("Missing command: use 'waffle exec [options] -- CMD [ARG...]'");
+  }
   const timeout = numberFlag(parsed, "timeout");
   const cwd = stringFlag(parsed, "cwd");
   const env = envFlags((parsed.values.env as string[] | undefined) ?? []);
@@ -75,7 +77,8 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
 }
 
 /** Help text of `waffle wait`. */
-export const WAIT_HELP = `Usage: waffle wait ID [--json] [--user U [--tenant T] | --backend host --queue DIR]
+export const WAIT_HELP =
+  `Usage: waffle wait ID [--json] [--user U [--tenant T] | --backend host --queue DIR]
 
 Waits for a request submitted with 'waffle exec --detach' (or by a host that
 died) and then behaves as 'waffle exec' would have: output, exit status, --json.
@@ -91,7 +94,9 @@ died) and then behaves as 'waffle exec' would have: output, exit status, --json.
 export async function waitCommand(args: string[], io: CliIo): Promise<number> {
   const parsed = parse(args, { ...BACKEND_OPTIONS, json: { type: "boolean" } });
   const [id, ...rest] = parsed.positionals;
-  if (id === undefined || rest.length > 0) throw new UsageError("Expected exactly one request id: 'waffle wait ID'");
+  if (id === undefined || rest.length > 0) {
+    throw new UsageError("Expected exactly one request id: 'waffle wait ID'");
+  }
   const backend = openBackend(parsed);
   try {
     backend.queue.state(id); // fails fast on an unknown id

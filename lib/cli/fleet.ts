@@ -41,12 +41,17 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
       row.containerId.slice(0, 12),
       row.state,
       row.imageId.replace(/^sha256:/, "").slice(0, 12),
-      row.lastHeartbeat === null ? "-" : `${Math.round((Date.now() - row.lastHeartbeat) / 1000)} s ago`,
+      row.lastHeartbeat === null
+        ? "-"
+        : `${Math.round((Date.now() - row.lastHeartbeat) / 1000)} s ago`,
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
     ]);
   }
   const widths = lines[0]!.map((_, i) => Math.max(...lines.map((line) => line[i]!.length)));
-  await io.stdout(lines.map((line) => line.map((cell, i) => cell.padEnd(widths[i]!)).join("  ")).join("\n") + "\n");
+  await io.stdout(
+    lines.map((line) => line.map((cell, i) => cell.padEnd(widths[i]!)).join("  ")).join("\n") +
+      "\n",
+  );
   return 0;
 }
 
@@ -86,7 +91,9 @@ export async function sweepCommand(args: string[], io: CliIo): Promise<number> {
     await io.stdout(`${JSON.stringify({ actions })}\n`);
   } else {
     for (const a of actions) {
-      await io.stdout(`${a.action.padEnd(8)} ${a.tenant}/${a.user} ${a.containerId.slice(0, 12)}  ${a.reason}\n`);
+      await io.stdout(
+        `${a.action.padEnd(8)} ${a.tenant}/${a.user} ${a.containerId.slice(0, 12)}  ${a.reason}\n`,
+      );
     }
     if (actions.length === 0) await io.stdout("no waffle containers\n");
   }
@@ -129,18 +136,29 @@ Removes the user's container. --purge also deletes the user's queue and workspac
  * @returns 0.
  */
 export async function rmCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { user: { type: "string" }, tenant: { type: "string" }, purge: { type: "boolean" } });
+  const parsed = parse(args, {
+    user: { type: "string" },
+    tenant: { type: "string" },
+    purge: { type: "boolean" },
+  });
   noPositionals(parsed.positionals);
   const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
   const removed = await removeSandbox(new DockerClient(), key, {
     config: loadConfig(),
     purge: parsed.values.purge === true,
   });
-  await io.stdout(`${removed ? "removed" : "no container"} ${key.containerName}${parsed.values.purge ? " (state purged)" : ""}\n`);
+  await io.stdout(
+    `${removed ? "removed" : "no container"} ${key.containerName}${
+      parsed.values.purge ? " (state purged)" : ""
+    }\n`,
+  );
   return 0;
 }
 
-function keyOf(tenant: string | undefined, user: string | undefined): ReturnType<typeof sandboxKey> {
+function keyOf(
+  tenant: string | undefined,
+  user: string | undefined,
+): ReturnType<typeof sandboxKey> {
   if (user === undefined) throw new UsageError("Missing --user U");
   return sandboxKey(tenant ?? "default", user);
 }

@@ -16,7 +16,10 @@ export interface CliIo {
 
 const encoder = new TextEncoder();
 
-async function writeAll(file: { write(p: Uint8Array): Promise<number> }, data: Uint8Array | string): Promise<void> {
+async function writeAll(
+  file: { write(p: Uint8Array): Promise<number> },
+  data: Uint8Array | string,
+): Promise<void> {
   let bytes = typeof data === "string" ? encoder.encode(data) : data;
   while (bytes.byteLength > 0) bytes = bytes.subarray(await file.write(bytes));
 }

@@ -32,7 +32,9 @@ export function exitStatusOf(result: ExecResult): number {
  */
 export function noteOf(id: string, result: ExecResult): string | undefined {
   if (result.timedOut) {
-    return `waffle: command timed out after ${(result.durationMs / 1000).toFixed(1)} s (request '${id}')`;
+    return `waffle: command timed out after ${
+      (result.durationMs / 1000).toFixed(1)
+    } s (request '${id}')`;
   }
   if (result.cancelled) return `waffle: request '${id}' was cancelled`;
   if (result.interrupted) {

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { logToFile } from "../../runner/log.ts";
 import { runRunner } from "../../runner/runner.ts";
 import { UsageError } from "../errors.ts";
 import { numberFlag, parse, stringFlag } from "./args.ts";
@@ -37,7 +38,7 @@ export async function runnerCommand(args: string[]): Promise<number> {
   const queueDir = stringFlag(parsed, "queue");
   if (queueDir === undefined) throw new UsageError("Missing --queue DIR");
   const log = stringFlag(parsed, "log");
-  if (log !== undefined) redirectErrors(log);
+  if (log !== undefined) logToFile(log);
   const idle = numberFlag(parsed, "idle-exit", { allowZero: true });
   const concurrency = numberFlag(parsed, "concurrency", { integer: true });
   const pollMs = numberFlag(parsed, "poll-ms", { integer: true });
@@ -48,13 +49,4 @@ export async function runnerCommand(args: string[]): Promise<number> {
     ...(concurrency === undefined ? {} : { concurrency }),
     ...(pollMs === undefined ? {} : { pollMs }),
   });
-}
-
-// A detached runner has no stderr; its diagnostics go to a log file instead.
-function redirectErrors(path: string): void {
-  const file = Deno.openSync(path, { append: true, create: true });
-  const encoder = new TextEncoder();
-  console.error = (...parts: unknown[]): void => {
-    file.writeSync(encoder.encode(`${new Date().toISOString()} ${parts.map(String).join(" ")}\n`));
-  };
 }

@@ -76,7 +76,8 @@ export function defaultHome(): string {
   const explicit = Deno.env.get("WAFFLE_HOME");
   if (explicit) return explicit;
   if (Deno.uid() === 0) return "/var/lib/waffle";
-  const state = Deno.env.get("XDG_STATE_HOME") ?? join(Deno.env.get("HOME") ?? "/tmp", ".local", "state");
+  const state = Deno.env.get("XDG_STATE_HOME") ??
+    join(Deno.env.get("HOME") ?? "/tmp", ".local", "state");
   return join(state, "waffle");
 }
 
@@ -113,9 +114,9 @@ export function loadConfig(overrides: Partial<SandboxConfig> = {}): SandboxConfi
     if (!parsed.success) {
       const issue = parsed.error.issues[0];
       throw new UsageError(
-        `Config file '${path}': '${issue?.path.join(".") || (issue as { keys?: string[] })?.keys?.join(",") || "?"}' ${
-          issue?.message ?? "is invalid"
-        }`,
+        `Config file '${path}': '${
+          issue?.path.join(".") || (issue as { keys?: string[] })?.keys?.join(",") || "?"
+        }' ${issue?.message ?? "is invalid"}`,
       );
     }
     fromFile = parsed.data;
@@ -127,7 +128,9 @@ export function loadConfig(overrides: Partial<SandboxConfig> = {}): SandboxConfi
     fromEnv[key] = key === "image" ? value : Number(value);
     const single = fileSchema.safeParse({ [key]: fromEnv[key] });
     if (!single.success) {
-      throw new UsageError(`Invalid ${name} '${value}': ${single.error.issues[0]?.message ?? "invalid"}`);
+      throw new UsageError(
+        `Invalid ${name} '${value}': ${single.error.issues[0]?.message ?? "invalid"}`,
+      );
     }
   }
   const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));

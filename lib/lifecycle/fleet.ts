@@ -7,7 +7,6 @@
  */
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import type { ContainerSummary } from "../docker/types.ts";
 import { UsageError } from "../errors.ts";
 import type { Heartbeat } from "../queue/protocol.ts";
 import { Queue } from "../queue/queue.ts";
@@ -31,14 +30,6 @@ export interface SandboxStatus {
   /** How long the runner has had nothing to do, in ms; null while busy or unknown. */
   idleMs: number | null;
   statePath: string;
-}
-
-function summaryKey(summary: ContainerSummary): SandboxKey | undefined {
-  try {
-    return sandboxKey(summary.Labels[LABELS.tenant] ?? "", summary.Labels[LABELS.user] ?? "");
-  } catch {
-    return undefined;
-  }
 }
 
 function readHeartbeat(queueDir: string): Heartbeat | undefined {

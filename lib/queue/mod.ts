@@ -7,7 +7,13 @@
 export { BUSY_TIMEOUT_MS, isBusyError, openDatabase, transaction } from "./connection.ts";
 export { GroupCommit } from "./group_commit.ts";
 export * from "./protocol.ts";
-export { type Collected, Queue, type QueueOpenOptions, type SubmitOptions, type WaitOptions } from "./queue.ts";
+export {
+  type Collected,
+  Queue,
+  type QueueOpenOptions,
+  type SubmitOptions,
+  type WaitOptions,
+} from "./queue.ts";
 export { type InboundRequest, type Recovery, RunnerQueue } from "./runner_queue.ts";
 export { initQueue, type QueuePaths, queuePaths } from "./schema.ts";
 export { ChangeWatcher } from "./watch.ts";

@@ -67,7 +67,9 @@ export function readResult(db: DatabaseSync, requestId: string): ExecResult | un
   const result = resultSchema.safeParse(parsed);
   if (!result.success) {
     throw new ProtocolError(
-      `Result of request '${requestId}' is malformed: ${z.prettifyError(result.error).split("\n").join(" ")}`,
+      `Result of request '${requestId}' is malformed: ${
+        z.prettifyError(result.error).split("\n").join(" ")
+      }`,
     );
   }
   if (result.data.requestId !== requestId) {
@@ -124,7 +126,9 @@ export function readChunks(
   for (const row of rows) {
     const stream = row.stream;
     if (stream !== "stdout" && stream !== "stderr") {
-      throw new ProtocolError(`Output of request '${requestId}' names unknown stream '${String(stream)}'`);
+      throw new ProtocolError(
+        `Output of request '${requestId}' names unknown stream '${String(stream)}'`,
+      );
     }
     if (!(row.data instanceof Uint8Array)) {
       throw new ProtocolError(
@@ -133,13 +137,17 @@ export function readChunks(
     }
     if (row.seq !== cursor.seq[stream] + 1) {
       throw new ProtocolError(
-        `Output chunk of request '${requestId}' is out of order: ${stream} seq ${String(row.seq)} after ${cursor.seq[stream]}`,
+        `Output chunk of request '${requestId}' is out of order: ${stream} seq ${
+          String(row.seq)
+        } after ${cursor.seq[stream]}`,
       );
     }
     cursor.seq[stream]++;
     cursor.bytes[stream] += row.data.byteLength;
     if (cursor.bytes[stream] > cap) {
-      throw new ProtocolError(`Output of request '${requestId}' exceeds its ${cap}-byte ${stream} cap`);
+      throw new ProtocolError(
+        `Output of request '${requestId}' exceeds its ${cap}-byte ${stream} cap`,
+      );
     }
     chunks.push({ stream, seq: cursor.seq[stream], data: row.data });
   }

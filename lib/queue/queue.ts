@@ -24,8 +24,8 @@ import {
   type ExecPayload,
   execPayloadSchema,
   type ExecResult,
-  HEARTBEAT_INTERVAL_MS,
   type Heartbeat,
+  HEARTBEAT_INTERVAL_MS,
   MAX_STDIN_BYTES,
   type OutputChunk,
   type RequestState,
@@ -303,7 +303,11 @@ export class Queue {
       // Read the result first: the runner commits the last chunks with it, so
       // once the result is visible every chunk is too.
       const result = this.#guard(id, () => readResult(this.#outbound, id));
-      for (let page = this.#page(id, cursor, cap); page.length > 0; page = this.#page(id, cursor, cap)) {
+      for (
+        let page = this.#page(id, cursor, cap);
+        page.length > 0;
+        page = this.#page(id, cursor, cap)
+      ) {
         yield* page;
       }
       if (result !== undefined) return result;
@@ -377,7 +381,9 @@ export class Queue {
   // An acknowledged result may already be deleted by the runner: waiting for
   // it again would wait forever.
   #refuseCollected(id: string): void {
-    if (this.#inbound.prepare("SELECT 1 AS hit FROM acks WHERE request_id = ?").get(id) !== undefined) {
+    if (
+      this.#inbound.prepare("SELECT 1 AS hit FROM acks WHERE request_id = ?").get(id) !== undefined
+    ) {
       throw new UsageError(`Request '${id}' was already collected and acknowledged`);
     }
   }

@@ -116,7 +116,12 @@ export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePat
     Deno.writeFileSync(paths.runnerLock, new Uint8Array(), { append: true, create: true });
     if (options.shared) {
       // Journals too: SQLite creates them with the mode the database file had then.
-      const files = [paths.inbound, paths.outbound, `${paths.inbound}-journal`, `${paths.outbound}-journal`];
+      const files = [
+        paths.inbound,
+        paths.outbound,
+        `${paths.inbound}-journal`,
+        `${paths.outbound}-journal`,
+      ];
       for (const path of [...files, paths.runnerLock]) {
         try {
           Deno.chmodSync(path, 0o666);
