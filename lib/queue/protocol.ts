@@ -24,6 +24,7 @@ export const MAX_ERROR_CHARS = 4096;
 export const HEARTBEAT_INTERVAL_MS = 2000;
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const noNul = (value: string): boolean => !value.includes("\0");
 
 /** Environment variable name rule shared by host and runner. */
 export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME, "Invalid environment name");
@@ -31,12 +32,11 @@ export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME, "Invalid en
 /** The payload of an `exec` request, as stored in `inbound.db`. */
 export const execPayloadSchema = z.object({
   /** Program and arguments; no implicit shell. */
-  argv: z.array(z.string().max(128 * 1024).refine((s) => !s.includes("\0"), "NUL in argument"))
-    .min(1).max(4096),
+  argv: z.array(z.string().max(128 * 1024).refine(noNul, "NUL in argument")).min(1).max(4096),
   /** Working directory, relative to (or inside) the runner's workspace root. */
-  cwd: z.string().max(4096).optional(),
+  cwd: z.string().max(4096).refine(noNul, "NUL in path").optional(),
   /** Extra environment; the runner starts from a minimal base, never the host's. */
-  env: z.record(envNameSchema, z.string().max(128 * 1024)).optional(),
+  env: z.record(envNameSchema, z.string().max(128 * 1024).refine(noNul, "NUL in value")).optional(),
   /** Base64 stdin bytes; absent means stdin is closed. */
   stdin: z.string().max(Math.ceil(MAX_STDIN_BYTES / 3) * 4).optional(),
   /** Run time limit in milliseconds, counted from start (clocks of host and sandbox may differ). */
