@@ -113,6 +113,6 @@ id="$(docker image inspect --format '{{.Id}}' "$image")"
 log "built '$image' as $id"
 if [[ -n "$old_id" && "$old_id" != "$id" ]]; then
   # Drop the superseded image unless a container still uses it.
-  docker image rm "$old_id" >/dev/null 2>&1 && log "removed previous image $old_id" || true
+  if docker image rm "$old_id" >/dev/null 2>&1; then log "removed previous image $old_id"; fi
 fi
 emit "$id" true

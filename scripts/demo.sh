@@ -102,6 +102,7 @@ run 0 "${waffle[@]}" exec "${host[@]}" --env GREETING=hi -- env
 run 7 "${waffle[@]}" exec "${host[@]}" --json -- sh -c 'echo out; echo err >&2; exit 7'
 run 124 "${waffle[@]}" exec "${host[@]}" --timeout 1 -- sleep 30
 
+# shellcheck disable=SC2016 # a literal $( ) in the echo
 printf '\n$ id=$(%s)\n' "$(show "${waffle[@]}" exec "${host[@]}" --detach -- sh -c 'sleep 1; echo finished; exit 5')"
 id=""
 detach_status=0
@@ -121,6 +122,7 @@ timeout 300 "${docker_probe[@]}" </dev/null >"$work/docker-probe.log" 2>&1 || pr
 if ((probe_status == 0)); then
   printf '[exit 0: yes]\n'
   docker=(--user demo)
+  # shellcheck disable=SC2016 # expanded by the sandbox's shell
   run 0 "${waffle[@]}" exec "${docker[@]}" -- sh -c 'echo "hello from $(hostname) as $(id -un) in $PWD"'
   run 3 "${waffle[@]}" exec "${docker[@]}" -- sh -c 'echo "to stderr" >&2; exit 3'
   run 0 "${waffle[@]}" exec "${docker[@]}" -- sh -c 'date > note.txt; echo saved note.txt'

@@ -82,6 +82,7 @@ ensure_node_modules() {
   # no network: prove every npm import resolves under exactly those conditions.
   local scratch
   scratch="$(mktemp -d "${TMPDIR:-/tmp}/waffle-setup-deno.XXXXXX")"
+  # shellcheck disable=SC2016 # the script is TypeScript, for deno eval
   if (cd "$REPO" && DENO_DIR="$scratch" DENO_NO_UPDATE_CHECK=1 "$DENO" eval --quiet --cached-only \
     --node-modules-dir=manual --config "$REPO/deno.json" '
       const config = JSON.parse(Deno.readTextFileSync("deno.json"));

@@ -4,8 +4,9 @@
  *
  * Counting (checked against Deno 2.9.6's junit reporter):
  * - a test is a top-level `Deno.test`; steps (`t.step`) appear in the report as
- *   extra testcases named `parent > step` and are reported apart (`--json`),
- *   so the numbers match Deno's own `ok | N passed | N failed | N ignored` line;
+ *   extra testcases named `parent > step` (possibly in another testsuite than
+ *   their parent) and are reported apart (`--json`), so the numbers match
+ *   Deno's own `ok | N passed | N failed | N ignored` line (a mismatch is noted);
  * - a testcase with `<failure>` or `<error>` (e.g. cancelled) failed, one with
  *   `<skipped/>` and a `time` attribute (`ignore: true`) is skipped, any other passed;
  * - a `<skipped/>` testcase without `time` was filtered out (`--filter`): it is
@@ -90,6 +91,21 @@ function attribute(tag: string, name: string): string | undefined {
 }
 
 /**
+ * Whether a testcase is a step: Deno names it "<parent> > <step>", and the
+ * parent is another testcase of the report (listed before or after it).
+ *
+ * @param name The testcase's name.
+ * @param names All testcase names of the report.
+ * @returns True for a step.
+ */
+function isStep(name: string, names: Set<string>): boolean {
+  for (let cut = name.indexOf(" > "); cut > 0; cut = name.indexOf(" > ", cut + 1)) {
+    if (names.has(name.slice(0, cut))) return true;
+  }
+  return false;
+}
+
+/**
  * Counts a junit report's testcases by outcome, top-level tests and steps apart.
  *
  * @param xml The report.
@@ -101,28 +117,25 @@ export function countJunit(xml: string): JunitCounts {
     steps: { passed: 0, failed: 0, skipped: 0 },
     filtered: 0,
   };
-  const suites = xml.match(/<testsuite\b[^>]*\/>|<testsuite\b[\s\S]*?<\/testsuite>/g) ?? [];
-  for (const suite of suites) {
-    const seen = new Set<string>();
-    const cases = suite.matchAll(/<testcase\b([^>]*?)(\/>|>([\s\S]*?)<\/testcase>)/g);
-    for (const testcase of cases) {
-      const attributes = testcase[1] ?? "";
-      const name = attribute(attributes, "name") ?? "";
-      const body = testcase[3] ?? "";
-      // Deno names a step "<parent> > <step>"; its parent came earlier in the suite.
-      const cut = name.lastIndexOf(" > ");
-      const isStep = cut > 0 && seen.has(name.slice(0, cut));
-      seen.add(name);
-      const tally = isStep ? counts.steps : counts.tests;
-      if (/<(failure|error)\b/.test(body)) {
-        tally.failed++;
-      } else if (!/<skipped\b/.test(body)) {
-        tally.passed++;
-      } else if (attribute(attributes, "time") !== undefined) {
-        tally.skipped++; // ignored: Deno reported it, in 0 ms
-      } else if (!isStep) {
-        counts.filtered++; // never reported: filtered out
-      }
+  const cases = [...xml.matchAll(/<testcase\b([^>]*?)(\/>|>([\s\S]*?)<\/testcase>)/g)].map(
+    (match) => {
+      const attributes = match[1] ?? "";
+      return { attributes, name: attribute(attributes, "name") ?? "", body: match[3] ?? "" };
+    },
+  );
+  // All names, not per suite: Deno files a test under the module that called
+  // Deno.test (a helper, say) and its steps under the module of the step.
+  const names = new Set(cases.map((testcase) => testcase.name));
+  for (const { attributes, name, body } of cases) {
+    const tally = isStep(name, names) ? counts.steps : counts.tests;
+    if (/<(failure|error)\b/.test(body)) {
+      tally.failed++;
+    } else if (!/<skipped\b/.test(body)) {
+      tally.passed++;
+    } else if (attribute(attributes, "time") !== undefined) {
+      tally.skipped++; // ignored: Deno reported it, in 0 ms
+    } else if (tally === counts.tests) {
+      counts.filtered++; // never reported: filtered out
     }
   }
   return counts;
