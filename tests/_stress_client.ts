@@ -16,8 +16,7 @@
  * @module
  */
 import { fileURLToPath } from "node:url";
-import { openDatabase } from "../lib/queue/connection.ts";
-import { isBusyError } from "../lib/queue/connection.ts";
+import { isBusyError, openDatabase } from "../lib/queue/connection.ts";
 import type { Heartbeat } from "../lib/queue/protocol.ts";
 import { Queue, type SubmitOptions } from "../lib/queue/queue.ts";
 import { queuePaths } from "../lib/queue/schema.ts";

@@ -66,7 +66,7 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
   let hotKills = 0;
 
   for (let loop = 0; loop < loops; loop++) {
-    const runner = await startRunner(q.queueDir, {
+    await using runner = await startRunner(q.queueDir, {
       workspace: q.workspace,
       concurrency: loop % 4 < 2 ? 1 : 3,
     });
@@ -100,7 +100,7 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
     assert.deepEqual(integrityOfQueue(q.queueDir), OK, `after kill ${loop}`);
   }
 
-  const last = await startRunner(q.queueDir, { workspace: q.workspace });
+  await using last = await startRunner(q.queueDir, { workspace: q.workspace });
   const collected = new Map<string, Collected>();
   for (const { id } of sent) collected.set(id, await queue.collect(id));
   const runs = await runCounts(join(q.workspace, "ran.log"));

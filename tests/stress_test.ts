@@ -6,12 +6,18 @@
  * output, nothing fails (no lock timeouts), the heartbeat keeps its bound,
  * the files stay intact and acknowledged rows are collected.
  *
+ * The last test holds a read lock on outbound.db past the busy timeout: the
+ * runner's writes fail for a while, and it must retry rather than drop them.
+ *
  * `WAFFLE_STRESS_SECONDS` sets the load duration (default 5), counted from
  * the runner's first heartbeat.
  */
 import assert from "node:assert/strict";
+import { join } from "node:path";
+import { BUSY_TIMEOUT_MS, openDatabase } from "../lib/queue/connection.ts";
 import { Queue } from "../lib/queue/queue.ts";
-import { MAX_HEARTBEAT_GAP_MS, startRunner, tempQueue, waitFor } from "./_helpers.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
+import { delay, MAX_HEARTBEAT_GAP_MS, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 import {
   envNumber,
   HeartbeatObserver,
@@ -133,4 +139,35 @@ Deno.test("concurrent queue load: one runner, 8 in-process hosts and 2 host proc
 
 Deno.test("concurrent queue load with --concurrency 4", async () => {
   await concurrentLoad(4);
+});
+
+Deno.test("a reader holding outbound.db past busy_timeout delays results but loses none", async () => {
+  await using q = await tempQueue();
+  await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const queue = Queue.open(q.queueDir);
+  const running = await queue.submit({ shell: "echo a >> ran.log; sleep 0.5; echo out-a" });
+  const queued = await queue.submit({ shell: "echo b >> ran.log; echo out-b" });
+  await waitFor(
+    () => queue.state(running).state === "started" && queue.state(queued).state === "accepted",
+    { what: "start" },
+  );
+  // From here the runner's next writes (the first result, the next start) hit the lock.
+  const reader = openDatabase(queuePaths(q.queueDir).outbound, { role: "reader" });
+  reader.exec("BEGIN");
+  reader.prepare("SELECT count(*) AS n FROM states").get();
+  await delay(BUSY_TIMEOUT_MS + 2000); // every runner write in this window times out
+  reader.exec("COMMIT");
+  reader.close();
+  // A dropped write would leave the request "started" under a live runner: waits
+  // would hang, so they are bounded (generously) to fail instead.
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(new Error("result never arrived")), 60_000);
+  const [a, b] = await Promise.all([
+    queue.collect(running, { signal: abort.signal }),
+    queue.collect(queued, { signal: abort.signal }),
+  ]).finally(() => clearTimeout(timer));
+  assert.deepEqual([a.result.exitCode, text(a.stdout)], [0, "out-a\n"]);
+  assert.deepEqual([b.result.exitCode, text(b.stdout)], [0, "out-b\n"]);
+  assert.equal(await Deno.readTextFile(join(q.workspace, "ran.log")), "a\nb\n");
+  queue.close();
 });
