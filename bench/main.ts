@@ -21,7 +21,7 @@
 import { parseArgs } from "node:util";
 import { queueSection } from "./queue_bench.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
-import { type BenchReport, Progress, renderJson, renderTable } from "./stats.ts";
+import { type BenchReport, machineLoad, Progress, renderJson, renderTable } from "./stats.ts";
 
 /** Every section, in run order. Append new sections (e.g. Docker) here. */
 export const SECTIONS: readonly Section[] = [queueSection];
@@ -170,8 +170,15 @@ if (import.meta.main) {
     Deno.exit(0);
   }
   try {
+    const before = machineLoad();
     const report = await runBench(options);
-    console.log(options.json ? renderJson(report) : renderTable(report).trimEnd());
+    const after = machineLoad();
+    if (options.json) {
+      console.log(renderJson(report));
+    } else {
+      console.log(renderTable(report).trimEnd());
+      if (before !== undefined) console.log(`\nmachine: ${before} before, ${after} after`);
+    }
   } catch (error) {
     console.error(`bench: failed: ${error instanceof Error ? error.stack : String(error)}`);
     Deno.exit(1);

@@ -13,12 +13,14 @@
  *   one `Queue` for a fixed time; `throughput_16_c4` is 16 loops against a
  *   runner with `--concurrency 4`.
  *
- * All files live under the context's root, so floor and queue share one
- * filesystem.
+ * `floor` and `queue_roundtrip` run interleaved, ten iterations at a time,
+ * so that their ratio compares like with like on a shared machine. All files
+ * live under the context's root, so floor and queue share one filesystem.
  *
  * @module
  */
 import { join } from "node:path";
+import type { DatabaseSync } from "node:sqlite";
 import { openDatabase, transaction } from "../lib/queue/connection.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { INBOUND_SCHEMA, OUTBOUND_SCHEMA } from "../lib/queue/schema.ts";
@@ -65,15 +67,13 @@ export const queueSection: Section = {
  */
 export async function runQueueSection(context: BenchContext): Promise<BenchReport> {
   const results: BenchResult[] = [];
-  if (context.wants("floor")) results.push(await measureFloor(context));
-
-  const serial = ["queue_roundtrip", "throughput_1", "throughput_4", "throughput_16"]
-    .filter((name) => context.wants(name));
-  if (serial.length > 0) {
+  const wantsQueue = ["queue_roundtrip", "throughput_1", "throughput_4", "throughput_16"]
+    .some((name) => context.wants(name));
+  if (!wantsQueue) {
+    if (context.wants("floor")) results.push(...await measureLatency(context, undefined));
+  } else {
     await withQueue(context, "queue", {}, async (queue, queueDir) => {
-      if (context.wants("queue_roundtrip")) {
-        results.push(await measureRoundtrip(context, queue, "queue_roundtrip"));
-      }
+      results.push(...await measureLatency(context, queue));
       for (const submitters of [1, 4, 16]) {
         const name = `throughput_${submitters}`;
         if (context.wants(name)) {
@@ -85,7 +85,7 @@ export async function runQueueSection(context: BenchContext): Promise<BenchRepor
   if (context.wants("throughput_16_c4")) {
     await withQueue(context, "queue_c4", { concurrency: 4 }, async (queue, queueDir) => {
       const result = await measureThroughput(context, queue, queueDir, "throughput_16_c4", 16);
-      result.note = `${result.note ?? ""}, runner --concurrency 4`.replace(/^, /, "");
+      result.note = `${result.note ?? ""}, runner --concurrency 4`;
       results.push(result);
     });
   }
@@ -115,46 +115,129 @@ export function queueRatios(results: readonly BenchResult[]): BenchRatio[] {
   ].filter((ratio): ratio is BenchRatio => ratio !== undefined);
 }
 
-/**
- * The floor: per iteration, a request commit to inbound.db, a "started" and
- * a result commit to outbound.db (fresh files, the queue's pragmas and
- * schema, `transaction()`), and one spawn of `true` from Deno.
- *
- * @param context Counts, root directory and progress.
- * @returns The `floor` result, with per-stage means in its details.
- */
-export async function measureFloor(context: BenchContext): Promise<BenchResult> {
-  const dir = join(context.root, "floor");
-  await Deno.mkdir(dir, { recursive: true });
-  const inbound = openDatabase(join(dir, "inbound.db"), { role: "owner", schema: INBOUND_SCHEMA });
-  const outbound = openDatabase(join(dir, "outbound.db"), {
-    role: "owner",
-    schema: OUTBOUND_SCHEMA,
-  });
-  const release = context.cleanup.add(() => {
-    inbound.close();
-    outbound.close();
-  });
-  try {
-    const insertRequest = inbound.prepare(
-      `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, created_at)
-       VALUES (?, ?, 'exec', ?, NULL, ?)`,
-    );
-    const insertStarted = outbound.prepare(
-      `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
-       VALUES (?1, 'started', ?2, ?3, ?3)`,
-    );
-    const insertResult = outbound.prepare(
-      "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, ?)",
-    );
-    const markDone = outbound.prepare("UPDATE states SET state = 'done' WHERE request_id = ?");
-    const bootId = crypto.randomUUID();
-    const payload = JSON.stringify({ argv: COMMAND });
+/** Iterations of one kind run back to back before switching to the other. */
+const BLOCK = 10;
 
-    const samples: number[] = [];
-    const stages: Record<string, number>[] = [];
+/**
+ * `floor` and `queue_roundtrip` (whichever are wanted), interleaved in
+ * blocks of ten iterations so that both see the same machine load: their
+ * ratio is what matters, and a shared machine drifts.
+ *
+ * @param context Counts, root directory, filter and progress.
+ * @param queue A queue with a live runner; undefined measures the floor only.
+ * @returns The wanted results, floor first.
+ */
+export async function measureLatency(
+  context: BenchContext,
+  queue: Queue | undefined,
+): Promise<BenchResult[]> {
+  const floor = context.wants("floor") ? openFloor(join(context.root, "floor")) : undefined;
+  const roundtrip = queue !== undefined && context.wants("queue_roundtrip") ? queue : undefined;
+  const release = context.cleanup.add(() => floor?.close());
+  try {
+    const floorSamples: Record<string, number>[] = [];
+    const roundtripSamples: Record<string, number>[] = [];
     const total = context.warmup + context.n;
-    for (let i = 0; i < total; i++) {
+    for (let block = 0; block < total; block += BLOCK) {
+      const size = Math.min(BLOCK, total - block);
+      if (floor !== undefined) {
+        for (let i = block; i < block + size; i++) {
+          const sample = await floor.iteration();
+          if (i < context.warmup) continue;
+          floorSamples.push(sample);
+          context.progress.step(
+            "floor",
+            floorSamples.length,
+            context.n,
+            () => `p50 ${median(floorSamples)}`,
+          );
+        }
+      }
+      if (roundtrip !== undefined) {
+        for (let i = block; i < block + size; i++) {
+          const sample = await roundtripIteration(roundtrip);
+          if (i % GC_EVERY === GC_EVERY - 1) await roundtrip.gc();
+          if (i < context.warmup) continue;
+          roundtripSamples.push(sample);
+          context.progress.step(
+            "queue_roundtrip",
+            roundtripSamples.length,
+            context.n,
+            () => `p50 ${median(roundtripSamples)}`,
+          );
+        }
+      }
+    }
+    const results: BenchResult[] = [];
+    if (floor !== undefined) {
+      results.push(summarizeStages("floor", floorSamples, "3 durable commits + spawn `true`"));
+    }
+    if (roundtrip !== undefined) {
+      const result = summarizeStages(
+        "queue_roundtrip",
+        roundtripSamples,
+        "submit → wait; ack timed apart",
+      );
+      const iteration = summarize("", roundtripSamples.map((sample) => sample.iteration!));
+      result.details = {
+        ...result.details,
+        iteration_p50: iteration.p50_ms,
+        iteration_p99: iteration.p99_ms,
+      };
+      results.push(result);
+    }
+    return results;
+  } finally {
+    await release();
+  }
+}
+
+/** The floor's two database files and its one iteration. */
+export interface FloorRig {
+  /**
+   * Three durable commits and one spawn.
+   *
+   * @returns `total` and each stage, in milliseconds.
+   */
+  iteration(): Promise<Record<string, number>>;
+  /** Closes both files. */
+  close(): void;
+}
+
+/**
+ * Opens a fresh pair of database files with the queue's schema and pragmas
+ * (`openDatabase`, owner role) for the floor.
+ *
+ * @param dir A new directory on the queue's filesystem.
+ * @returns The rig.
+ */
+export function openFloor(dir: string): FloorRig {
+  Deno.mkdirSync(dir, { recursive: true });
+  const inbound = openDatabase(join(dir, "inbound.db"), { role: "owner", schema: INBOUND_SCHEMA });
+  let outbound: DatabaseSync;
+  try {
+    outbound = openDatabase(join(dir, "outbound.db"), { role: "owner", schema: OUTBOUND_SCHEMA });
+  } catch (error) {
+    inbound.close();
+    throw error;
+  }
+  const insertRequest = inbound.prepare(
+    `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, created_at)
+     VALUES (?, ?, 'exec', ?, NULL, ?)`,
+  );
+  const insertStarted = outbound.prepare(
+    `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
+     VALUES (?1, 'started', ?2, ?3, ?3)`,
+  );
+  const insertResult = outbound.prepare(
+    "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, ?)",
+  );
+  const markDone = outbound.prepare("UPDATE states SET state = 'done' WHERE request_id = ?");
+  const bootId = crypto.randomUUID();
+  const payload = JSON.stringify({ argv: COMMAND });
+  let open = true;
+  return {
+    async iteration(): Promise<Record<string, number>> {
       const id = crypto.randomUUID();
       const t0 = now();
       transaction(inbound, () => insertRequest.run(id, id, payload, Date.now()));
@@ -170,79 +253,64 @@ export async function measureFloor(context: BenchContext): Promise<BenchResult> 
       });
       const t4 = now();
       if (!output.success) throw new Error(`'${COMMAND.join(" ")}' exited with ${output.code}`);
-      if (i >= context.warmup) {
-        samples.push(t4 - t0);
-        stages.push({
-          request_commit: t1 - t0,
-          started_commit: t2 - t1,
-          spawn: t3 - t2,
-          result_commit: t4 - t3,
-        });
-        context.progress.step("floor", samples.length, context.n);
-      }
-    }
-    return summarize("floor", samples, {
-      details: stageMeans(stages, "mean_"),
-      note: "3 durable commits + spawn `true`",
-    });
-  } finally {
-    await release();
-  }
+      return {
+        total: t4 - t0,
+        request_commit: t1 - t0,
+        started_commit: t2 - t1,
+        spawn: t3 - t2,
+        result_commit: t4 - t3,
+      };
+    },
+    close(): void {
+      if (!open) return;
+      open = false;
+      inbound.close();
+      outbound.close();
+    },
+  };
 }
 
 /**
- * Sequential round trips: `submit` → `wait` (the measured latency), then
- * `ack` (timed separately). Per-stage means come from the result's own
- * timestamps (`startedAt`/`endedAt`, epoch ms from the runner's clock).
+ * One sequential round trip: `submit` → `wait` (`total`), then `ack`
+ * (timed apart). The runner-side stages come from the result's own epoch-ms
+ * stamps (`startedAt`/`endedAt`), so only their means are meaningful.
  *
- * @param context Counts and progress.
  * @param queue A queue with a live runner.
- * @param name The result's name.
- * @returns The result; details hold stage means and the submit→wait→ack iteration p50.
+ * @returns `total`, `iteration` (with the ack) and the stages, in milliseconds.
  */
-export async function measureRoundtrip(
-  context: BenchContext,
-  queue: Queue,
+export async function roundtripIteration(queue: Queue): Promise<Record<string, number>> {
+  const wall0 = Date.now();
+  const t0 = now();
+  const id = await queue.submit({ argv: COMMAND });
+  const t1 = now();
+  const result = await queue.wait(id);
+  const t2 = now();
+  const wall2 = Date.now();
+  await queue.ack(id);
+  const t3 = now();
+  requireSuccess(result);
+  return {
+    total: t2 - t0,
+    iteration: t3 - t0,
+    submit: t1 - t0,
+    submit_to_spawn: (result.startedAt ?? Number.NaN) - wall0,
+    exec: result.durationMs,
+    exec_end_to_result: wall2 - result.endedAt,
+    ack: t3 - t2,
+  };
+}
+
+// A result from samples that carry `total` plus per-stage times.
+function summarizeStages(
   name: string,
-): Promise<BenchResult> {
-  const samples: number[] = [];
-  const iterations: number[] = [];
-  const stages: Record<string, number>[] = [];
-  const total = context.warmup + context.n;
-  for (let i = 0; i < total; i++) {
-    const wall0 = Date.now();
-    const t0 = now();
-    const id = await queue.submit({ argv: COMMAND });
-    const t1 = now();
-    const result = await queue.wait(id);
-    const t2 = now();
-    const wall2 = Date.now();
-    await queue.ack(id);
-    const t3 = now();
-    requireSuccess(result);
-    if (i >= context.warmup) {
-      samples.push(t2 - t0);
-      iterations.push(t3 - t0);
-      stages.push({
-        submit: t1 - t0,
-        // Epoch-ms stamps from two processes: only their means are meaningful.
-        submit_to_spawn: (result.startedAt ?? Number.NaN) - wall0,
-        exec: result.durationMs,
-        exec_end_to_result: wall2 - result.endedAt,
-        ack: t3 - t2,
-      });
-      context.progress.step(name, samples.length, context.n, () => `p50 ${median(samples)}`);
-    }
-    if (i % GC_EVERY === GC_EVERY - 1) await queue.gc();
-  }
-  const iteration = summarize("iteration", iterations);
-  return summarize(name, samples, {
-    details: {
-      ...stageMeans(stages, "mean_"),
-      iteration_p50: iteration.p50_ms,
-      iteration_p99: iteration.p99_ms,
-    },
-    note: "submit → wait; ack timed apart",
+  samples: readonly Record<string, number>[],
+  note: string,
+): BenchResult {
+  // `iteration` (round trip plus ack) is reported as percentiles, not as a stage.
+  const stages = samples.map(({ total: _total, iteration: _iteration, ...rest }) => rest);
+  return summarize(name, samples.map((sample) => sample.total!), {
+    details: stageMeans(stages, "mean_"),
+    note,
   });
 }
 
@@ -286,6 +354,7 @@ export async function measureThroughput(
   await Promise.all(Array.from({ length: submitters }, loop));
   const elapsed = now() - start;
   const completed = latencies.length;
+  context.progress.done(name, `${completed} requests in ${(elapsed / 1000).toFixed(1)} s`);
   const hostCommits = queue.commits - hostCommitsBefore;
   const inboundCommits = changeCounter(join(queueDir, "inbound.db")) - inboundBefore;
   const outboundCommits = changeCounter(join(queueDir, "outbound.db")) - outboundBefore;
@@ -387,6 +456,6 @@ function requireSuccess(result: ExecResult): void {
   }
 }
 
-function median(samples: readonly number[]): string {
-  return `${summarize("", samples).p50_ms.toFixed(2)} ms`;
+function median(samples: readonly Record<string, number>[]): string {
+  return `${summarize("", samples.map((sample) => sample.total!)).p50_ms.toFixed(2)} ms`;
 }

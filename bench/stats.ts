@@ -243,7 +243,8 @@ export class Progress {
   }
 
   /**
-   * Reports a time-based step.
+   * Reports a time-based step (throttled; never the final line, see
+   * {@linkcode Progress.done}).
    *
    * @param name The case.
    * @param elapsedMs Time spent so far.
@@ -260,8 +261,18 @@ export class Progress {
     this.#emit(
       name,
       () => `${(elapsedMs / 1000).toFixed(1)}/${(totalMs / 1000).toFixed(1)} s${suffix(detail)}`,
-      elapsedMs >= totalMs,
+      false,
     );
+  }
+
+  /**
+   * Reports that a case finished (never throttled).
+   *
+   * @param name The case.
+   * @param detail What it measured, e.g. `p50 3.1 ms`.
+   */
+  done(name: string, detail: string): void {
+    this.#emit(name, () => `done${suffix(detail)}`, true);
   }
 
   /**
@@ -290,6 +301,21 @@ export class Progress {
  */
 export function now(): number {
   return performance.now();
+}
+
+/**
+ * The 1-minute load average and CPU count, to judge how quiet the machine
+ * was (benchmarks on a shared machine drift).
+ *
+ * @returns E.g. `load 0.42 on 2 CPUs`, or undefined where `/proc/loadavg` is missing.
+ */
+export function machineLoad(): string | undefined {
+  try {
+    const load = Deno.readTextFileSync("/proc/loadavg").split(" ")[0];
+    return `load ${load} on ${navigator.hardwareConcurrency} CPUs`;
+  } catch {
+    return undefined;
+  }
 }
 
 function suffix(detail: string | (() => string)): string {

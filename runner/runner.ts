@@ -7,7 +7,7 @@
  * @module
  */
 import { RunnerError, UsageError } from "../lib/errors.ts";
-import { messageOf } from "../lib/queue/connection.ts";
+import { isBusyError, messageOf } from "../lib/queue/connection.ts";
 import {
   DEFAULT_OUTPUT_CAP,
   type ExecResult,
@@ -53,6 +53,12 @@ const FLUSH_MS = 50;
 const FLUSH_BYTES = 256 * 1024;
 /** Orphan reaping interval (descendants that escaped and then died). */
 const REAP_MS = 1000;
+/** First pause before a write is tried again after a lock timeout; doubles up to the max. */
+const RECORD_RETRY_MS = 250;
+const RECORD_RETRY_MAX_MS = 5000;
+
+/** Output not yet durable, in per-stream order. */
+type Chunk = { stream: StreamName; seq: number; data: Uint8Array };
 
 const BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
@@ -140,22 +146,48 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     post(heartbeat, { type: "update", idleSince });
   };
 
+  // Writes a result together with the output not yet durable (one group
+  // commit). A lock held past busy_timeout (the host, an operator's sqlite3,
+  // a slow mount) is waited out: giving up would leave the request without a
+  // result while this runner keeps heartbeating, so its host would wait
+  // forever. Only a stopping runner gives up; the next one reports a started
+  // request as interrupted.
+  const record = async (result: ExecResult, unsent: Chunk[] = []): Promise<void> => {
+    const id = result.requestId;
+    let chunks = unsent;
+    try {
+      await retryBusy(`the result of '${id}'`, stop.signal, async () => {
+        const [wrote, finished] = await Promise.allSettled([
+          chunks.length === 0 ? Promise.resolve() : queue.appendChunks(id, chunks),
+          queue.finish(result),
+        ]);
+        if (wrote.status === "fulfilled") chunks = [];
+        if (finished.status === "rejected") throw finished.reason;
+        // Same transaction as the result: only a bad row (not a lock) fails alone.
+        if (wrote.status === "rejected") {
+          logLine(`cannot record the last output of '${id}': ${messageOf(wrote.reason)}`);
+        }
+      });
+    } catch (error) {
+      logLine(`cannot record the result of '${id}': ${messageOf(error)}`);
+    }
+  };
+
   const execute = async (request: InboundRequest): Promise<void> => {
     const entry: Running = { request, abort: new AbortController() };
     running.set(request.id, entry);
     try {
-      await queue.finish(
-        await runOne(queue, request, {
-          bootId,
-          workspace,
-          abort: entry.abort.signal,
-          claimOrphans: concurrency === 1,
-        }),
-      );
+      const { result, unsent } = await runOne(queue, request, {
+        bootId,
+        workspace,
+        abort: entry.abort.signal,
+        claimOrphans: concurrency === 1,
+      });
+      await record(result, unsent);
     } catch (error) {
-      // The result could not be written (e.g. busy past the timeout): the
-      // request stays "started" and a later runner reports it interrupted.
-      logLine(`cannot record result of '${request.id}': ${messageOf(error)}`);
+      // "started" could not be written: the request stays "accepted" until a
+      // later runner runs it.
+      logLine(`cannot run '${request.id}': ${messageOf(error)}`);
     } finally {
       running.delete(request.id);
       kick.abort();
@@ -167,23 +199,23 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   };
   // Reads new requests, cancels and acks. A failed read (e.g. a lock held
   // past busy_timeout) is retried on the next turn rather than lost.
-  const poll = async (): Promise<void> => {
+  const poll = (): void => {
     const fresh = queue.newRequests();
-    for (const request of fresh.filter((r) => r.payload === undefined)) {
-      await queue.finish(resultOf(request.id, { error: `Invalid request: ${request.invalid}` }));
-    }
+    // The cursor moved past `fresh`: from here on nothing of it may be dropped.
     const valid = fresh.filter((request) => request.payload !== undefined);
     if (valid.length > 0) {
       waiting.push(...valid);
       queue.accept(valid.map((request) => request.id), bootId).catch(onWriteError("acceptance"));
+    }
+    for (const request of fresh.filter((r) => r.payload === undefined)) {
+      void record(resultOf(request.id, { error: `Invalid request: ${request.invalid}` }));
     }
     for (const id of queue.cancelled([...waiting.map((r) => r.id), ...running.keys()])) {
       running.get(id)?.abort.abort("cancel");
       const index = waiting.findIndex((request) => request.id === id);
       if (index >= 0) {
         waiting.splice(index, 1);
-        queue.finish(resultOf(id, { cancelled: true, error: "Cancelled before it started" }))
-          .catch(onWriteError(`cancellation of '${id}'`));
+        void record(resultOf(id, { cancelled: true, error: "Cancelled before it started" }));
       }
     }
     queue.collectAcked().catch(onWriteError("garbage collection"));
@@ -195,7 +227,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       if (retry || queue.inboundChanged()) {
         retry = false;
         try {
-          await poll();
+          poll();
         } catch (error) {
           retry = true;
           logLine(`cannot read the queue, retrying: ${messageOf(error)}`);
@@ -247,14 +279,16 @@ interface RunOneOptions {
   claimOrphans: boolean;
 }
 
-// Validates, marks started (durably), runs, and returns the result. Chunks
-// are appended through the group commit, so the last ones share the result's
-// transaction.
+// Validates, marks started (durably), runs, and returns the result with the
+// output not yet durable. Chunks are appended through the group commit, one
+// write at a time; a failed write is kept and sent again ahead of newer
+// output, so the host never sees a gap, and the last chunks share the
+// result's transaction.
 async function runOne(
   queue: RunnerQueue,
   request: InboundRequest,
   options: RunOneOptions,
-): Promise<ExecResult> {
+): Promise<{ result: ExecResult; unsent: Chunk[] }> {
   const payload = request.payload!;
   let cwd: string;
   let env: Record<string, string>;
@@ -266,30 +300,60 @@ async function runOne(
       request.id,
     );
   } catch (error) {
-    if (error instanceof UsageError) return resultOf(request.id, { error: error.message });
+    if (error instanceof UsageError) {
+      return { result: resultOf(request.id, { error: error.message }), unsent: [] };
+    }
     throw error;
   }
-  await queue.start(request.id, options.bootId);
+  try {
+    await retryBusy(
+      `the start of '${request.id}'`,
+      options.abort,
+      () => queue.start(request.id, options.bootId),
+    );
+  } catch (error) {
+    if (!options.abort.aborted) throw error;
+  }
   if (options.abort.aborted) {
-    return resultOf(request.id, {
-      interrupted: true,
-      error: "The runner stopped before this request started",
-    });
+    const cancelled = options.abort.reason !== "interrupt";
+    return {
+      result: resultOf(request.id, {
+        ...(cancelled ? { cancelled } : { interrupted: true }),
+        error: cancelled
+          ? "Cancelled before it started"
+          : "The runner stopped before this request started",
+      }),
+      unsent: [],
+    };
   }
 
   const seq: Record<StreamName, number> = { stdout: 0, stderr: 0 };
-  let buffered: { stream: StreamName; seq: number; data: Uint8Array }[] = [];
+  let buffered: Chunk[] = [];
   let bufferedBytes = 0;
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let writing: Promise<void> | undefined;
   const flush = (): void => {
     clearTimeout(timer);
     timer = undefined;
-    if (buffered.length === 0) return;
-    queue.appendChunks(request.id, buffered).catch((error) =>
-      logLine(`cannot record output of '${request.id}': ${messageOf(error)}`)
-    );
+    if (buffered.length === 0 || writing !== undefined) return;
+    const batch = buffered;
     buffered = [];
     bufferedBytes = 0;
+    writing = queue.appendChunks(request.id, batch).then(
+      () => {
+        writing = undefined;
+        if (buffered.length > 0) {
+          timer ??= setTimeout(flush, bufferedBytes >= FLUSH_BYTES ? 0 : FLUSH_MS);
+        }
+      },
+      (error) => {
+        logLine(`cannot record output of '${request.id}' yet, retrying: ${messageOf(error)}`);
+        buffered = [...batch, ...buffered];
+        bufferedBytes = buffered.reduce((n, chunk) => n + chunk.data.byteLength, 0);
+        writing = undefined;
+        timer ??= setTimeout(flush, FLUSH_MS);
+      },
+    );
   };
   const onOutput = (stream: StreamName, data: Uint8Array): void => {
     // exec.ts already splits at MAX_CHUNK_BYTES; this guards the protocol limit.
@@ -311,8 +375,12 @@ async function runOne(
     ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
     outputCap: payload.outputCap ?? DEFAULT_OUTPUT_CAP,
   }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
-  flush();
-  return {
+  // The output left over (and any a failed write gave back) goes with the result.
+  clearTimeout(timer);
+  timer = undefined;
+  await writing;
+  clearTimeout(timer);
+  const result: ExecResult = {
     requestId: request.id,
     exitCode: outcome.exitCode,
     signal: outcome.signal,
@@ -328,6 +396,25 @@ async function runOne(
     durationMs: Math.max(0, outcome.endedAt - outcome.startedAt),
     error: outcome.error === null ? null : outcome.error.slice(0, 4096),
   };
+  return { result, unsent: buffered };
+}
+
+// Runs a write again while it fails on a lock held past busy_timeout (the
+// host, an operator's sqlite3, a slow mount), until `signal` aborts.
+async function retryBusy<T>(
+  what: string,
+  signal: AbortSignal,
+  write: () => Promise<T>,
+): Promise<T> {
+  for (let pause = RECORD_RETRY_MS;; pause = Math.min(pause * 2, RECORD_RETRY_MAX_MS)) {
+    try {
+      return await write();
+    } catch (error) {
+      if (!isBusyError(error) || signal.aborted) throw error;
+      logLine(`cannot record ${what} yet, retrying: ${messageOf(error)}`);
+      await new Promise((resolve) => setTimeout(resolve, pause));
+    }
+  }
 }
 
 /**

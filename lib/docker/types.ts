@@ -218,6 +218,8 @@ export interface ContainerHostConfig {
   AutoRemove: boolean;
   /** Privileged mode. */
   Privileged: boolean;
+  /** Log driver and its options; `Type` is `""` when the daemon reported none. */
+  LogConfig: { Type: string; Config: Record<string, string> };
 }
 
 /** One entry of a container inspect's top-level `Mounts` (what is actually mounted). */
@@ -409,6 +411,12 @@ export const containerInspectSchema: z.ZodType<ContainerInspect> = z.object({
     Init: z.boolean().nullish().transform((v): boolean | null => v ?? null),
     AutoRemove: flag,
     Privileged: flag,
+    LogConfig: z.object({ Type: text, Config: labels }).nullish().transform((
+      v,
+    ): { Type: string; Config: Record<string, string> } => ({
+      Type: v?.Type ?? "",
+      Config: v?.Config ?? {},
+    })),
   }),
   Mounts: z.array(z.object({
     Type: text,

@@ -9,13 +9,14 @@
  * @module
  */
 import type { SandboxConfig } from "../config/config.ts";
-import { DockerConflictError, type DockerClient } from "../docker/mod.ts";
+import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
 import { DockerError, RunnerError } from "../errors.ts";
 import { runnerAlive } from "../host_backend.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 import { containerSpec, LABELS } from "./posture.ts";
+import { stateExists } from "./state_dir.ts";
 
 /** What ensure had to do. */
 export type EnsureAction = "reused" | "started" | "created" | "recreated";
@@ -71,7 +72,10 @@ export function incompatibility(
   if (state.Dead || state.Status === "dead") return "dead";
   if (state.Restarting || state.Status === "restarting") return "restarting";
   if (state.Status === "removing") return "being removed";
-  if (container.Image !== expected.imageId || container.Config.Labels[LABELS.image] !== expected.imageId) {
+  if (
+    container.Image !== expected.imageId ||
+    container.Config.Labels[LABELS.image] !== expected.imageId
+  ) {
     return "image changed";
   }
   if (container.Config.Labels[LABELS.posture] !== expected.postureHash) return "posture changed";
@@ -99,9 +103,18 @@ export async function ensureContainer(
   let action: EnsureAction = "reused";
 
   if (container !== null) {
-    const reason = incompatibility(container, { imageId, postureHash: spec.postureHash });
+    // The name is derived from (tenant, user) only, so another WAFFLE_HOME on
+    // this daemon may hold it: never replace a live sandbox of another home.
+    const foreign = !ownedBy(container, paths.root);
+    if (foreign) refuseForeign(container, spec.name, paths.root);
+    const reason = foreign
+      ? "its WAFFLE_HOME state is gone"
+      : incompatibility(container, { imageId, postureHash: spec.postureHash });
     if (reason !== undefined) {
-      if (container.State.Running && !container.State.Paused) await drain(queue, options.drainTimeoutMs);
+      // Drain our own queue only: a foreign orphan's requests are not ours to wait for.
+      if (!foreign && container.State.Running && !container.State.Paused) {
+        await drain(queue, options.drainTimeoutMs);
+      }
       await docker.removeContainer(container.Id, { force: true });
       container = null;
       action = "recreated";
@@ -119,6 +132,9 @@ export async function ensureContainer(
       if (!(error instanceof DockerConflictError)) throw error;
       const adopted = await docker.inspectContainer(spec.name);
       if (adopted === null) throw error;
+      if (!ownedBy(adopted, paths.root)) {
+        refuseForeign(adopted, spec.name, paths.root, { orphanToo: true });
+      }
       id = adopted.Id;
     }
     await docker.startContainer(id);
@@ -142,6 +158,53 @@ export async function ensureContainer(
   return { containerId: container.Id, imageId, action: "started" };
 }
 
+/**
+ * Whether a container's `waffle.state` label names this sandbox's state root
+ * (the same directory, however spelled).
+ *
+ * @param container The container.
+ * @param root The sandbox's state root.
+ * @returns True when it is this sandbox's container.
+ */
+export function ownedBy(
+  container: { Config: { Labels: Record<string, string> } },
+  root: string,
+): boolean {
+  const owner = container.Config.Labels[LABELS.state];
+  if (owner === undefined || owner === "") return false;
+  if (owner === root) return true;
+  try {
+    return Deno.realPathSync(owner) === Deno.realPathSync(root);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Throws unless a container holding this sandbox's name is an orphan of a
+ * waffle home whose state directory is gone (safe to replace).
+ *
+ * @param container The container found under the sandbox's name.
+ * @param name The name.
+ * @param root This sandbox's state root.
+ * @param options `orphanToo`: refuse orphans as well (nothing may be adopted from another home).
+ * @throws {DockerError} When the container belongs to another live home or is not waffle's.
+ */
+function refuseForeign(
+  container: ContainerInspect,
+  name: string,
+  root: string,
+  options: { orphanToo?: boolean } = {},
+): void {
+  const owner = container.Config.Labels[LABELS.state] ?? "";
+  if (owner !== "" && !options.orphanToo && !stateExists(owner)) return;
+  throw new DockerError(
+    `Container '${name}' belongs to ${
+      owner === "" ? "no waffle sandbox" : `the sandbox state '${owner}'`
+    }, not '${root}' (the same tenant and user under another WAFFLE_HOME?); refusing to replace it`,
+  );
+}
+
 // Waits for a heartbeat from a runner booted after `before`.
 async function waitReady(
   docker: DockerClient,
@@ -159,13 +222,19 @@ async function waitReady(
         throw new RunnerError(
           `Runner container '${id.slice(0, 12)}' stopped during start (exit code ${
             state?.State.ExitCode ?? "unknown"
-          }${state?.State.Error ? `: ${state.State.Error}` : ""}); see 'docker logs ${id.slice(0, 12)}'`,
+          }${state?.State.Error ? `: ${state.State.Error}` : ""}); see 'docker logs ${
+            id.slice(0, 12)
+          }'`,
         );
       }
     }
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
-  throw new RunnerError(`Runner in container '${id.slice(0, 12)}' sent no heartbeat within ${Math.round((options.timeoutMs ?? 60_000) / 1000)} s`);
+  throw new RunnerError(
+    `Runner in container '${id.slice(0, 12)}' sent no heartbeat within ${
+      Math.round((options.timeoutMs ?? 60_000) / 1000)
+    } s`,
+  );
 }
 
 // A recycle must not kill a command another host is waiting for.
@@ -174,7 +243,9 @@ async function drain(queue: Queue, timeoutMs = 600_000): Promise<void> {
   while (queue.inFlight().length > 0) {
     if (Date.now() > deadline) {
       throw new RunnerError(
-        `Cannot recycle the sandbox: ${queue.inFlight().length} request(s) still running after ${timeoutMs / 1000} s`,
+        `Cannot recycle the sandbox: ${queue.inFlight().length} request(s) still running after ${
+          timeoutMs / 1000
+        } s`,
       );
     }
     await new Promise((resolve) => setTimeout(resolve, 50));

@@ -10,8 +10,8 @@ import type { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
 import type { Heartbeat } from "../queue/protocol.ts";
 import { Queue } from "../queue/queue.ts";
-import { incompatibility } from "./ensure.ts";
-import { sandboxKey, type SandboxKey, statePaths } from "./identity.ts";
+import { incompatibility, ownedBy } from "./ensure.ts";
+import { type SandboxKey, sandboxKey, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec, LABELS } from "./posture.ts";
 import { stateExists } from "./state_dir.ts";
@@ -117,9 +117,20 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
   const image = await docker.inspectImage(config.image);
   const actions: SweepAction[] = [];
   const running: { status: SandboxStatus; key: SandboxKey }[] = [];
-  for (const status of await listSandboxes(docker, options.now === undefined ? { config } : { config, now: options.now })) {
+  for (
+    const status of await listSandboxes(
+      docker,
+      options.now === undefined ? { config } : { config, now: options.now },
+    )
+  ) {
     const record = (action: SweepAction["action"], reason: string): void => {
-      actions.push({ tenant: status.tenant, user: status.user, containerId: status.containerId, action, reason });
+      actions.push({
+        tenant: status.tenant,
+        user: status.user,
+        containerId: status.containerId,
+        action,
+        reason,
+      });
     };
     const key = sandboxKey(status.tenant, status.user);
     const paths = statePaths(config.home, key);
@@ -143,12 +154,19 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
         imageId: image.id,
         postureHash: containerSpec(key, { config, imageId: image.id, paths }).postureHash,
       };
-      const reason = expected === undefined ? "image missing" : incompatibility(container, expected);
-      if (reason !== undefined && !(busy && (reason === "image changed" || reason === "posture changed"))) {
+      const reason = expected === undefined
+        ? "image missing"
+        : incompatibility(container, expected);
+      if (
+        reason !== undefined &&
+        !(busy && (reason === "image changed" || reason === "posture changed"))
+      ) {
         await docker.removeContainer(container.Id, { force: true });
         return record("removed", reason);
       }
-      if (!container.State.Running) return record("kept", `not running (${container.State.Status})`);
+      if (!container.State.Running) {
+        return record("kept", `not running (${container.State.Status})`);
+      }
       if (busy) return record("kept", "request in flight");
       if (idleMs > 0 && status.idleMs !== null && status.idleMs >= idleMs) {
         await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
@@ -208,7 +226,10 @@ export async function stopSandbox(
   const paths = statePaths(options.config.home, key);
   return await withLock(paths.lock, async () => {
     const container = await docker.inspectContainer(key.containerName);
-    if (container === null) throw new UsageError(`No sandbox for user '${key.user}' of tenant '${key.tenant}'`);
+    // The name may be held by the same (tenant, user) of another WAFFLE_HOME: not ours.
+    if (container === null || !ownedBy(container, paths.root)) {
+      throw new UsageError(`No sandbox for user '${key.user}' of tenant '${key.tenant}'`);
+    }
     return await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
   });
 }
@@ -228,7 +249,10 @@ export async function removeSandbox(
 ): Promise<boolean> {
   const paths = statePaths(options.config.home, key);
   return await withLock(paths.lock, async () => {
-    const removed = await docker.removeContainer(key.containerName, { force: true });
+    // The name may be held by the same (tenant, user) of another WAFFLE_HOME: leave that one.
+    const container = await docker.inspectContainer(key.containerName);
+    const removed = container !== null && ownedBy(container, paths.root) &&
+      await docker.removeContainer(container.Id, { force: true });
     if (options.purge) await Deno.remove(paths.root, { recursive: true }).catch(() => {});
     return removed;
   });

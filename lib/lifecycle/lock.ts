@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { dirname } from "node:path";
 
 /**
  * Runs `fn` while holding the lock file's exclusive lock.
@@ -15,6 +16,8 @@
  * @returns What `fn` returned.
  */
 export async function withLock<T>(path: string, fn: () => Promise<T>): Promise<T> {
+  // `waffle stop`/`rm` may run against a home that never held a sandbox.
+  await Deno.mkdir(dirname(path), { recursive: true, mode: 0o700 });
   const file = await Deno.open(path, { read: true, write: true, create: true, mode: 0o600 });
   try {
     await file.lock(true);

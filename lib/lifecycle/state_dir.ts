@@ -46,21 +46,28 @@ export function prepareState(paths: StatePaths): void {
   } catch (cause) {
     Deno.removeSync(staging, { recursive: true });
     // Another process won the race to create it: theirs is complete.
-    if (cause instanceof Deno.errors.AlreadyExists || /not empty|exists/i.test(messageOf(cause))) return;
-    throw new QueueError(`Cannot create sandbox state '${paths.root}': ${messageOf(cause)}`, { cause });
+    if (cause instanceof Deno.errors.AlreadyExists || /not empty|exists/i.test(messageOf(cause))) {
+      return;
+    }
+    throw new QueueError(`Cannot create sandbox state '${paths.root}': ${messageOf(cause)}`, {
+      cause,
+    });
   }
 }
 
 /**
- * Whether a sandbox's state directory still exists.
+ * Whether a sandbox's state directory still exists. Only a definite "not
+ * there" counts as gone: a path this process may not look into (another
+ * user's home) is reported as existing, so sweep never mistakes someone
+ * else's live sandbox for an orphan.
  *
  * @param root The state root.
- * @returns True when it is a directory.
+ * @returns False when it is missing or not a directory.
  */
 export function stateExists(root: string): boolean {
   try {
     return Deno.statSync(root).isDirectory;
-  } catch {
-    return false;
+  } catch (error) {
+    return !(error instanceof Deno.errors.NotFound || error instanceof Deno.errors.NotADirectory);
   }
 }

@@ -1,0 +1,218 @@
+/**
+ * Helpers for live sandbox tests: a temporary `WAFFLE_HOME` whose disposal
+ * force-removes every container labelled with a state path under it (and
+ * only those: other homes' containers on the same daemon are left alone),
+ * plus small wrappers to run commands through a sandbox's queue and the CLI
+ * as a child process.
+ *
+ * @module
+ */
+import type { SandboxConfig } from "../lib/config/config.ts";
+import type { DockerClient } from "../lib/docker/mod.ts";
+import type { ContainerSummary } from "../lib/docker/types.ts";
+import { LABELS } from "../lib/lifecycle/posture.ts";
+import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { ExecResult } from "../lib/queue/protocol.ts";
+import type { SubmitOptions } from "../lib/queue/queue.ts";
+import { runCliProcess, text } from "./_helpers.ts";
+
+/** The runner image the live tests use (`WAFFLE_IMAGE` is honoured by the config too). */
+export const TEST_IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest";
+
+/** A command's outcome with its output as text. */
+export interface Ran {
+  result: ExecResult;
+  stdout: string;
+  stderr: string;
+}
+
+/** The `config.json` fields a test home may set. */
+export type HomeConfig = Partial<Omit<SandboxConfig, "home">>;
+
+/** A temporary waffle home; `await using` it so its containers are removed. */
+export interface TestHome {
+  /** Absolute path of the home (a fresh temp dir). */
+  readonly home: string;
+  /** The client connected to the daemon that answered the gate. */
+  readonly docker: DockerClient;
+  /**
+   * Opens a sandbox under this home (closed on disposal).
+   *
+   * @param user User id.
+   * @param options Tenant and config overrides (home is always this one).
+   */
+  open(user: string, options?: { tenant?: string; config?: HomeConfig }): Sandbox;
+  /**
+   * Runs the CLI from source as a child process with `WAFFLE_HOME` set to this home.
+   *
+   * @param args CLI arguments.
+   * @param env Extra environment.
+   */
+  cli(
+    args: string[],
+    env?: Record<string, string>,
+  ): Promise<{ code: number; stdout: string; stderr: string }>;
+  /** Every container (running or not) labelled with a state path under this home. */
+  containers(): Promise<ContainerSummary[]>;
+  /** Removes this home's containers and the directory. */
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/**
+ * A user id unique to this test run, so concurrent test runs on the same
+ * daemon (which share container names per (tenant, user)) never collide.
+ *
+ * @param prefix Readable part.
+ * @returns `prefix-xxxxxxxx`.
+ */
+export function uniqueUser(prefix: string): string {
+  return `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+}
+
+/**
+ * Whether a container's `waffle.state` label lies under a home.
+ *
+ * @param summary The container.
+ * @param home The waffle home.
+ * @returns True when it belongs to that home.
+ */
+export function underHome(summary: { Labels: Record<string, string> }, home: string): boolean {
+  return (summary.Labels[LABELS.state] ?? "").startsWith(`${home}/`);
+}
+
+/**
+ * Every container labelled with a state path under `home`.
+ *
+ * @param docker The client.
+ * @param home The waffle home.
+ * @returns Their summaries.
+ */
+export async function homeContainers(
+  docker: DockerClient,
+  home: string,
+): Promise<ContainerSummary[]> {
+  const all = await docker.listContainers({ all: true, labels: [LABELS.state] });
+  return all.filter((summary) => underHome(summary, home));
+}
+
+/**
+ * Force-removes every container labelled with a state path under `home`.
+ *
+ * @param docker The client.
+ * @param home The waffle home.
+ * @returns How many were removed.
+ */
+export async function removeHomeContainers(docker: DockerClient, home: string): Promise<number> {
+  let removed = 0;
+  for (const summary of await homeContainers(docker, home)) {
+    if (await docker.removeContainer(summary.Id, { force: true }).catch(() => false)) removed++;
+  }
+  return removed;
+}
+
+/**
+ * Creates a temporary waffle home, optionally with a `config.json` (which CLI
+ * child processes read as well, so their posture matches the test's).
+ *
+ * @param docker The client.
+ * @param config Written to `config.json` when given.
+ * @returns The home; dispose it in a `finally` (or `await using`).
+ */
+export async function tempHome(docker: DockerClient, config?: HomeConfig): Promise<TestHome> {
+  const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-live-" }));
+  if (config !== undefined) await Deno.writeTextFile(`${home}/config.json`, JSON.stringify(config));
+  const opened: Sandbox[] = [];
+  return {
+    home,
+    docker,
+    open(user, options = {}): Sandbox {
+      const sandbox = openSandbox(user, {
+        ...(options.tenant === undefined ? {} : { tenant: options.tenant }),
+        config: { ...config, ...options.config, home },
+        docker,
+      });
+      opened.push(sandbox);
+      return sandbox;
+    },
+    cli: (args, env = {}) => runCliProcess(args, { env: { WAFFLE_HOME: home, ...env } }),
+    containers: () => homeContainers(docker, home),
+    async [Symbol.asyncDispose](): Promise<void> {
+      for (const sandbox of opened) {
+        try {
+          sandbox.close();
+        } catch {
+          // Already closed.
+        }
+      }
+      try {
+        await removeHomeContainers(docker, home);
+      } finally {
+        await Deno.remove(home, { recursive: true }).catch(() => {});
+      }
+    },
+  };
+}
+
+/**
+ * Submits through the sandbox (ensure + submit under its lock) and collects,
+ * reviving the runner as `waffle exec` does (a runner may idle-exit just as a
+ * request lands).
+ *
+ * @param sandbox The sandbox.
+ * @param request A shell command line or full submit options.
+ * @returns Result and output text.
+ */
+export async function run(sandbox: Sandbox, request: string | SubmitOptions): Promise<Ran> {
+  const id = await sandbox.submit(typeof request === "string" ? { shell: request } : request);
+  const { result, stdout, stderr } = await sandbox.queue.collect(id, {
+    revive: () => sandbox.ensure(),
+  });
+  await sandbox.queue.ack(id);
+  return { result, stdout: text(stdout), stderr: text(stderr) };
+}
+
+/**
+ * Runs a command that must succeed and returns its stdout.
+ *
+ * @param sandbox The sandbox.
+ * @param shell The command line.
+ * @returns Its stdout.
+ */
+export async function runOk(sandbox: Sandbox, shell: string): Promise<string> {
+  const ran = await run(sandbox, shell);
+  if (ran.result.exitCode !== 0) {
+    throw new Error(
+      `'${shell}' failed: ${
+        JSON.stringify(ran.result)
+      }\nstdout: ${ran.stdout}\nstderr: ${ran.stderr}`,
+    );
+  }
+  return ran.stdout;
+}
+
+/**
+ * Runs the docker CLI (tests may; the product never does).
+ *
+ * @param args Arguments.
+ * @param stdin Bytes for stdin.
+ * @returns Exit code and output.
+ */
+export async function dockerCli(
+  args: string[],
+  stdin?: string,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const child = new Deno.Command("docker", {
+    args,
+    stdin: stdin === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+    env: { DOCKER_BUILDKIT: "0" },
+  }).spawn();
+  if (stdin !== undefined) {
+    const writer = child.stdin.getWriter();
+    await writer.write(new TextEncoder().encode(stdin));
+    await writer.close();
+  }
+  const out = await child.output();
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}

@@ -1,0 +1,477 @@
+/**
+ * The sandbox's security posture, live: every point asserted from Docker's
+ * inspect (what was asked for) and from inside the container through the
+ * queue (what a command actually gets). Plus the input validation that
+ * guards it: bind-mount sources, tenant/user ids, working directories, and
+ * no fallback to unsandboxed execution on any error.
+ *
+ * Every live test uses its own temporary WAFFLE_HOME and removes its
+ * containers (those labelled with state paths under that home) in `finally`.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import type { DockerClient } from "../lib/docker/mod.ts";
+import type { ContainerInspect } from "../lib/docker/types.ts";
+import { DockerError, UsageError } from "../lib/errors.ts";
+import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
+import { bind, containerSpec, hostCanChown, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
+import { loadConfig } from "../lib/config/config.ts";
+import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
+import { liveTest } from "./_docker_gate.ts";
+import { runCliProcess } from "./_helpers.ts";
+import { run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
+
+const MiB = 1024 * 1024;
+/** Variables the posture always sets; anything else in the container env came from the allowlist. */
+const FIXED_ENV = ["PATH", "HOME", "DENO_DIR", "DENO_NO_UPDATE_CHECK", "NO_COLOR"];
+const EXPECTED_UID = hostCanChown() ? SANDBOX_UID : Deno.uid();
+
+async function inspect(docker: DockerClient, sandbox: Sandbox): Promise<ContainerInspect> {
+  const id = sandbox.lastEnsure?.containerId;
+  assert.ok(id, "the sandbox was ensured");
+  const container = await docker.inspectContainer(id);
+  assert.ok(container, `container ${id} exists`);
+  return container;
+}
+
+/** Every readable `/proc/<pid>/environ` in the container, NULs as newlines, one block per pid. */
+const ENVIRON_DUMP =
+  `for f in /proc/[0-9]*/environ; do if [ -r "$f" ]; then echo "== $f"; tr '\\000' '\\n' < "$f"; echo; fi; done`;
+
+/** The first readable cgroup file (v2 name, then v1 name). */
+function cgroupRead(v2: string, v1: string): string {
+  return `cat /sys/fs/cgroup/${v2} 2>/dev/null || cat /sys/fs/cgroup/${v1}`;
+}
+
+// Mount points (from /proc/self/mountinfo) that are writable and backed by a
+// real filesystem rather than a kernel pseudo-fs or tmpfs.
+function writableHostMounts(mountinfo: string): string[] {
+  const pseudo = new Set(["proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2"]);
+  const out: string[] = [];
+  for (const line of mountinfo.trim().split("\n")) {
+    const [left, right] = line.split(" - ");
+    const fields = left!.split(" ");
+    const fstype = right!.split(" ")[0]!;
+    const point = fields[4]!;
+    const options = fields[5]!.split(",");
+    if (!pseudo.has(fstype) && options.includes("rw")) out.push(point);
+  }
+  return out.sort();
+}
+
+// ---------------------------------------------------------------------------
+// Unit tests (no daemon): mount validation and the posture hash.
+
+Deno.test("posture.bind rejects relative paths, NUL, ':' and '..'", () => {
+  for (const source of ["relative/dir", "/a\0b", "/a:b", "/a/../b", "/a/..", "../a", ""]) {
+    assert.throws(() => bind(source, "/x", false), UsageError, JSON.stringify(source));
+  }
+  const mount = bind("/usr/bin", "/opt/x", true);
+  assert.deepEqual(mount, { Type: "bind", Source: "/usr/bin", Target: "/opt/x", ReadOnly: true });
+});
+
+Deno.test("posture.bind rejects a state path that resolves outside the state dir", async () => {
+  const root = await Deno.makeTempDir({ prefix: "waffle-bind-" });
+  try {
+    const state = join(root, "state");
+    const outside = join(root, "outside");
+    await Deno.mkdir(join(state, "queue"), { recursive: true });
+    await Deno.mkdir(outside);
+    await Deno.symlink(outside, join(state, "escape"));
+    await Deno.symlink("/etc", join(state, "etc"));
+    assert.equal(bind(join(state, "queue"), "/queue", false, state).Source, join(state, "queue"));
+    assert.equal(bind(state, "/queue", false, state).Source, state);
+    assert.throws(() => bind(join(state, "escape"), "/queue", false, state), UsageError);
+    assert.throws(() => bind(join(state, "etc"), "/queue", false, state), /resolves outside/);
+    assert.throws(() => bind(outside, "/queue", false, state), /resolves outside/);
+    // A sibling whose name merely starts with the state dir's name is outside too.
+    await Deno.mkdir(`${state}-twin`);
+    assert.throws(() => bind(`${state}-twin`, "/queue", false, state), /resolves outside/);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
+Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks security settings", async () => {
+  const home = await Deno.makeTempDir({ prefix: "waffle-spec-" });
+  try {
+    const key = sandboxKey("t", "u");
+    const paths = statePaths(home, key);
+    await Deno.mkdir(paths.queue, { recursive: true });
+    await Deno.mkdir(paths.workspace, { recursive: true });
+    const config = loadConfig({ home });
+    const spec = containerSpec(key, { config, imageId: "sha256:abc", paths });
+    const host = spec.body.HostConfig!;
+    assert.equal(host.ReadonlyRootfs, true);
+    assert.deepEqual(host.CapDrop, ["ALL"]);
+    assert.deepEqual(host.SecurityOpt, ["no-new-privileges"]);
+    assert.equal(host.NetworkMode, "none");
+    assert.equal(host.PidsLimit, 256);
+    assert.equal(host.Privileged, false);
+    assert.equal(host.Init, true);
+    assert.deepEqual(host.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}` });
+    assert.deepEqual(
+      spec.body.User,
+      `${EXPECTED_UID}:${hostCanChown() ? SANDBOX_UID : Deno.gid()}`,
+    );
+    assert.equal(host.Binds, undefined);
+    const same = containerSpec(key, { config, imageId: "sha256:abc", paths });
+    assert.equal(same.postureHash, spec.postureHash);
+    for (
+      const change of [{ pidsLimit: 512 }, { network: "bridge" as const }, { tmpBytes: 8 * MiB }]
+    ) {
+      const other = containerSpec(key, {
+        config: { ...config, ...change },
+        imageId: "sha256:abc",
+        paths,
+      });
+      assert.notEqual(other.postureHash, spec.postureHash, JSON.stringify(change));
+    }
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});
+
+// ---------------------------------------------------------------------------
+// Live: the default posture, from inspect and from inside.
+
+liveTest(
+  "security posture (defaults): inspect and inside the container agree",
+  async (docker, t) => {
+    const secret = `leak-${crypto.randomUUID()}`;
+    Deno.env.set("WAFFLE_SECRET_TEST", secret);
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    try {
+      const sandbox = home.open(uniqueUser("sec"));
+      await sandbox.ensure();
+      const c = await inspect(docker, sandbox);
+      const host = c.HostConfig;
+
+      await t.step("runs as the unprivileged sandbox user", async () => {
+        assert.notEqual(EXPECTED_UID, 0);
+        assert.match(c.Config.User, new RegExp(`^${EXPECTED_UID}:`));
+        assert.equal(host.Privileged, false);
+        assert.equal((await runOk(sandbox, "id -u")).trim(), String(EXPECTED_UID));
+        assert.notEqual((await runOk(sandbox, "id -g")).trim(), "0");
+      });
+
+      await t.step("read-only root filesystem", async () => {
+        assert.equal(host.ReadonlyRootfs, true);
+        for (const path of ["/x", "/usr/x", "/etc/x", "/opt/waffle/x"]) {
+          const ran = await run(sandbox, `touch ${path}`);
+          assert.notEqual(ran.result.exitCode, 0, path);
+          assert.match(ran.stderr, /Read-only file system|Permission denied/, path);
+        }
+        const line = (await runOk(sandbox, "awk '$2 == \"/\"' /proc/mounts")).trim();
+        assert.match(line.split(" ")[3]!, /^ro(,|$)/);
+      });
+
+      await t.step("/tmp is a bounded noexec tmpfs", async () => {
+        assert.deepEqual(host.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}` });
+        assert.equal(await runOk(sandbox, "echo ok > /tmp/w && cat /tmp/w"), "ok\n");
+        const mount = (await runOk(sandbox, "awk '$2 == \"/tmp\"' /proc/mounts")).trim().split(" ");
+        assert.equal(mount[2], "tmpfs");
+        for (const flag of ["noexec", "nosuid", "nodev"]) {
+          assert.ok(mount[3]!.split(",").includes(flag), flag);
+        }
+        const script = await run(
+          sandbox,
+          "printf '#!/bin/sh\\necho script-ran\\n' > /tmp/s.sh && chmod +x /tmp/s.sh && /tmp/s.sh",
+        );
+        assert.equal(script.result.exitCode, 126, script.stderr);
+        assert.doesNotMatch(script.stdout, /script-ran/);
+        const binary = await run(sandbox, "cp /bin/busybox /tmp/bb && /tmp/bb echo binary-ran");
+        assert.equal(binary.result.exitCode, 126, binary.stderr);
+        assert.doesNotMatch(binary.stdout, /binary-ran/);
+        const df = (await runOk(sandbox, "df -k /tmp | tail -n 1")).trim().split(/\s+/);
+        assert.equal(Number(df[1]), (256 * MiB) / 1024, `df: ${df.join(" ")}`);
+      });
+
+      await t.step("all capabilities dropped", async () => {
+        assert.deepEqual(host.CapDrop, ["ALL"]);
+        assert.deepEqual(host.CapAdd, []);
+        const status = await runOk(sandbox, "cat /proc/self/status");
+        for (const field of ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"]) {
+          assert.match(status, new RegExp(`^${field}:\\s+0000000000000000$`, "m"), field);
+        }
+      });
+
+      await t.step("no-new-privileges", async () => {
+        assert.ok(host.SecurityOpt.includes("no-new-privileges"), host.SecurityOpt.join(","));
+        assert.match(await runOk(sandbox, "cat /proc/self/status"), /^NoNewPrivs:\s+1$/m);
+      });
+
+      await t.step("pids, memory and CPU limits", async () => {
+        assert.equal(host.PidsLimit, 256);
+        assert.equal(host.Memory, 1024 * MiB);
+        assert.equal(host.MemorySwap, 1024 * MiB);
+        assert.equal(host.NanoCpus, 1e9);
+        const pids = (await runOk(sandbox, cgroupRead("pids.max", "pids/pids.max"))).trim();
+        assert.equal(pids, "256");
+        const memory =
+          (await runOk(sandbox, cgroupRead("memory.max", "memory/memory.limit_in_bytes"))).trim();
+        assert.equal(Number(memory), 1024 * MiB);
+      });
+
+      await t.step("bounded json-file logs", () => {
+        assert.equal(host.LogConfig.Type, "json-file");
+        assert.equal(host.LogConfig.Config["max-size"], "1m");
+        assert.equal(host.LogConfig.Config["max-file"], "2");
+      });
+
+      await t.step("no network", async () => {
+        assert.equal(host.NetworkMode, "none");
+        const ifaces = (await runOk(sandbox, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"))
+          .trim().split("\n");
+        assert.deepEqual(ifaces, ["lo"]);
+        const nc = await run(sandbox, "nc -w 2 1.1.1.1 80 </dev/null");
+        assert.notEqual(nc.result.exitCode, 0);
+        assert.match(nc.stderr, /unreachable|can't connect/i);
+        const wget = await run(sandbox, "wget -q -T 2 -O /dev/null http://1.1.1.1/");
+        assert.notEqual(wget.result.exitCode, 0);
+      });
+
+      await t.step("no Docker socket and no host mounts besides state and program", async () => {
+        assert.deepEqual(host.Binds, []);
+        for (const m of c.Mounts) assert.doesNotMatch(m.Source, /docker\.sock/);
+        const ran = await run(sandbox, "ls -d /var/run/docker.sock /run/docker.sock");
+        assert.notEqual(ran.result.exitCode, 0);
+        assert.doesNotMatch(ran.stdout, /docker\.sock/);
+      });
+
+      await t.step("mounts: only /queue and /workspace writable, program read-only", async () => {
+        const writable = c.Mounts.filter((m) => m.RW).map((m) => m.Destination).sort();
+        assert.deepEqual(writable, ["/queue", "/workspace"]);
+        const byTarget = new Map(c.Mounts.map((m) => [m.Destination, m]));
+        assert.equal(byTarget.get("/queue")?.Source, sandbox.paths.queue);
+        assert.equal(byTarget.get("/workspace")?.Source, sandbox.paths.workspace);
+        for (const m of c.Mounts) {
+          if (!m.RW) assert.match(m.Destination, /^\/opt\/waffle\//, m.Destination);
+        }
+        assert.ok(
+          c.Mounts.some((m) => m.Destination.startsWith("/opt/waffle/")),
+          "program mounted",
+        );
+        for (const m of host.Mounts) {
+          if (m.Target === "/queue" || m.Target === "/workspace") {
+            assert.ok(m.Source!.startsWith(`${sandbox.paths.root}/`), m.Source);
+            assert.notEqual(m.ReadOnly, true);
+          } else assert.equal(m.ReadOnly, true, m.Target);
+        }
+        const mountinfo = await runOk(sandbox, "cat /proc/self/mountinfo");
+        assert.deepEqual(writableHostMounts(mountinfo), ["/queue", "/workspace"]);
+        for (const path of ["/opt/waffle/src/main.ts", "/opt/waffle/src/new-file"]) {
+          const ran = await run(sandbox, `touch ${path}`);
+          assert.notEqual(ran.result.exitCode, 0, path);
+        }
+        assert.equal(await runOk(sandbox, "echo w > /workspace/w && cat /workspace/w"), "w\n");
+      });
+
+      await t.step("no host environment reaches the container", async () => {
+        assert.ok(!c.Config.Env.some((entry) => entry.includes(secret)), c.Config.Env.join(" "));
+        const extra = c.Config.Env.map((entry) => entry.split("=")[0]!).filter((name) =>
+          !FIXED_ENV.includes(name)
+        );
+        assert.deepEqual(extra, [], "nothing beyond the fixed environment without an allowlist");
+        const env = await runOk(sandbox, "env");
+        assert.doesNotMatch(env, /WAFFLE_SECRET_TEST|leak-/);
+        const environ = await runOk(sandbox, ENVIRON_DUMP);
+        // docker-init (pid 1), the runner and this shell at least.
+        assert.ok((environ.match(/^== /gm) ?? []).length >= 3, environ);
+        assert.match(environ, /^== \/proc\/1\/environ$/m);
+        assert.doesNotMatch(environ, /WAFFLE_SECRET_TEST|leak-/);
+      });
+
+      await t.step("cwd is validated: outside the workspace nothing runs", async () => {
+        for (const cwd of ["../..", "/etc", "/", "..", "/workspace/../etc"]) {
+          const ran = await run(sandbox, { shell: "touch /workspace/cwd-ran", cwd });
+          assert.equal(ran.result.exitCode, null, cwd);
+          assert.equal(ran.result.startedAt, null, cwd);
+          assert.match(ran.result.error ?? "", /outside the workspace/, cwd);
+        }
+        await runOk(sandbox, "ln -s /etc /workspace/etc-link && mkdir -p /workspace/sub");
+        const link = await run(sandbox, { shell: "touch /workspace/cwd-ran", cwd: "etc-link" });
+        assert.equal(link.result.exitCode, null);
+        assert.match(link.result.error ?? "", /resolves outside the workspace/);
+        const missing = await run(sandbox, { shell: "touch /workspace/cwd-ran", cwd: "nope" });
+        assert.match(missing.result.error ?? "", /does not exist/);
+        await assert.rejects(
+          () => Deno.stat(join(sandbox.paths.workspace, "cwd-ran")),
+          Deno.errors.NotFound,
+        );
+        // A valid subdirectory works.
+        assert.equal(
+          await run(sandbox, { shell: "pwd", cwd: "sub" }).then((r) => r.stdout),
+          "/workspace/sub\n",
+        );
+      });
+    } finally {
+      Deno.env.delete("WAFFLE_SECRET_TEST");
+    }
+  },
+);
+
+liveTest(
+  "security posture follows the config: limits, tmpfs size, env allowlist",
+  async (docker) => {
+    const secret = `leak-${crypto.randomUUID()}`;
+    const foo = `foo-${crypto.randomUUID().slice(0, 8)}`;
+    Deno.env.set("WAFFLE_SECRET_TEST", secret);
+    Deno.env.set("FOO", foo);
+    await using home = await tempHome(docker, {
+      idleSeconds: 120,
+      pidsLimit: 64,
+      memoryBytes: 256 * MiB,
+      cpus: 0.5,
+      tmpBytes: 24 * MiB,
+      envAllowlist: ["FOO"],
+    });
+    try {
+      const sandbox = home.open(uniqueUser("limits"));
+      await sandbox.ensure();
+      const c = await inspect(docker, sandbox);
+      assert.equal(c.HostConfig.PidsLimit, 64);
+      assert.equal(c.HostConfig.Memory, 256 * MiB);
+      assert.equal(c.HostConfig.MemorySwap, 256 * MiB);
+      assert.equal(c.HostConfig.NanoCpus, 5e8);
+      assert.deepEqual(c.HostConfig.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${24 * MiB}` });
+
+      // Inside: the kernel enforces what inspect says.
+      assert.equal((await runOk(sandbox, cgroupRead("pids.max", "pids/pids.max"))).trim(), "64");
+      assert.equal(
+        Number(
+          (await runOk(sandbox, cgroupRead("memory.max", "memory/memory.limit_in_bytes"))).trim(),
+        ),
+        256 * MiB,
+      );
+      const quota = (await runOk(
+        sandbox,
+        "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)",
+      )).trim().split(/\s+/).map(Number);
+      assert.equal(quota[0]! / quota[1]!, 0.5, `cpu quota ${quota.join("/")}`);
+      const df = (await runOk(sandbox, "df -k /tmp | tail -n 1")).trim().split(/\s+/);
+      assert.equal(Number(df[1]), (24 * MiB) / 1024);
+      const fill = await run(
+        sandbox,
+        "dd if=/dev/zero of=/tmp/big bs=1M count=32; rc=$?; rm -f /tmp/big; exit $rc",
+      );
+      assert.notEqual(fill.result.exitCode, 0);
+      assert.match(fill.stderr, /No space left on device/);
+
+      // The pids limit stops a fork flood; the runner survives and cleans up.
+      const flood = await run(sandbox, "i=0; while [ $i -lt 100 ]; do sleep 60 & i=$((i+1)); done");
+      assert.match(flood.stderr, /can't fork|Resource temporarily unavailable/);
+      assert.doesNotMatch(await runOk(sandbox, "ps -o args"), /sleep 60/);
+
+      // Env: the allowlisted variable only.
+      const extra = c.Config.Env.filter((entry) => !FIXED_ENV.includes(entry.split("=")[0]!));
+      assert.deepEqual(extra, [`FOO=${foo}`]);
+      const environ = await runOk(sandbox, ENVIRON_DUMP);
+      assert.match(environ, new RegExp(`^FOO=${foo}$`, "m"));
+      assert.doesNotMatch(environ, /WAFFLE_SECRET_TEST|leak-/);
+    } finally {
+      Deno.env.delete("WAFFLE_SECRET_TEST");
+      Deno.env.delete("FOO");
+    }
+  },
+);
+
+// ---------------------------------------------------------------------------
+// Live: validation before anything is created, and no fallback.
+
+const BAD_IDS = ["", "../x", "a/b", "a:b", "-lead", ".dot", "a b", "a\0b", "x".repeat(129), "é"];
+
+liveTest("bad tenant or user ids: UsageError and nothing created", async (docker) => {
+  await using home = await tempHome(docker);
+  for (const bad of BAD_IDS) {
+    assert.throws(
+      () => openSandbox(bad, { config: { home: home.home }, docker }),
+      UsageError,
+      JSON.stringify(bad),
+    );
+    assert.throws(
+      () => openSandbox("ok", { tenant: bad, config: { home: home.home }, docker }),
+      UsageError,
+      JSON.stringify(bad),
+    );
+  }
+  const cli = await home.cli(["exec", "--user", "../evil", "--", "true"]);
+  assert.equal(cli.code, 125);
+  assert.match(cli.stderr, /^waffle: Invalid user id '\.\.\/evil'/);
+  assert.equal(cli.stderr.trim().split("\n").length, 1);
+  const tenant = await home.cli(["exec", "--user", "ok", "--tenant", "a/b", "--", "true"]);
+  assert.equal(tenant.code, 125);
+  assert.match(tenant.stderr, /Invalid tenant id/);
+  // Nothing on disk, nothing on the daemon.
+  const entries = [...Deno.readDirSync(home.home)].map((e) => e.name);
+  assert.deepEqual(entries, []);
+  assert.deepEqual(await home.containers(), []);
+});
+
+liveTest(
+  "no fallback to unsandboxed execution: missing image, unreachable daemon",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const marker = join(home.home, "ran-on-host");
+    const user = uniqueUser("nofallback");
+
+    const missing = await home.cli([
+      "exec",
+      "--user",
+      user,
+      "--image",
+      "waffle-missing:1",
+      "--",
+      "sh",
+      "-c",
+      `touch ${marker}`,
+    ]);
+    assert.equal(missing.code, 125, missing.stderr);
+    assert.equal(missing.stdout, "");
+    assert.match(missing.stderr, /^waffle: Image 'waffle-missing:1' not found/);
+    assert.equal(missing.stderr.trim().split("\n").length, 1, missing.stderr);
+    await assert.rejects(() => Deno.stat(marker), Deno.errors.NotFound);
+    assert.deepEqual(await home.containers(), []);
+
+    // The library: the submit fails, the request was never written.
+    const sandbox = home.open(user, { config: { image: "waffle-missing:1" } });
+    await assert.rejects(() => sandbox.submit({ shell: `touch ${marker}` }), DockerError);
+    const inbound = new DatabaseSync(queuePaths(sandbox.paths.queue).inbound, { readOnly: true });
+    try {
+      assert.deepEqual({ ...inbound.prepare("SELECT count(*) AS n FROM requests").get() }, {
+        n: 0,
+      });
+    } finally {
+      inbound.close();
+    }
+    await assert.rejects(() => Deno.stat(marker), Deno.errors.NotFound);
+
+    // No daemon at all.
+    const unreachable = await home.cli(
+      ["exec", "--user", user, "--", "sh", "-c", `touch ${marker}`],
+      { DOCKER_HOST: `unix://${home.home}/no-docker.sock` },
+    );
+    assert.equal(unreachable.code, 125, unreachable.stderr);
+    assert.equal(unreachable.stderr.trim().split("\n").length, 1, unreachable.stderr);
+    assert.match(unreachable.stderr, /^waffle: Docker daemon unavailable/);
+    await assert.rejects(() => Deno.stat(marker), Deno.errors.NotFound);
+
+    // An unknown backend is refused, never silently replaced.
+    const backend = await runCliProcess([
+      "exec",
+      "--backend",
+      "nope",
+      "--",
+      "sh",
+      "-c",
+      `touch ${marker}`,
+    ]);
+    assert.equal(backend.code, 125);
+    await assert.rejects(() => Deno.stat(marker), Deno.errors.NotFound);
+    assert.deepEqual(await home.containers(), []);
+  },
+);
