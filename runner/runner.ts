@@ -62,6 +62,28 @@ type Chunk = { stream: StreamName; seq: number; data: Uint8Array };
 
 const BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
+/**
+ * The environment every command starts from: a fixed minimum plus the
+ * variables named in `WAFFLE_PASS_ENV` (the config's allowlist, which the
+ * host passed into the container). Never the runner's whole environment.
+ *
+ * @param workspace The workspace root (HOME).
+ * @returns The base environment.
+ */
+export function commandBaseEnv(workspace: string): Record<string, string> {
+  const env: Record<string, string> = {
+    PATH: BASE_PATH,
+    HOME: workspace,
+    LANG: "C.UTF-8",
+    TMPDIR: "/tmp",
+  };
+  for (const name of (Deno.env.get("WAFFLE_PASS_ENV") ?? "").split(",")) {
+    const value = name === "" ? undefined : Deno.env.get(name);
+    if (value !== undefined) env[name] = value;
+  }
+  return env;
+}
+
 interface Running {
   request: InboundRequest;
   abort: AbortController;
@@ -84,6 +106,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const concurrency = Math.max(1, options.concurrency ?? 1);
   const idleExitMs = options.idleExitMs ?? 0;
   const workspace = Deno.realPathSync(options.workspace);
+  const baseEnv = commandBaseEnv(workspace);
 
   const waiting: InboundRequest[] = [];
   const running = new Map<string, Running>();
@@ -180,6 +203,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       const { result, unsent } = await runOne(queue, request, {
         bootId,
         workspace,
+        baseEnv,
         abort: entry.abort.signal,
         claimOrphans: concurrency === 1,
       });
@@ -275,6 +299,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
 interface RunOneOptions {
   bootId: string;
   workspace: string;
+  baseEnv: Record<string, string>;
   abort: AbortSignal;
   claimOrphans: boolean;
 }
@@ -295,7 +320,7 @@ async function runOne(
   try {
     cwd = resolveCwd(options.workspace, payload.cwd);
     env = buildEnv(
-      { PATH: BASE_PATH, HOME: options.workspace, LANG: "C.UTF-8", TMPDIR: "/tmp" },
+      options.baseEnv,
       payload.env,
       request.id,
     );

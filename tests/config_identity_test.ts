@@ -11,12 +11,14 @@ import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
 import { prepareState } from "../lib/lifecycle/state_dir.ts";
 
 Deno.test("sandboxKey() is deterministic and length-prefixed, so ids never collide", () => {
-  const a = sandboxKey("ab", "c");
-  const b = sandboxKey("a", "bc");
+  const home = { home: "/var/lib/waffle" };
+  const a = sandboxKey("ab", "c", home);
+  const b = sandboxKey("a", "bc", home);
   assert.notEqual(a.hash, b.hash);
-  assert.equal(sandboxKey("ab", "c").containerName, a.containerName);
-  assert.match(a.containerName, /^waffle-[0-9a-f]{24}$/);
-  assert.notEqual(sandboxKey("t1", "alice").hash, sandboxKey("t2", "alice").hash);
+  assert.equal(sandboxKey("ab", "c", home).containerName, a.containerName);
+  assert.match(a.containerName, /^waffle-[0-9a-f]{8}-[0-9a-f]{24}$/);
+  assert.notEqual(sandboxKey("t1", "alice", home).hash, sandboxKey("t2", "alice", home).hash);
+  assert.notEqual(sandboxKey("ab", "c", { home: "/other" }).containerName, a.containerName);
 });
 
 Deno.test("sandboxKey() rejects bad tenant and user ids with the value quoted", () => {
@@ -27,7 +29,7 @@ Deno.test("sandboxKey() rejects bad tenant and user ids with the value quoted", 
     ], ["t", "ü"]]
   ) {
     assert.throws(
-      () => sandboxKey(tenant!, user!),
+      () => sandboxKey(tenant!, user!, { home: "/h" }),
       (error: unknown) =>
         error instanceof UsageError && error.message.includes(`'`) && !error.message.endsWith("."),
       `${tenant}/${user}`,
@@ -84,7 +86,7 @@ Deno.test("loadConfig() names the bad file, field or variable in one line", asyn
 Deno.test("containerSpec() posture hash changes with every security setting, not with identity", async () => {
   const home = await Deno.makeTempDir();
   try {
-    const key = sandboxKey("t", "u");
+    const key = sandboxKey("t", "u", { home });
     const paths = statePaths(home, key);
     prepareState(paths);
     const config = loadConfig({ home });
@@ -123,7 +125,7 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
 Deno.test("prepareState() creates the state directory whole, with the documented modes", async () => {
   const home = await Deno.makeTempDir();
   try {
-    const paths = statePaths(home, sandboxKey("t", "u"));
+    const paths = statePaths(home, sandboxKey("t", "u", { home }));
     prepareState(paths);
     prepareState(paths); // idempotent
     assert.equal(Deno.statSync(paths.root).mode! & 0o7777, 0o700);

@@ -14,7 +14,6 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
-import { DockerError } from "../lib/errors.ts";
 import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
@@ -157,7 +156,7 @@ liveTest(
     for (const out of outs) assert.equal(out.code, 0, out.stderr);
     const hostnames = new Set(outs.map((out) => out.stdout.trim()));
     assert.equal(hostnames.size, 1, [...hostnames].join(", "));
-    const key = sandboxKey("default", user);
+    const key = sandboxKey("default", user, { home: home.home });
     const labelled = await docker.listContainers({
       all: true,
       labels: [`${LABELS.key}=${key.hash}`],
@@ -287,7 +286,10 @@ liveTest(
   async (docker) => {
     await using home = await tempHome(docker, { idleSeconds: 120 });
     const user = uniqueUser("sigkill");
-    const log = join(statePaths(home.home, sandboxKey("default", user)).workspace, "log");
+    const log = join(
+      statePaths(home.home, sandboxKey("default", user, { home: home.home })).workspace,
+      "log",
+    );
     const self = selfCommand();
     const child = new Deno.Command(self.executable, {
       args: [
@@ -487,7 +489,8 @@ liveTest("waffle ps --json, stop and rm --purge", async (docker) => {
   assert.equal(stopEmpty.stderr, `waffle: No sandbox for user '${user}' of tenant '${tenant}'\n`);
   const rmEmpty = await empty.cli(["rm", "--user", user, "--tenant", tenant, "--purge"]);
   assert.equal(rmEmpty.code, 0, rmEmpty.stderr);
-  assert.equal(rmEmpty.stdout, `no container ${sandbox.key.containerName} (state purged)\n`);
+  const emptyName = sandboxKey(tenant, user, { home: empty.home }).containerName;
+  assert.equal(rmEmpty.stdout, `no container ${emptyName} (state purged)\n`);
 });
 
 liveTest(
@@ -569,29 +572,19 @@ liveTest(
     });
     const idA = a.lastEnsure!.containerId;
 
-    await assert.rejects(() => b.ensure(), (error: unknown) => {
-      assert.ok(error instanceof DockerError, String(error));
-      assert.match(error.message, /another WAFFLE_HOME/);
-      return true;
-    });
-    assert.equal(
-      await stopSandbox(docker, b.key, { config: b.config }).catch((e) => e.name),
-      "UsageError",
-    );
-    assert.equal(await removeSandbox(docker, b.key, { config: b.config }), false);
+    // Each home has its own container: B's ensure, stop and rm never touch A's.
+    assert.notEqual(b.key.containerName, a.key.containerName);
+    assert.equal(await runOk(b, "echo b"), "b\n");
+    assert.notEqual(b.lastEnsure!.containerId, idA);
+    assert.equal(await stopSandbox(docker, b.key, { config: b.config }), true);
+    assert.equal(await removeSandbox(docker, b.key, { config: b.config }), true);
     const result = await a.queue.collect(running);
     assert.equal(new TextDecoder().decode(result.stdout), "a-done\n");
     assert.equal(result.result.exitCode, 0);
     assert.equal((await docker.inspectContainer(idA))!.State.Running, true);
     assert.equal(await runOk(a, "echo a"), "a\n");
     assert.equal(a.lastEnsure!.containerId, idA);
-
-    // Once home A's state is gone, its container is an orphan that B may replace.
-    await Deno.remove(a.paths.root, { recursive: true });
-    assert.equal(await runOk(b, "echo b"), "b\n");
-    assert.equal(b.lastEnsure!.action, "recreated");
-    assert.notEqual(b.lastEnsure!.containerId, idA);
-    assert.equal(await docker.inspectContainer(idA), null);
+    assert.equal(await runOk(b, "echo b again"), "b again\n");
     const owner =
       (await docker.inspectContainer(b.lastEnsure!.containerId))!.Config.Labels[LABELS.state];
     assert.equal(owner, b.paths.root);

@@ -253,17 +253,28 @@ liveTest(
       const holdMs = BUSY_TIMEOUT_MS + HEARTBEAT_INTERVAL_MS;
       const lock = lockExclusive(paths.outbound);
       let resultsUnderLock: number;
+      const count = (): unknown =>
+        JSON.stringify(lock.db.prepare("SELECT request_id, created_at FROM results").all()) +
+        JSON.stringify(lock.db.prepare("SELECT * FROM states").all());
+      const ino = Deno.statSync(paths.outbound).ino;
+      const locks = (): string =>
+        Deno.readTextFileSync("/proc/locks").split("\n").filter((l) => l.includes(`:${ino} `))
+          .join(" | ");
+      const diag: string[] = [`at lock ${Date.now()} ${count()} ${locks()}`];
       try {
         await Deno.writeTextFile(go, "");
         await waitForCommandExit(docker, containerOf(sandbox), "line-$i");
+        diag.push(`after exit ${Date.now()} ${count()} ${locks()}`);
         // Past the runner's busy timeout: its first writes fail, it must not give up.
         await delay(holdMs);
         resultsUnderLock = Number(
           (lock.db.prepare("SELECT count(*) AS n FROM results").get() as { n: number }).n,
         );
+        diag.push(`before release ${Date.now()} ${count()} ${locks()} pid ${Deno.pid}`);
       } finally {
         lock.release();
       }
+      if (resultsUnderLock !== 0) console.log("DIAG", diag.join("\n"));
       // The heartbeat was blocked too; let it catch up before waiting on the result.
       await waitFor(() => {
         const beat = sandbox.queue.heartbeat();

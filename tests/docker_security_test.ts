@@ -27,7 +27,14 @@ import { run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 const MiB = 1024 * 1024;
 /** Variables the posture always sets; anything else in the container env came from the allowlist. */
-const FIXED_ENV = ["PATH", "HOME", "DENO_DIR", "DENO_NO_UPDATE_CHECK", "NO_COLOR"];
+const FIXED_ENV = [
+  "PATH",
+  "HOME",
+  "DENO_DIR",
+  "DENO_NO_UPDATE_CHECK",
+  "NO_COLOR",
+  "WAFFLE_PASS_ENV",
+];
 const EXPECTED_UID = hostCanChown() ? SANDBOX_UID : Deno.uid();
 
 async function inspect(docker: DockerClient, sandbox: Sandbox): Promise<ContainerInspect> {
@@ -99,7 +106,7 @@ Deno.test("posture.bind rejects a state path that resolves outside the state dir
 Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks security settings", async () => {
   const home = await Deno.makeTempDir({ prefix: "waffle-spec-" });
   try {
-    const key = sandboxKey("t", "u");
+    const key = sandboxKey("t", "u", { home });
     const paths = statePaths(home, key);
     await Deno.mkdir(paths.queue, { recursive: true });
     await Deno.mkdir(paths.workspace, { recursive: true });
@@ -373,6 +380,10 @@ liveTest(
       const environ = await runOk(sandbox, ENVIRON_DUMP);
       assert.match(environ, new RegExp(`^FOO=${foo}$`, "m"));
       assert.doesNotMatch(environ, /WAFFLE_SECRET_TEST|leak-/);
+      // ...and the commands see it too (and still not the secret).
+      const commandEnv = await runOk(sandbox, "env");
+      assert.match(commandEnv, new RegExp(`^FOO=${foo}$`, "m"));
+      assert.doesNotMatch(commandEnv, /WAFFLE_SECRET_TEST|leak-/);
     } finally {
       Deno.env.delete("WAFFLE_SECRET_TEST");
       Deno.env.delete("FOO");

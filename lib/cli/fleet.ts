@@ -160,7 +160,7 @@ function keyOf(
   user: string | undefined,
 ): ReturnType<typeof sandboxKey> {
   if (user === undefined) throw new UsageError("Missing --user U");
-  return sandboxKey(tenant ?? "default", user);
+  return sandboxKey(tenant ?? "default", user, { home: loadConfig().home });
 }
 
 function noPositionals(positionals: string[]): void {

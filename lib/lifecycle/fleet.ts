@@ -132,7 +132,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
         reason,
       });
     };
-    const key = sandboxKey(status.tenant, status.user);
+    const key = sandboxKey(status.tenant, status.user, { home: config.home });
     const paths = statePaths(config.home, key);
     if (status.statePath !== paths.root) {
       // Labelled by another waffle home: not ours to judge beyond removal of orphans.

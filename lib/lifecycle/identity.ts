@@ -13,7 +13,11 @@ export interface SandboxKey {
   user: string;
   /** Hex SHA-256 of the length-prefixed pair: collision-free across separators. */
   hash: string;
-  /** Deterministic container name. */
+  /**
+   * Deterministic container name: `waffle-<home fingerprint>-<pair hash>`.
+   * The home is part of it so two waffle installations (or test homes) on
+   * one daemon can never adopt, recycle or remove each other's containers.
+   */
   containerName: string;
 }
 
@@ -25,21 +29,25 @@ const ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
  *
  * @param tenant Tenant id.
  * @param user User id.
+ * @param options `home`: the `WAFFLE_HOME` the sandbox belongs to.
  * @returns The key.
  * @throws {UsageError} When an id has characters outside `A-Z a-z 0-9 . _ @ + -` or is longer than 128.
  */
-export function sandboxKey(tenant: string, user: string): SandboxKey {
+export function sandboxKey(tenant: string, user: string, options: { home: string }): SandboxKey {
   for (const [what, value] of [["tenant", tenant], ["user", user]] as const) {
     if (!ID.test(value)) {
       throw new UsageError(
-        `Invalid ${what} id '${value.slice(0, 140)}': use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit`,
+        `Invalid ${what} id '${
+          value.slice(0, 140)
+        }': use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit`,
       );
     }
   }
   const hash = createHash("sha256")
     .update(`${tenant.length}:${tenant}|${user.length}:${user}`)
     .digest("hex");
-  return { tenant, user, hash, containerName: `waffle-${hash.slice(0, 24)}` };
+  const home = createHash("sha256").update(options.home).digest("hex").slice(0, 8);
+  return { tenant, user, hash, containerName: `waffle-${home}-${hash.slice(0, 24)}` };
 }
 
 /** Host paths of one sandbox's state. */

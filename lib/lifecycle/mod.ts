@@ -5,9 +5,9 @@
  * @module
  */
 export { ensureContainer, type Ensured, incompatibility, resolveImage } from "./ensure.ts";
-export { sandboxKey, type SandboxKey, type StatePaths, statePaths } from "./identity.ts";
+export { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 export { withLock } from "./lock.ts";
-export { bind, containerSpec, type ContainerSpec, LABELS, SANDBOX_UID } from "./posture.ts";
+export { bind, type ContainerSpec, containerSpec, LABELS, SANDBOX_UID } from "./posture.ts";
 export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
 export { prepareState, stateExists } from "./state_dir.ts";
 export {

@@ -137,7 +137,10 @@ function buildPosture(config: SandboxConfig, paths: StatePaths): Posture {
     // From source: the Deno executable plus the project (sources and
     // node_modules), both read-only. --cached-only: never fetch anything.
     mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/deno`, true));
-    mounts.push(bind(self.sourceRoot, `${PROGRAM_DIR}/src`, true));
+    // Only what the runner loads: not .git, .tools or anything else in the checkout.
+    for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
+      mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
+    }
     cmd = [
       `${PROGRAM_DIR}/deno`,
       "run",
@@ -158,6 +161,7 @@ function buildPosture(config: SandboxConfig, paths: StatePaths): Posture {
     "DENO_DIR=/tmp/.deno",
     "DENO_NO_UPDATE_CHECK=1",
     "NO_COLOR=1",
+    `WAFFLE_PASS_ENV=${config.envAllowlist.join(",")}`,
     ...config.envAllowlist.flatMap((name) => {
       const value = Deno.env.get(name);
       return value === undefined ? [] : [`${name}=${value}`];
@@ -202,15 +206,24 @@ export function hostCanChown(): boolean {
  * @returns The mount.
  * @throws {UsageError} When the path is unsafe.
  */
-export function bind(source: string, target: string, readOnly: boolean, within?: string): HostConfigMount {
+export function bind(
+  source: string,
+  target: string,
+  readOnly: boolean,
+  within?: string,
+): HostConfigMount {
   if (!source.startsWith("/") || /[\0:]/.test(source) || source.split("/").includes("..")) {
-    throw new UsageError(`Unsafe mount source '${source}': it must be absolute, without NUL, ':' or '..'`);
+    throw new UsageError(
+      `Unsafe mount source '${source}': it must be absolute, without NUL, ':' or '..'`,
+    );
   }
   if (within !== undefined) {
     const real = realpathSync(source);
     const root = realpathSync(within);
     if (real !== root && !real.startsWith(`${root}/`)) {
-      throw new UsageError(`Mount source '${source}' resolves outside the sandbox state '${within}'`);
+      throw new UsageError(
+        `Mount source '${source}' resolves outside the sandbox state '${within}'`,
+      );
     }
   }
   return { Type: "bind", Source: source, Target: target, ReadOnly: readOnly };

@@ -46,11 +46,14 @@ export interface Sandbox extends Backend {
  * @throws {UsageError} On an invalid id or config.
  */
 export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
-  const key = sandboxKey(options.tenant ?? "default", user);
   const config = loadConfig(options.config);
+  const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
   const paths = statePaths(config.home, key);
   prepareState(paths);
-  const queue = Queue.open(paths.queue, options.pollMs === undefined ? {} : { pollMs: options.pollMs });
+  const queue = Queue.open(
+    paths.queue,
+    options.pollMs === undefined ? {} : { pollMs: options.pollMs },
+  );
   const docker = options.docker ?? new DockerClient();
   let lastEnsure: Ensured | undefined;
   const ensureLocked = async (): Promise<void> => {
