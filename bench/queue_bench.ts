@@ -72,19 +72,19 @@ export async function runQueueSection(context: BenchContext): Promise<BenchRepor
   if (!wantsQueue) {
     if (context.wants("floor")) results.push(...await measureLatency(context, undefined));
   } else {
-    await withQueue(context, "queue", {}, async (queue, queueDir) => {
-      results.push(...await measureLatency(context, queue));
+    await withQueue(context, "queue", {}, async (live) => {
+      results.push(...await measureLatency(context, live));
       for (const submitters of [1, 4, 16]) {
         const name = `throughput_${submitters}`;
         if (context.wants(name)) {
-          results.push(await measureThroughput(context, queue, queueDir, name, submitters));
+          results.push(await measureThroughput(context, live, name, submitters));
         }
       }
     });
   }
   if (context.wants("throughput_16_c4")) {
-    await withQueue(context, "queue_c4", { concurrency: 4 }, async (queue, queueDir) => {
-      const result = await measureThroughput(context, queue, queueDir, "throughput_16_c4", 16);
+    await withQueue(context, "queue_c4", { concurrency: 4 }, async (live) => {
+      const result = await measureThroughput(context, live, "throughput_16_c4", 16);
       result.note = `${result.note ?? ""}, runner --concurrency 4`;
       results.push(result);
     });
@@ -115,6 +115,16 @@ export function queueRatios(results: readonly BenchResult[]): BenchRatio[] {
   ].filter((ratio): ratio is BenchRatio => ratio !== undefined);
 }
 
+/** A queue with a runner serving it. */
+export interface LiveQueue {
+  /** The host side. */
+  queue: Queue;
+  /** Its directory. */
+  dir: string;
+  /** The runner process's pid. */
+  runnerPid: number;
+}
+
 /** Iterations of one kind run back to back before switching to the other. */
 const BLOCK = 10;
 
@@ -124,15 +134,17 @@ const BLOCK = 10;
  * ratio is what matters, and a shared machine drifts.
  *
  * @param context Counts, root directory, filter and progress.
- * @param queue A queue with a live runner; undefined measures the floor only.
+ * @param live A queue with a live runner; undefined measures the floor only.
  * @returns The wanted results, floor first.
  */
 export async function measureLatency(
   context: BenchContext,
-  queue: Queue | undefined,
+  live: LiveQueue | undefined,
 ): Promise<BenchResult[]> {
   const floor = context.wants("floor") ? openFloor(join(context.root, "floor")) : undefined;
-  const roundtrip = queue !== undefined && context.wants("queue_roundtrip") ? queue : undefined;
+  const roundtrip = context.wants("queue_roundtrip") ? live : undefined;
+  // CPU of the measured round-trip blocks only (the floor runs in this process too).
+  const cpu = { host: 0, runner: 0 };
   const release = context.cleanup.add(() => floor?.close());
   try {
     const floorSamples: Record<string, number>[] = [];
@@ -154,9 +166,10 @@ export async function measureLatency(
         }
       }
       if (roundtrip !== undefined) {
+        const before = cpuSample(roundtrip.runnerPid);
         for (let i = block; i < block + size; i++) {
-          const sample = await roundtripIteration(roundtrip);
-          if (i % GC_EVERY === GC_EVERY - 1) await roundtrip.gc();
+          const sample = await roundtripIteration(roundtrip.queue);
+          if (i % GC_EVERY === GC_EVERY - 1) await roundtrip.queue.gc();
           if (i < context.warmup) continue;
           roundtripSamples.push(sample);
           context.progress.step(
@@ -166,6 +179,7 @@ export async function measureLatency(
             () => `p50 ${median(roundtripSamples)}`,
           );
         }
+        if (block >= context.warmup) addCpu(cpu, before, cpuSample(roundtrip.runnerPid));
       }
     }
     const results: BenchResult[] = [];
@@ -183,6 +197,7 @@ export async function measureLatency(
         ...result.details,
         iteration_p50: iteration.p50_ms,
         iteration_p99: iteration.p99_ms,
+        ...cpuPerRequest(cpu, roundtripSamples.length),
       };
       results.push(result);
     }
@@ -327,11 +342,11 @@ function summarizeStages(
  */
 export async function measureThroughput(
   context: BenchContext,
-  queue: Queue,
-  queueDir: string,
+  live: LiveQueue,
   name: string,
   submitters: number,
 ): Promise<BenchResult> {
+  const { queue, dir: queueDir } = live;
   // A short warm-up with the same concurrency, untimed.
   await Promise.all(
     Array.from({ length: submitters }, () => oneRequest(queue)),
@@ -343,6 +358,7 @@ export async function measureThroughput(
   const hostCommitsBefore = queue.commits;
   const inboundBefore = changeCounter(join(queueDir, "inbound.db"));
   const outboundBefore = changeCounter(join(queueDir, "outbound.db"));
+  const cpuBefore = cpuSample(live.runnerPid);
   const start = now();
   const deadline = start + budgetMs;
   const loop = async (): Promise<void> => {
@@ -353,6 +369,7 @@ export async function measureThroughput(
   };
   await Promise.all(Array.from({ length: submitters }, loop));
   const elapsed = now() - start;
+  const cpu = addCpu({ host: 0, runner: 0 }, cpuBefore, cpuSample(live.runnerPid));
   const completed = latencies.length;
   context.progress.done(name, `${completed} requests in ${(elapsed / 1000).toFixed(1)} s`);
   const hostCommits = queue.commits - hostCommitsBefore;
@@ -368,6 +385,7 @@ export async function measureThroughput(
       host_commits_per_req: perRequest(hostCommits),
       inbound_writes_per_req: perRequest(inboundCommits),
       outbound_writes_per_req: perRequest(outboundCommits),
+      ...cpuPerRequest(cpu, completed),
     },
     note: `${submitters} submitter${submitters === 1 ? "" : "s"}, ${
       perRequest(hostCommits).toFixed(2)
@@ -399,7 +417,7 @@ export async function withQueue(
   context: BenchContext,
   label: string,
   runner: { concurrency?: number; pollMs?: number },
-  fn: (queue: Queue, queueDir: string) => Promise<void>,
+  fn: (live: LiveQueue) => Promise<void>,
 ): Promise<void> {
   const base = join(context.root, label);
   const queueDir = join(base, "queue");
@@ -420,11 +438,44 @@ export async function withQueue(
     }`,
   );
   try {
-    await fn(queue, queueDir);
+    await fn({ queue, dir: queueDir, runnerPid: runnerProcess.pid });
   } finally {
     await stopRunner();
     await closeQueue();
     await Deno.remove(base, { recursive: true }).catch(() => {});
+  }
+}
+
+interface CpuTimes {
+  host: number;
+  runner: number;
+}
+
+// User+system CPU milliseconds of this process and of the runner (not of
+// the runner's reaped children), from /proc (tick resolution: 10 ms).
+function cpuSample(runnerPid: number): CpuTimes {
+  return { host: processCpuMs(Deno.pid), runner: processCpuMs(runnerPid) };
+}
+
+function addCpu(total: CpuTimes, before: CpuTimes, after: CpuTimes): CpuTimes {
+  total.host += after.host - before.host;
+  total.runner += after.runner - before.runner;
+  return total;
+}
+
+function cpuPerRequest(cpu: CpuTimes, requests: number): Record<string, number> {
+  if (requests === 0 || !Number.isFinite(cpu.host + cpu.runner)) return {};
+  return { host_cpu_ms_per_req: cpu.host / requests, runner_cpu_ms_per_req: cpu.runner / requests };
+}
+
+function processCpuMs(pid: number): number {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    // Fields after "(comm) ": state is [0]; utime and stime are fields 14 and 15, i.e. [11], [12].
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return Number.NaN;
   }
 }
 

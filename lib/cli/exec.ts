@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { concat } from "../bytes.ts";
 import { UsageError } from "../errors.ts";
 import type { Backend } from "../host_backend.ts";
 import { MAX_STDIN_BYTES } from "../queue/protocol.ts";
@@ -158,11 +159,7 @@ async function readCapped(stream: ReadableStream<Uint8Array>): Promise<Uint8Arra
     }
     parts.push(part);
   }
-  const out = new Uint8Array(size);
-  let offset = 0;
-  for (const part of parts) {
-    out.set(part, offset);
-    offset += part.byteLength;
-  }
+  return concat(parts);
+}
   return out;
 }

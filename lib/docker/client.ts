@@ -24,7 +24,8 @@ import Modem from "docker-modem";
 import type { z } from "zod";
 import { DockerError } from "../errors.ts";
 import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
-import { concat, demuxDockerStream } from "./stream.ts";
+import { concat } from "../bytes.ts";
+import { demuxDockerStream } from "./stream.ts";
 import {
   type ContainerCreateBody,
   type ContainerInspect,

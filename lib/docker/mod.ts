@@ -24,7 +24,7 @@ export {
 export { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 // The base class, so callers can catch any Docker failure from this module alone.
 export { DockerError } from "../errors.ts";
-export { concat, demuxDockerStream, type DemuxedOutput } from "./stream.ts";
+export { demuxDockerStream, type DemuxedOutput } from "./stream.ts";
 export type {
   ContainerConfig,
   ContainerCreateBody,

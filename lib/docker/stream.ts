@@ -6,6 +6,8 @@
  * @module
  */
 
+import { concat } from "../bytes.ts";
+
 /** Bytes of one demultiplexed stream pair. */
 export interface DemuxedOutput {
   /** Concatenated stdout frames. */
@@ -49,17 +51,4 @@ export function demuxDockerStream(data: Uint8Array): DemuxedOutput {
   }
   if (pos === 0 && data.length > 0) return { stdout: data.slice(), stderr: new Uint8Array() };
   return { stdout: concat(out), stderr: concat(err) };
-}
-
-/** Joins byte chunks into one array. */
-export function concat(chunks: readonly Uint8Array[]): Uint8Array {
-  let total = 0;
-  for (const c of chunks) total += c.length;
-  const result = new Uint8Array(total);
-  let offset = 0;
-  for (const c of chunks) {
-    result.set(c, offset);
-    offset += c.length;
-  }
-  return result;
 }

@@ -6,6 +6,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { z } from "zod";
+import { concat } from "../bytes.ts";
 import { ProtocolError, QueueError, RunnerError, UsageError } from "../errors.ts";
 import { dataVersion, messageOf, openDatabase } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
@@ -507,14 +508,4 @@ function toBase64(bytes: Uint8Array): string {
     binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
   }
   return btoa(binary);
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, part) => n + part.byteLength, 0));
-  let offset = 0;
-  for (const part of parts) {
-    out.set(part, offset);
-    offset += part.byteLength;
-  }
-  return out;
 }
