@@ -334,11 +334,12 @@ function summarizeStages(
  * context's time budget.
  *
  * @param context Time budget, warm-up and progress.
- * @param queue A queue with a live runner.
- * @param queueDir Its directory (for the files' change counters).
+ * @param live The queue, its directory (for the files' change counters) and
+ *   the runner's pid (for its CPU time).
  * @param name The result's name.
  * @param submitters Concurrent loops.
- * @returns Requests per second, per-request latency percentiles and commits per request.
+ * @returns Requests per second, per-request latency percentiles, commits and
+ *   CPU time per request.
  */
 export async function measureThroughput(
   context: BenchContext,
@@ -411,7 +412,7 @@ async function oneRequest(queue: Queue): Promise<number> {
  * @param context Root directory, cleanup and progress.
  * @param label Sub-directory name.
  * @param runner Runner flags.
- * @param fn The measurements.
+ * @param fn The measurements; gets the queue, its directory and the runner's pid.
  */
 export async function withQueue(
   context: BenchContext,

@@ -161,5 +161,3 @@ async function readCapped(stream: ReadableStream<Uint8Array>): Promise<Uint8Arra
   }
   return concat(parts);
 }
-  return out;
-}
