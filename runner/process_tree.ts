@@ -16,7 +16,14 @@
  *
  * @module
  */
-import { listProcesses, type ProcStat, readProcStat, reapOrphans } from "./subreaper.ts";
+import {
+  childrenOf,
+  isSubreaper,
+  listProcesses,
+  type ProcStat,
+  readProcStat,
+  reapOrphans,
+} from "./subreaper.ts";
 
 export { listProcesses, parseProcStat, type ProcStat, readProcStat } from "./subreaper.ts";
 
@@ -145,6 +152,61 @@ export async function killTree(rootPid: number, options: KillTreeOptions): Promi
 
 // The request's live processes, root first.
 function scanTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
+  return isSubreaper() && childrenOf(Deno.pid) !== undefined
+    ? walkTree(rootPid, options)
+    : scanAll(rootPid, options);
+}
+
+// As a subreaper every descendant of the runner stays below it (orphans are
+// reparented here, never to PID 1), so walking down the children files from
+// the root and from the runner's adopted orphans finds the whole tree while
+// reading only its own processes: cheap even on a host with thousands.
+function walkTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
+  const self = Deno.pid;
+  const selfPgid = ownPgid();
+  const marker = markerOf(options.requestId);
+  const seeds: ProcStat[] = [];
+  const root = readProcStat(rootPid);
+  if (
+    root !== null && rootPid > 1 && rootPid !== self && root.ppid === self &&
+    (options.rootStartTime === undefined || root.starttime === options.rootStartTime)
+  ) seeds.push(root);
+  for (const pid of childrenOf(self) ?? []) {
+    if (pid === rootPid || options.known.has(pid)) continue;
+    const orphan = readProcStat(pid);
+    if (orphan === null) continue;
+    if (
+      options.claimOrphans === true || orphan.sid === rootPid || orphan.pgid === rootPid ||
+      marker !== undefined && orphan.state !== "Z" && hasMarker(pid, marker)
+    ) seeds.push(orphan);
+  }
+  const members = new Map<number, ProcStat>();
+  const queue = [...seeds];
+  for (let next = queue.pop(); next !== undefined; next = queue.pop()) {
+    if (members.has(next.pid) || next.pid === self || next.pgid === selfPgid) continue;
+    members.set(next.pid, next);
+    for (const child of childrenOf(next.pid) ?? []) {
+      const stat = readProcStat(child);
+      if (stat !== null) queue.push(stat);
+    }
+  }
+  return liveRootFirst([...members.values()], rootPid);
+}
+
+function markerOf(requestId: string | undefined): Uint8Array | undefined {
+  return requestId === undefined || requestId === ""
+    ? undefined
+    : new TextEncoder().encode(`${REQUEST_ID_ENV}=${requestId}`);
+}
+
+function liveRootFirst(procs: ProcStat[], rootPid: number): ProcStat[] {
+  const live = procs.filter((proc) => proc.state !== "Z" && proc.state !== "X");
+  live.sort((a, b) => (a.pid === rootPid ? -1 : b.pid === rootPid ? 1 : a.pid - b.pid));
+  return live;
+}
+
+// Without a subreaper, orphans go to PID 1: every process must be examined.
+function scanAll(rootPid: number, options: FindTreeOptions): ProcStat[] {
   const all = listProcesses();
   const self = Deno.pid;
   const selfPgid = ownPgid();
@@ -165,9 +227,7 @@ function scanTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
     (holder === undefined || options.rootStartTime === undefined ||
       holder.starttime === options.rootStartTime);
 
-  const marker = options.requestId === undefined || options.requestId === ""
-    ? undefined
-    : new TextEncoder().encode(`${REQUEST_ID_ENV}=${options.requestId}`);
+  const marker = markerOf(options.requestId);
 
   // Request processes live in their own sessions, so nothing in the runner's
   // group is ours; and another request's root (spawned by the runner) never is.
@@ -196,9 +256,7 @@ function scanTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
     queue.push(...(children.get(next.pid) ?? []));
   }
 
-  const live = [...members.values()].filter((proc) => proc.state !== "Z" && proc.state !== "X");
-  live.sort((a, b) => (a.pid === rootPid ? -1 : b.pid === rootPid ? 1 : a.pid - b.pid));
-  return live;
+  return liveRootFirst([...members.values()], rootPid);
 }
 
 // True when the process's initial environment holds exactly `entry`.

@@ -120,10 +120,49 @@ export function enableSubreaper(): boolean {
   const lib = libc();
   if (lib === undefined) return false;
   try {
-    return lib.prctl(PR_SET_CHILD_SUBREAPER, 1n, 0n, 0n, 0n) === 0;
+    subreaper = lib.prctl(PR_SET_CHILD_SUBREAPER, 1n, 0n, 0n, 0n) === 0;
   } catch {
-    return false;
+    subreaper = false;
   }
+  return subreaper;
+}
+
+let subreaper = false;
+
+/**
+ * Whether {@linkcode enableSubreaper} took effect in this process: then every
+ * orphaned descendant is reparented here, never to PID 1.
+ *
+ * @returns True once this process is a child subreaper.
+ */
+export function isSubreaper(): boolean {
+  return subreaper;
+}
+
+/**
+ * The direct children of a process, from `/proc/<pid>/task/<tid>/children`
+ * (one file per thread: a child belongs to the thread that forked it).
+ *
+ * @param pid The parent.
+ * @returns Child pids, or undefined when the kernel does not offer the files.
+ */
+export function childrenOf(pid: number): number[] | undefined {
+  const children: number[] = [];
+  try {
+    for (const task of Deno.readDirSync(`/proc/${pid}/task`)) {
+      let text: string;
+      try {
+        text = Deno.readTextFileSync(`/proc/${pid}/task/${task.name}/children`);
+      } catch (error) {
+        if (error instanceof Deno.errors.NotFound && task.name === String(pid)) return undefined;
+        continue; // the thread ended meanwhile
+      }
+      for (const word of text.split(" ")) if (word !== "") children.push(Number(word));
+    }
+  } catch {
+    return [];
+  }
+  return children;
 }
 
 /**
@@ -143,7 +182,13 @@ export function reapOrphans(known: ReadonlySet<number>): number[] {
   if (lib === undefined) return reaped;
   const self = Deno.pid;
   const status = new Int32Array(1);
-  for (const proc of listProcesses()) {
+  // Only our own children can be ours to reap: read just those when the
+  // kernel lists them, instead of every process on the machine.
+  const children = childrenOf(self);
+  const candidates = children === undefined
+    ? listProcesses()
+    : children.map(readProcStat).filter((proc): proc is ProcStat => proc !== null);
+  for (const proc of candidates) {
     if (proc.ppid !== self || proc.state !== "Z" || proc.pid <= 1 || known.has(proc.pid)) {
       continue;
     }
