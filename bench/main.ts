@@ -101,6 +101,7 @@ export function parseBenchArgs(
  *
  * @param options Parsed flags.
  * @returns The report.
+ * @throws {BenchInterrupted} After cleaning up, when a signal stopped the run.
  */
 export async function runBench(options: BenchOptions): Promise<BenchReport> {
   const progress = new Progress({ quiet: options.quiet });
@@ -110,9 +111,15 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
     ...(options.dir === undefined ? {} : { dir: options.dir }),
   });
   cleanup.add(() => Deno.remove(root, { recursive: true }));
+  // On a signal, release everything at once; the measurement in flight then
+  // fails (its queue is closed) and runBench reports the interruption.
+  let stopping: Promise<void> | undefined;
   const onSignal = (): void => {
+    if (stopping !== undefined) return;
     progress.note("interrupted: cleaning up");
-    void cleanup.runAll().finally(() => Deno.exit(130));
+    stopping = cleanup.runAll();
+    // Should the measurement in flight hang instead of failing, exit anyway.
+    void stopping.finally(() => setTimeout(() => Deno.exit(130), 2000));
   };
   const signals: Deno.Signal[] = ["SIGINT", "SIGTERM"];
   for (const signal of signals) Deno.addSignalListener(signal, onSignal);
@@ -136,10 +143,22 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
       report.results.push(...part.results);
       report.ratios.push(...part.ratios);
     }
-    return report;
+  } catch (error) {
+    if (stopping === undefined) throw error;
   } finally {
-    await cleanup.runAll();
+    await (stopping ?? cleanup.runAll());
     for (const signal of signals) Deno.removeSignalListener(signal, onSignal);
+  }
+  if (stopping !== undefined) throw new BenchInterrupted();
+  return report;
+}
+
+/** Thrown by {@linkcode runBench} when SIGINT/SIGTERM stopped it (after cleaning up). */
+export class BenchInterrupted extends Error {
+  /** @param message Why. */
+  constructor(message = "Interrupted") {
+    super(message);
+    this.name = "BenchInterrupted";
   }
 }
 
@@ -180,6 +199,7 @@ if (import.meta.main) {
       if (before !== undefined) console.log(`\nmachine: ${before} before, ${after} after`);
     }
   } catch (error) {
+    if (error instanceof BenchInterrupted) Deno.exit(130);
     console.error(`bench: failed: ${error instanceof Error ? error.stack : String(error)}`);
     Deno.exit(1);
   }

@@ -4,9 +4,15 @@
  * that container), a raw lock holder on a queue file, and readers of the
  * container's pids cgroup.
  *
+ * As a program (`deno run -A tests/_docker_queue_helpers.ts lock DB_FILE`):
+ * takes `BEGIN EXCLUSIVE` on the file, prints `locked`, then answers JSON
+ * lines `{"op":"query","sql":…,"params":[…]}` with `{"rows":[…]}` until
+ * `{"op":"release"}` or the end of stdin, and rolls back.
+ *
  * @module
  */
 import { DatabaseSync } from "node:sqlite";
+import { fileURLToPath } from "node:url";
 import type { SandboxConfig } from "../lib/config/config.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { BUSY_TIMEOUT_MS } from "../lib/queue/connection.ts";
@@ -90,28 +96,101 @@ async function removeOwnContainer(
 }
 
 /**
- * A host connection to a queue file that holds `BEGIN EXCLUSIVE` until
- * released: nobody else can read or write the file meanwhile.
+ * A process holding `BEGIN EXCLUSIVE` on a queue file: nobody else can read
+ * or write the file until it is released.
  */
 export interface ExclusiveLock {
-  /** The locked connection: queries run inside the exclusive transaction. */
-  db: DatabaseSync;
-  /** Rolls back (nothing was written) and closes. Idempotent. */
-  release(): void;
+  /** The holder's pid. */
+  pid: number;
+  /** Runs a read inside the exclusive transaction; returns its rows. */
+  query(sql: string, ...params: (string | number)[]): Promise<Record<string, unknown>[]>;
+  /** Rolls back (nothing was written), closes and waits for the holder to exit. Idempotent. */
+  release(): Promise<void>;
 }
 
 /**
  * Takes an exclusive lock on a queue file through a raw `node:sqlite`
- * connection, configured like waffle's own (TRUNCATE journal: a DELETE-mode
- * connection would unlink a journal that the other side's connections
- * expect to truncate; busy timeout, since the runner may hold the lock for a
- * moment).
+ * connection in a child process (this file run as a program), configured
+ * like waffle's own: TRUNCATE journal (a DELETE-mode connection would unlink
+ * a journal that the other side's connections expect to truncate) and the
+ * busy timeout (the runner may hold the lock for a moment).
+ *
+ * A separate process, because POSIX record locks belong to a process and any
+ * close() of the file by that process, SQLite's or not, drops them all. In
+ * the test process `Deno.watchFs` (the host queue's change watcher) opens and
+ * closes the watched database file on change events, and an in-process lock
+ * was seen lost in the middle of a test.
  *
  * @param path The database file.
  * @returns The held lock.
  */
-export function lockExclusive(path: string): ExclusiveLock {
+export async function lockExclusive(path: string): Promise<ExclusiveLock> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--quiet", "--no-prompt", fileURLToPath(import.meta.url), "lock", path],
+    cwd: fileURLToPath(new URL("../", import.meta.url)),
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  const lines = child.stdout.pipeThrough(new TextDecoderStream()).pipeThrough(splitLines())
+    .getReader();
+  const next = async (): Promise<string> => {
+    const { value, done } = await lines.read();
+    if (done) throw new Error("the lock holder exited");
+    return value;
+  };
+  const send = (message: unknown): Promise<void> =>
+    writer.write(new TextEncoder().encode(`${JSON.stringify(message)}\n`));
+  let released: Promise<void> | undefined;
+  const release = (): Promise<void> =>
+    released ??= (async () => {
+      await send({ op: "release" }).catch(() => {});
+      await writer.close().catch(() => {});
+      while (!(await lines.read()).done) { /* drain */ }
+      const status = await child.status;
+      if (!status.success) throw new Error(`the lock holder exited with ${status.code}`);
+    })();
+  const first = await next().catch((error) => error as Error);
+  if (first !== "locked") {
+    await release().catch(() => {});
+    throw new Error(`Cannot lock '${path}': ${first instanceof Error ? first.message : first}`);
+  }
+  return {
+    pid: child.pid,
+    async query(sql, ...params): Promise<Record<string, unknown>[]> {
+      await send({ op: "query", sql, params });
+      const reply = JSON.parse(await next()) as {
+        rows?: Record<string, unknown>[];
+        error?: string;
+      };
+      if (reply.error !== undefined) throw new Error(reply.error);
+      return reply.rows ?? [];
+    },
+    release,
+  };
+}
+
+function splitLines(): TransformStream<string, string> {
+  let buffer = "";
+  return new TransformStream({
+    transform(chunk, controller): void {
+      buffer += chunk;
+      const parts = buffer.split("\n");
+      buffer = parts.pop() ?? "";
+      for (const line of parts) controller.enqueue(line);
+    },
+    flush(controller): void {
+      if (buffer !== "") controller.enqueue(buffer);
+    },
+  });
+}
+
+// The lock holder: locks, answers queries, releases on request or stdin EOF.
+async function lockMain(path: string): Promise<void> {
   const db = new DatabaseSync(path);
+  const out = (line: string): void =>
+    void Deno.stdout.writeSync(new TextEncoder().encode(`${line}\n`));
   try {
     db.exec(`PRAGMA busy_timeout = ${BUSY_TIMEOUT_MS}`);
     const mode = db.prepare("PRAGMA journal_mode = TRUNCATE").get() as Record<string, unknown>;
@@ -121,22 +200,33 @@ export function lockExclusive(path: string): ExclusiveLock {
     db.exec("PRAGMA synchronous = FULL");
     db.exec("BEGIN EXCLUSIVE");
   } catch (error) {
+    out(`error: ${messageOf(error)}`);
     db.close();
-    throw error;
+    return;
   }
-  let open = true;
-  return {
-    db,
-    release(): void {
-      if (!open) return;
-      open = false;
+  out("locked");
+  try {
+    for await (
+      const line of Deno.stdin.readable.pipeThrough(new TextDecoderStream()).pipeThrough(
+        splitLines(),
+      )
+    ) {
+      const message = JSON.parse(line) as {
+        op: string;
+        sql?: string;
+        params?: (string | number)[];
+      };
+      if (message.op === "release") break;
       try {
-        if (db.isTransaction) db.exec("ROLLBACK");
-      } finally {
-        db.close();
+        out(JSON.stringify({ rows: db.prepare(message.sql ?? "").all(...(message.params ?? [])) }));
+      } catch (error) {
+        out(JSON.stringify({ error: messageOf(error) }));
       }
-    },
-  };
+    }
+  } finally {
+    if (db.isTransaction) db.exec("ROLLBACK");
+    db.close();
+  }
 }
 
 /** What the kernel says about a container's pids cgroup. */
@@ -233,4 +323,15 @@ export function sizeOf(path: string): number {
  */
 export function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+if (import.meta.main) {
+  const [mode, path] = Deno.args;
+  if (mode === "lock" && path !== undefined) await lockMain(path);
+  else {
+    Deno.stderr.writeSync(
+      new TextEncoder().encode("usage: _docker_queue_helpers.ts lock DB_FILE\n"),
+    );
+    Deno.exit(2);
+  }
 }

@@ -23,6 +23,7 @@ import { Queue } from "../lib/queue/queue.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
 import {
+  type ExclusiveLock,
   findPidsCgroup,
   linesOf,
   lockExclusive,
@@ -147,7 +148,7 @@ liveTest(
         what: "the request to start",
       });
 
-      const lock = lockExclusive(paths.outbound);
+      const lock = await lockExclusive(paths.outbound);
       let resultsUnderLock: number;
       let commandGone: string;
       let blocked: RunnerThread;
@@ -163,15 +164,11 @@ liveTest(
         // Where the runner's main thread is: SQLite's busy handler sleeps
         // (clock_nanosleep) while an idle or working runner waits in epoll.
         blocked = await waitForBlockedRunner(docker, containerId);
-        resultsUnderLock = Number(
-          (lock.db.prepare("SELECT count(*) AS n FROM results WHERE request_id = ?").get(id) as {
-            n: number;
-          }).n,
-        );
+        resultsUnderLock = await countResults(lock, id);
         await docker.killContainer(containerId, { signal: "SIGKILL" });
         await docker.waitContainer(containerId, { timeoutMs: 30_000 });
       } finally {
-        lock.release();
+        await lock.release();
       }
       const killed = await docker.inspectContainer(containerId);
       const journals = {
@@ -251,30 +248,17 @@ liveTest(
         what: "the request to start",
       });
       const holdMs = BUSY_TIMEOUT_MS + HEARTBEAT_INTERVAL_MS;
-      const lock = lockExclusive(paths.outbound);
+      const lock = await lockExclusive(paths.outbound);
       let resultsUnderLock: number;
-      const count = (): unknown =>
-        JSON.stringify(lock.db.prepare("SELECT request_id, created_at FROM results").all()) +
-        JSON.stringify(lock.db.prepare("SELECT * FROM states").all());
-      const ino = Deno.statSync(paths.outbound).ino;
-      const locks = (): string =>
-        Deno.readTextFileSync("/proc/locks").split("\n").filter((l) => l.includes(`:${ino} `))
-          .join(" | ");
-      const diag: string[] = [`at lock ${Date.now()} ${count()} ${locks()}`];
       try {
         await Deno.writeTextFile(go, "");
         await waitForCommandExit(docker, containerOf(sandbox), "line-$i");
-        diag.push(`after exit ${Date.now()} ${count()} ${locks()}`);
         // Past the runner's busy timeout: its first writes fail, it must not give up.
         await delay(holdMs);
-        resultsUnderLock = Number(
-          (lock.db.prepare("SELECT count(*) AS n FROM results").get() as { n: number }).n,
-        );
-        diag.push(`before release ${Date.now()} ${count()} ${locks()} pid ${Deno.pid}`);
+        resultsUnderLock = await countResults(lock, id);
       } finally {
-        lock.release();
+        await lock.release();
       }
-      if (resultsUnderLock !== 0) console.log("DIAG", diag.join("\n"));
       // The heartbeat was blocked too; let it catch up before waiting on the result.
       await waitFor(() => {
         const beat = sandbox.queue.heartbeat();
@@ -329,6 +313,11 @@ liveTest(
 
       const sampler = new PidsSampler(docker, containerId, cgroupDir);
       sampler.start();
+      // The runner keeps its heartbeat while the container has no pid to spare.
+      const observerQueue = Queue.open(sandbox.paths.queue);
+      const observer = new HeartbeatObserver(observerQueue);
+      observer.start(100);
+      const bootId = sandbox.queue.heartbeat()?.bootId;
       const outcomes: string[] = [];
       try {
         // A bounded loop of background sleeps: forks until the limit refuses
@@ -339,9 +328,9 @@ liveTest(
           10_000,
         );
         outcomes.push(`bounded loop: ${loop.summary}`);
-        assert.equal(loop.result.timedOut, false, "the loop should end by itself at the limit");
-        assert.notEqual(loop.result.exitCode, 0, "200 sleeps fit under a limit of 32?");
-        assert.match(loop.stderr, /fork|resource temporarily unavailable/i);
+        assert.equal(loop.result.timedOut, false, `should end at the limit: ${loop.summary}`);
+        assert.notEqual(loop.result.exitCode, 0, `200 sleeps under a limit of 32? ${loop.summary}`);
+        assert.ok(hitLimit(loop), `the limit was not what stopped it: ${loop.summary}`);
         outcomes.push(`after loop: ${await aliveReport(sandbox)}`);
 
         // The classic bomb: stopped by the timeout, its whole tree killed.
@@ -354,12 +343,21 @@ liveTest(
           3_000,
         );
         outcomes.push(`fork bomb: ${bomb.summary}`);
-        assert.equal(bomb.result.timedOut, true, JSON.stringify(bomb.result));
-        assert.match(bomb.stderr, /fork|resource temporarily unavailable/i);
+        // It ends by its timeout; or, should the runner's own threads and
+        // the last workload's remains leave no pid to start it, with that
+        // failure reported (exit 126), never a hang.
+        assert.ok(
+          bomb.result.timedOut || bomb.result.exitCode === 126,
+          `the bomb neither timed out nor failed to start: ${bomb.summary}`,
+        );
+        assert.ok(hitLimit(bomb), `the bomb never met the limit: ${bomb.summary}`);
         outcomes.push(`after bomb: ${await aliveReport(sandbox)}`);
       } finally {
         await sampler.stop();
+        observer.stop();
+        observerQueue.close();
       }
+      const beats = observer.stats;
       const end = cgroupDir === undefined ? undefined : readPidsCgroup(cgroupDir);
       console.log(
         `docker fork bomb: limit ${limit} (read back ${readBack}); max observed: ` +
@@ -367,9 +365,13 @@ liveTest(
           `(docker top), ${sampler.maxCgroup ?? "-"} (cgroup pids.current), cgroup peak ${
             end?.peak ?? "-"
           }, forks refused ${end?.refused ?? "-"}; ${sampler.samples} samples ` +
-          `(${sampler.sampleErrors} failed); ${outcomes.join("; ")}`,
+          `(${sampler.sampleErrors} failed); runner heartbeat max gap ${beats.maxGapMs} ms ` +
+          `(${beats.beats} beats); ${outcomes.join("; ")}`,
       );
       assert.ok(sampler.samples > 0, "no pids sample");
+      assert.ok(beats.beats > 0, "no heartbeat during the workloads");
+      assert.ok(beats.maxGapMs < MAX_HEARTBEAT_GAP_MS, `heartbeat gap ${beats.maxGapMs} ms`);
+      assert.equal(sandbox.queue.heartbeat()?.bootId, bootId, "the runner restarted");
       assert.ok(sampler.maxTasks <= limit, `${sampler.maxTasks} tasks > ${limit}`);
       assert.ok(sampler.maxProcesses <= limit, `${sampler.maxProcesses} processes > ${limit}`);
       if (end !== undefined) {
@@ -384,6 +386,13 @@ liveTest(
     });
   },
 );
+
+// A fork refused by the pids limit, as the shell (stderr) or the runner
+// (the command could not even start) reports it.
+function hitLimit(reported: Reported): boolean {
+  const refused = /fork|resource temporarily unavailable/i;
+  return refused.test(reported.stderr) || refused.test(reported.result.error ?? "");
+}
 
 interface Reported {
   result: Awaited<ReturnType<Queue["collect"]>>["result"];
@@ -406,18 +415,18 @@ async function runAndReport(
     result,
     stderr,
     summary: `exit ${result.exitCode}, signal ${result.signal}, timedOut ${result.timedOut}, ` +
-      `error ${
-        JSON.stringify(result.error)
-      }, ${result.durationMs} ms, stderr ${result.stderrBytes} B ` +
-      `(${JSON.stringify(firstError)})`,
+      `error ${JSON.stringify(result.error)}, ${result.durationMs} ms, ` +
+      `stderr ${result.stderrBytes} B (${stderr.length} received: ${JSON.stringify(firstError)})`,
   };
 }
 
-// A follow-up request: the runner still serves and nothing of the workload is
-// left (every process besides tini, the runner and this request's own group).
+// A follow-up request: the runner still serves and nothing of the workload
+// runs any more (every process besides tini, the runner and this request's
+// own group). Zombies not reaped yet (the runner reaps adopted orphans every
+// second) are dead and only counted.
 async function aliveReport(sandbox: Sandbox): Promise<string> {
   const id = await sandbox.submit({
-    shell: "echo alive $$ $PPID; ps -o pid,pgid,comm | tail -n +2",
+    shell: "echo alive $$ $PPID; ps -o pid,pgid,stat,comm | tail -n +2",
   });
   const { result, stdout } = await withTimeout(sandbox.queue.collect(id), 60_000, "the follow-up");
   assert.equal(result.exitCode, 0, `follow-up request: ${JSON.stringify(result)}`);
@@ -425,9 +434,12 @@ async function aliveReport(sandbox: Sandbox): Promise<string> {
   const [word, self, runner] = first.split(" ");
   assert.equal(word, "alive");
   const rows = rest.map((line) => line.trim().split(/\s+/));
-  const leftovers = rows.filter(([pid, pgid]) => pid !== "1" && pid !== runner && pgid !== self);
+  const others = rows.filter(([pid, pgid]) => pid !== "1" && pid !== runner && pgid !== self);
+  const zombies = others.filter(([, , stat]) => (stat ?? "").startsWith("Z"));
+  const leftovers = others.filter(([, , stat]) => !(stat ?? "").startsWith("Z"));
   assert.deepEqual(leftovers, [], `left behind: ${rest.join(" | ")}`);
-  return `runner serves, nothing left (${rows.map((row) => row[2]).join(", ")})`;
+  return `runner serves, nothing left running (${rows.map((row) => row[3]).join(", ")}; ` +
+    `${zombies.length} zombie(s) not reaped yet)`;
 }
 
 // Samples the container's task and process counts until stopped.
@@ -556,6 +568,11 @@ async function waitForBlockedRunner(
     if (seen.inBusyWait !== false || Date.now() > deadline) return seen;
     await delay(20);
   }
+}
+
+async function countResults(lock: ExclusiveLock, id: string): Promise<number> {
+  const rows = await lock.query("SELECT count(*) AS n FROM results WHERE request_id = ?", id);
+  return Number(rows[0]?.n);
 }
 
 function containerOf(sandbox: Sandbox): string {
