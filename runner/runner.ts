@@ -158,7 +158,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     });
   });
   const reaper = subreaper ? setInterval(() => reapOrphans(spawnedPids()), REAP_MS) : undefined;
-  const watcher = new ChangeWatcher([queue.paths.inbound], {
+  const watcher = new ChangeWatcher([queue.paths.inboundBell], {
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
   });
   options.onReady?.();

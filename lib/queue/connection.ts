@@ -20,7 +20,7 @@
  *
  * @module
  */
-import { DatabaseSync } from "node:sqlite";
+import { DatabaseSync, type StatementSync } from "node:sqlite";
 import { QueueError } from "../errors.ts";
 import { SCHEMA_VERSION } from "./protocol.ts";
 
@@ -182,4 +182,22 @@ function refuseSymlink(path: string, mayCreate: boolean): void {
     }
     throw new QueueError(`Cannot inspect queue file '${path}': ${messageOf(cause)}`, { cause });
   }
+}
+
+const statements = new WeakMap<DatabaseSync, Map<string, StatementSync>>();
+
+/**
+ * A prepared statement for `sql`, prepared once per connection: the queue's
+ * hot paths run the same few statements thousands of times.
+ *
+ * @param db The connection.
+ * @param sql The statement text.
+ * @returns The cached prepared statement.
+ */
+export function statement(db: DatabaseSync, sql: string): StatementSync {
+  let cache = statements.get(db);
+  if (cache === undefined) statements.set(db, cache = new Map());
+  let prepared = cache.get(sql);
+  if (prepared === undefined) cache.set(sql, prepared = db.prepare(sql));
+  return prepared;
 }

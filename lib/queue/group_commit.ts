@@ -8,6 +8,7 @@
 import type { DatabaseSync } from "node:sqlite";
 import { setImmediate } from "node:timers";
 import { transaction } from "./connection.ts";
+import type { Bell } from "./watch.ts";
 
 interface Pending {
   write: () => unknown;
@@ -31,9 +32,15 @@ export class GroupCommit {
   /** Number of transactions committed so far (for benchmarks and tests). */
   commits = 0;
 
-  /** @param db The owner connection all writes go to. */
-  constructor(db: DatabaseSync) {
+  #bell: Bell | undefined;
+
+  /**
+   * @param db The owner connection all writes go to.
+   * @param options `bell`: rung after every commit, to wake the other side.
+   */
+  constructor(db: DatabaseSync, options: { bell?: Bell } = {}) {
     this.#db = db;
+    this.#bell = options.bell;
   }
 
   /**
@@ -79,6 +86,7 @@ export class GroupCommit {
         });
       });
       this.commits++;
+      this.#bell?.ring();
     } catch (error) {
       for (const item of batch) item.reject(error);
       return;

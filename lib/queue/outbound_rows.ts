@@ -8,6 +8,7 @@
  */
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { z } from "zod";
+import { statement } from "./connection.ts";
 import { ProtocolError } from "../errors.ts";
 import {
   type ExecResult,
@@ -33,7 +34,7 @@ function capped(column: string, max: number): string {
 }
 
 function all(db: DatabaseSync, sql: string, ...params: SQLInputValue[]): Record<string, unknown>[] {
-  return db.prepare(sql).all(...params) as Record<string, unknown>[];
+  return statement(db, sql).all(...params) as Record<string, unknown>[];
 }
 
 /**
@@ -201,13 +202,14 @@ export function readHeartbeat(db: DatabaseSync): Heartbeat | undefined {
  */
 export function idsWithOutboundRows(db: DatabaseSync, ids: string[]): Set<string> {
   const present = new Set<string>();
-  const statement = db.prepare(
+  const query = statement(
+    db,
     `SELECT EXISTS (SELECT 1 FROM states WHERE request_id = ?1)
         OR EXISTS (SELECT 1 FROM results WHERE request_id = ?1)
         OR EXISTS (SELECT 1 FROM chunks WHERE request_id = ?1) AS present`,
   );
   for (const id of ids) {
-    const row = statement.get(id) as { present: number } | undefined;
+    const row = query.get(id) as { present: number } | undefined;
     if (row?.present) present.add(id);
   }
   return present;

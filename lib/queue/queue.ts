@@ -8,7 +8,7 @@ import type { DatabaseSync } from "node:sqlite";
 import { z } from "zod";
 import { concat } from "../bytes.ts";
 import { ProtocolError, QueueError, RunnerError, UsageError } from "../errors.ts";
-import { dataVersion, messageOf, openDatabase } from "./connection.ts";
+import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import {
   type ChunkCursor,
@@ -32,7 +32,7 @@ import {
   type RequestState,
 } from "./protocol.ts";
 import { initQueue, type QueuePaths, queuePaths } from "./schema.ts";
-import { ChangeWatcher } from "./watch.ts";
+import { Bell, ChangeWatcher } from "./watch.ts";
 
 /** What to run. Exactly one of `argv` and `shell`. */
 export interface SubmitOptions {
@@ -109,6 +109,7 @@ export class Queue {
   #inbound: DatabaseSync;
   #outbound: DatabaseSync;
   #commits: GroupCommit;
+  #bell: Bell;
   #watcher: ChangeWatcher;
   #listeners = new Set<() => void>();
   #pumping = false;
@@ -124,8 +125,9 @@ export class Queue {
       this.#inbound.close();
       throw error;
     }
-    this.#commits = new GroupCommit(this.#inbound);
-    this.#watcher = new ChangeWatcher([paths.outbound], { pollMs: options.pollMs ?? 100 });
+    this.#bell = new Bell(paths.inboundBell);
+    this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell });
+    this.#watcher = new ChangeWatcher([paths.outboundBell], { pollMs: options.pollMs ?? 100 });
   }
 
   /**
@@ -173,7 +175,8 @@ export class Queue {
     }
     const body = JSON.stringify(payload);
     return this.#commits.add(() => {
-      const existing = this.#inbound.prepare(
+      const existing = statement(
+        this.#inbound,
         "SELECT id, payload FROM requests WHERE tool_use_id = ?",
       ).get(toolUseId) as { id: string; payload: string } | undefined;
       if (existing !== undefined) {
@@ -184,7 +187,8 @@ export class Queue {
         }
         return existing.id;
       }
-      this.#inbound.prepare(
+      statement(
+        this.#inbound,
         `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, created_at)
          VALUES (?, ?, 'exec', ?, ?, ?)`,
       ).run(id, toolUseId, body, payload.timeoutMs ?? null, Date.now());
@@ -203,7 +207,10 @@ export class Queue {
   async cancel(id: string): Promise<void> {
     this.#requireRequest(id);
     await this.#commits.add(() =>
-      this.#inbound.prepare("INSERT OR IGNORE INTO cancels (request_id, created_at) VALUES (?, ?)")
+      statement(
+        this.#inbound,
+        "INSERT OR IGNORE INTO cancels (request_id, created_at) VALUES (?, ?)",
+      )
         .run(id, Date.now())
     );
   }
@@ -216,7 +223,7 @@ export class Queue {
    */
   async ack(id: string): Promise<void> {
     await this.#commits.add(() =>
-      this.#inbound.prepare("INSERT OR IGNORE INTO acks (request_id, created_at) VALUES (?, ?)")
+      statement(this.#inbound, "INSERT OR IGNORE INTO acks (request_id, created_at) VALUES (?, ?)")
         .run(id, Date.now())
     );
   }
@@ -228,7 +235,7 @@ export class Queue {
    * @returns How many requests were forgotten.
    */
   async gc(): Promise<number> {
-    const acked = (this.#inbound.prepare("SELECT request_id FROM acks LIMIT 512").all() as {
+    const acked = (statement(this.#inbound, "SELECT request_id FROM acks LIMIT 512").all() as {
       request_id: string;
     }[]).map((row) => row.request_id);
     if (acked.length === 0) return 0;
@@ -237,8 +244,8 @@ export class Queue {
     if (gone.length === 0) return 0;
     await this.#commits.add(() => {
       const statements = ["requests WHERE id", "cancels WHERE request_id", "acks WHERE request_id"]
-        .map((target) => this.#inbound.prepare(`DELETE FROM ${target} = ?`));
-      for (const id of gone) for (const statement of statements) statement.run(id);
+        .map((target) => statement(this.#inbound, `DELETE FROM ${target} = ?`));
+      for (const id of gone) for (const query of statements) query.run(id);
     });
     for (const id of gone) this.#caps.delete(id);
     return gone.length;
@@ -358,6 +365,7 @@ export class Queue {
     this.#closed.abort();
     this.#commits.flush();
     this.#watcher.close();
+    this.#bell.close();
     this.#inbound.close();
     this.#outbound.close();
   }
@@ -369,7 +377,7 @@ export class Queue {
   #capOf(id: string): number {
     const cached = this.#caps.get(id);
     if (cached !== undefined) return cached;
-    const row = this.#inbound.prepare("SELECT payload FROM requests WHERE id = ?").get(id) as
+    const row = statement(this.#inbound, "SELECT payload FROM requests WHERE id = ?").get(id) as
       | { payload: string }
       | undefined;
     const cap = row === undefined
@@ -383,7 +391,8 @@ export class Queue {
   // it again would wait forever.
   #refuseCollected(id: string): void {
     if (
-      this.#inbound.prepare("SELECT 1 AS hit FROM acks WHERE request_id = ?").get(id) !== undefined
+      statement(this.#inbound, "SELECT 1 AS hit FROM acks WHERE request_id = ?").get(id) !==
+        undefined
     ) {
       throw new UsageError(`Request '${id}' was already collected and acknowledged`);
     }
@@ -391,7 +400,10 @@ export class Queue {
 
   #requireRequest(id: string): void {
     if (!ID_PATTERN.test(id)) throw new UsageError(`Invalid request id '${id}'`);
-    const row = this.#inbound.prepare("SELECT id, tool_use_id, payload FROM requests WHERE id = ?")
+    const row = statement(
+      this.#inbound,
+      "SELECT id, tool_use_id, payload FROM requests WHERE id = ?",
+    )
       .get(id);
     if (row === undefined || !requestRowSchema.safeParse(row).success) {
       throw new UsageError(`No request '${id}' in queue '${this.paths.dir}'`);

@@ -7,7 +7,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { QueueError } from "../errors.ts";
-import { dataVersion, messageOf, openDatabase } from "./connection.ts";
+import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import { idsWithOutboundRows } from "./outbound_rows.ts";
 import {
@@ -18,6 +18,7 @@ import {
   type StreamName,
 } from "./protocol.ts";
 import { type QueuePaths, queuePaths } from "./schema.ts";
+import { Bell } from "./watch.ts";
 
 /** A request as the runner sees it. `payload` is undefined when it failed validation. */
 export interface InboundRequest {
@@ -45,6 +46,7 @@ export class RunnerQueue {
   readonly commits: GroupCommit;
   #inbound: DatabaseSync;
   #outbound: DatabaseSync;
+  #bell: Bell;
   #cursor = 0;
   #inboundVersion = -1;
 
@@ -57,7 +59,8 @@ export class RunnerQueue {
       this.#outbound.close();
       throw error;
     }
-    this.commits = new GroupCommit(this.#outbound);
+    this.#bell = new Bell(paths.outboundBell);
+    this.commits = new GroupCommit(this.#outbound, { bell: this.#bell });
   }
 
   /**
@@ -95,7 +98,8 @@ export class RunnerQueue {
       "SELECT seq, id, tool_use_id, payload FROM requests r WHERE NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id) ORDER BY seq",
     );
     const recovery: Recovery = { interrupted: [], pending: [] };
-    const state = this.#outbound.prepare(
+    const state = statement(
+      this.#outbound,
       `SELECT (SELECT state FROM states WHERE request_id = ?1) AS state,
               EXISTS (SELECT 1 FROM results WHERE request_id = ?1) AS done`,
     );
@@ -105,7 +109,7 @@ export class RunnerQueue {
       if (row.state === "started") recovery.interrupted.push(request);
       else recovery.pending.push(request);
     }
-    const max = this.#inbound.prepare("SELECT max(seq) AS seq FROM requests").get() as {
+    const max = statement(this.#inbound, "SELECT max(seq) AS seq FROM requests").get() as {
       seq: number | null;
     };
     this.#cursor = max.seq ?? 0;
@@ -134,9 +138,9 @@ export class RunnerQueue {
    * @returns The cancelled subset.
    */
   cancelled(ids: Iterable<string>): Set<string> {
-    const statement = this.#inbound.prepare("SELECT 1 AS hit FROM cancels WHERE request_id = ?");
+    const query = statement(this.#inbound, "SELECT 1 AS hit FROM cancels WHERE request_id = ?");
     const hits = new Set<string>();
-    for (const id of ids) if (statement.get(id) !== undefined) hits.add(id);
+    for (const id of ids) if (query.get(id) !== undefined) hits.add(id);
     return hits;
   }
 
@@ -146,7 +150,7 @@ export class RunnerQueue {
    * @returns How many requests were deleted.
    */
   async collectAcked(): Promise<number> {
-    const acked = (this.#inbound.prepare("SELECT request_id FROM acks LIMIT 512").all() as {
+    const acked = (statement(this.#inbound, "SELECT request_id FROM acks LIMIT 512").all() as {
       request_id: string;
     }[]).map((row) => row.request_id);
     if (acked.length === 0) return 0;
@@ -154,9 +158,9 @@ export class RunnerQueue {
     if (present.length === 0) return 0;
     await this.commits.add(() => {
       const statements = ["states", "chunks", "results"].map((table) =>
-        this.#outbound.prepare(`DELETE FROM ${table} WHERE request_id = ?`)
+        statement(this.#outbound, `DELETE FROM ${table} WHERE request_id = ?`)
       );
-      for (const id of present) for (const statement of statements) statement.run(id);
+      for (const id of present) for (const query of statements) query.run(id);
     });
     return present.length;
   }
@@ -169,11 +173,12 @@ export class RunnerQueue {
    */
   accept(ids: string[], bootId: string): Promise<void> {
     return this.commits.add(() => {
-      const statement = this.#outbound.prepare(
+      const query = statement(
+        this.#outbound,
         "INSERT OR IGNORE INTO states (request_id, state, boot_id, accepted_at) VALUES (?, 'accepted', ?, ?)",
       );
       const now = Date.now();
-      for (const id of ids) statement.run(id, bootId, now);
+      for (const id of ids) query.run(id, bootId, now);
     });
   }
 
@@ -187,7 +192,8 @@ export class RunnerQueue {
   start(id: string, bootId: string): Promise<void> {
     return this.commits.add(() => {
       const now = Date.now();
-      this.#outbound.prepare(
+      statement(
+        this.#outbound,
         `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
          VALUES (?1, 'started', ?2, ?3, ?3)
          ON CONFLICT (request_id) DO UPDATE SET state = 'started', boot_id = ?2, started_at = ?3`,
@@ -207,10 +213,11 @@ export class RunnerQueue {
   ): Promise<void> {
     if (chunks.length === 0) return Promise.resolve();
     return this.commits.add(() => {
-      const statement = this.#outbound.prepare(
+      const query = statement(
+        this.#outbound,
         "INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, ?, ?, ?)",
       );
-      for (const chunk of chunks) statement.run(id, chunk.stream, chunk.seq, chunk.data);
+      for (const chunk of chunks) query.run(id, chunk.stream, chunk.seq, chunk.data);
     });
   }
 
@@ -221,12 +228,13 @@ export class RunnerQueue {
    */
   finish(result: ExecResult): Promise<void> {
     return this.commits.add(() => {
-      this.#outbound.prepare(
+      statement(
+        this.#outbound,
         "INSERT INTO results (request_id, body, created_at) VALUES (?, ?, ?)",
       ).run(result.requestId, JSON.stringify(result), Date.now());
-      this.#outbound.prepare(
-        "UPDATE states SET state = 'done' WHERE request_id = ?",
-      ).run(result.requestId);
+      statement(this.#outbound, "UPDATE states SET state = 'done' WHERE request_id = ?").run(
+        result.requestId,
+      );
     });
   }
 
@@ -244,6 +252,7 @@ export class RunnerQueue {
     try {
       this.commits.flush();
     } finally {
+      this.#bell.close();
       this.#inbound.close();
       this.#outbound.close();
     }
@@ -252,7 +261,7 @@ export class RunnerQueue {
   #readRequests(sql: string, ...params: number[]): InboundRequest[] {
     let rows: Record<string, unknown>[];
     try {
-      rows = this.#inbound.prepare(sql).all(...params) as Record<string, unknown>[];
+      rows = statement(this.#inbound, sql).all(...params) as Record<string, unknown>[];
     } catch (cause) {
       throw new QueueError(`Cannot read inbound.db: ${messageOf(cause)}`, { cause });
     }
@@ -282,7 +291,8 @@ export class RunnerQueue {
  * @param beat The heartbeat.
  */
 export function writeHeartbeatRow(db: DatabaseSync, beat: Heartbeat): void {
-  db.prepare(
+  statement(
+    db,
     `INSERT INTO heartbeat (id, runner_id, boot_id, seq, time, state, idle_since)
      VALUES (1, ?, ?, ?, ?, ?, ?)
      ON CONFLICT (id) DO UPDATE SET runner_id = excluded.runner_id, boot_id = excluded.boot_id,

@@ -62,6 +62,10 @@ export interface QueuePaths {
   outbound: string;
   /** Held (flock) by the live runner so two runners never serve one queue. */
   runnerLock: string;
+  /** Rung by the host after each inbound commit; watched by the runner. */
+  inboundBell: string;
+  /** Rung by the runner after each outbound commit; watched by the host. */
+  outboundBell: string;
 }
 
 /**
@@ -76,6 +80,8 @@ export function queuePaths(dir: string): QueuePaths {
     inbound: join(dir, "inbound.db"),
     outbound: join(dir, "outbound.db"),
     runnerLock: join(dir, "runner.lock"),
+    inboundBell: join(dir, "inbound.bell"),
+    outboundBell: join(dir, "outbound.bell"),
   };
 }
 
@@ -113,7 +119,9 @@ export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePat
   openDatabase(paths.inbound, { role: "owner", schema: INBOUND_SCHEMA }).close();
   openDatabase(paths.outbound, { role: "owner", schema: OUTBOUND_SCHEMA }).close();
   try {
-    Deno.writeFileSync(paths.runnerLock, new Uint8Array(), { append: true, create: true });
+    for (const path of [paths.runnerLock, paths.inboundBell, paths.outboundBell]) {
+      Deno.writeFileSync(path, new Uint8Array(), { append: true, create: true });
+    }
     if (options.shared) {
       // Journals too: SQLite creates them with the mode the database file had then.
       const files = [
@@ -122,7 +130,7 @@ export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePat
         `${paths.inbound}-journal`,
         `${paths.outbound}-journal`,
       ];
-      for (const path of [...files, paths.runnerLock]) {
+      for (const path of [...files, paths.runnerLock, paths.inboundBell, paths.outboundBell]) {
         try {
           Deno.chmodSync(path, 0o666);
         } catch (error) {

@@ -1,12 +1,19 @@
 /**
- * Wakes a queue side when the other side's file changes: `Deno.watchFs`
- * where the platform delivers events (inotify follows bind mounts on Linux),
- * plus a short fallback poll for mounts that drop them (Docker Desktop's
- * VirtioFS). The caller then checks `PRAGMA data_version`, so a spurious wake
- * costs one cheap read.
+ * Wakes a queue side when the other side committed: each side rings a
+ * doorbell file (`inbound.bell`, `outbound.bell`) after every commit, and the
+ * other side watches it with `Deno.watchFs` (inotify follows bind mounts on
+ * Linux), plus a short fallback poll for mounts that drop events (Docker
+ * Desktop's VirtioFS). The caller then checks `PRAGMA data_version`.
+ *
+ * Why a doorbell and not the database file itself: inotify reports the
+ * database file's modification while the writer is still inside its commit,
+ * so the woken reader runs into the write lock and SQLite's busy handler
+ * sleeps at least a millisecond (and its read lock then delays the writer's
+ * next commit). The bell rings only after COMMIT returned.
  *
  * @module
  */
+import { QueueError } from "../errors.ts";
 
 /** Default fallback poll interval. */
 export const DEFAULT_POLL_MS = 100;
@@ -87,5 +94,48 @@ export class ChangeWatcher {
       // Already closed.
     }
     this.#wake?.();
+  }
+}
+
+/**
+ * A doorbell file: one byte rewritten in place after each commit.
+ */
+export class Bell {
+  #file: Deno.FsFile | undefined;
+  #byte = new Uint8Array(1);
+
+  /**
+   * @param path The bell file; a missing one leaves the other side on its poll.
+   * @throws {QueueError} When the path is a symlink (it would redirect a host write).
+   */
+  constructor(path: string) {
+    try {
+      if (Deno.lstatSync(path).isSymlink) throw new QueueError(`Doorbell '${path}' is a symlink`);
+      this.#file = Deno.openSync(path, { write: true });
+    } catch (error) {
+      if (error instanceof QueueError) throw error;
+      this.#file = undefined;
+    }
+  }
+
+  /** Wakes the watchers; never throws (a missed ring is caught by the poll). */
+  ring(): void {
+    try {
+      this.#byte[0] = (this.#byte[0]! + 1) & 0xff;
+      this.#file?.seekSync(0, Deno.SeekMode.Start);
+      this.#file?.writeSync(this.#byte);
+    } catch {
+      // The poll fallback still wakes the other side.
+    }
+  }
+
+  /** Closes the file. */
+  close(): void {
+    try {
+      this.#file?.close();
+    } catch {
+      // Already closed.
+    }
+    this.#file = undefined;
   }
 }
