@@ -51,6 +51,8 @@ export interface RunnerOptions {
 const FLUSH_MS = 50;
 /** Buffered output that forces a flush before the timer. */
 const FLUSH_BYTES = 256 * 1024;
+/** How often acknowledged outbound rows are deleted. */
+const COLLECT_MS = 1000;
 /** Orphan reaping interval (descendants that escaped and then died). */
 const REAP_MS = 1000;
 /** First pause before a write is tried again after a lock timeout; doubles up to the max. */
@@ -242,10 +244,10 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         void record(resultOf(id, { cancelled: true, error: "Cancelled before it started" }));
       }
     }
-    queue.collectAcked().catch(onWriteError("garbage collection"));
   };
 
   let retry = false;
+  let lastCollect = 0;
   try {
     while (!stop.signal.aborted) {
       if (retry || queue.inboundChanged()) {
@@ -258,6 +260,12 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
           await new Promise((resolve) => setTimeout(resolve, 500));
           continue;
         }
+      }
+      // Acknowledged rows are deleted in the background, at most once a
+      // second: one commit for many acks, and never on a request's hot path.
+      if (Date.now() - lastCollect >= COLLECT_MS) {
+        lastCollect = Date.now();
+        queue.collectAcked().catch(onWriteError("garbage collection"));
       }
       while (running.size < concurrency && waiting.length > 0) {
         void execute(waiting.shift()!);
