@@ -135,29 +135,40 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   );
   waiting.push(...recovery.pending);
 
+  // The first beat comes from this thread, so the host sees the runner as
+  // soon as it serves; the worker (a second isolate, slower to boot) takes
+  // over the timer without delaying that.
+  await queue.writeHeartbeat({
+    runnerId,
+    bootId,
+    seq: 0,
+    time: Date.now(),
+    state: "running",
+    idleSince,
+  });
   const heartbeat = new Worker(new URL("./heartbeat_worker.ts", import.meta.url), {
     type: "module",
   });
-  await new Promise<void>((resolve, reject) => {
-    heartbeat.onmessage = (event): void => {
-      const data = event.data as { type?: string; message?: string } | undefined;
-      if (data?.type === "started") resolve();
-      else if (data?.type === "failed") {
-        reject(new RunnerError(`Cannot write the heartbeat: ${data.message}`));
-      } else if (data?.type === "error") {
-        logLine(`heartbeat write failed: ${data.message}`);
-      }
-    };
-    heartbeat.onerror = (event): void => {
-      event.preventDefault();
-      reject(new Error(`Heartbeat worker failed: ${event.message}`));
-    };
-    post(heartbeat, {
-      type: "start",
-      outbound: queue.paths.outbound,
-      beat: { runnerId, bootId, seq: 0, time: Date.now(), state: "running", idleSince },
-      intervalMs: options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
-    });
+  heartbeat.onmessage = (event): void => {
+    const data = event.data as { type?: string; message?: string } | undefined;
+    if (data?.type === "failed") {
+      // Without beats every host would call this runner dead: stop cleanly.
+      logLine(`cannot write the heartbeat, stopping: ${data.message}`);
+      stop.abort();
+    } else if (data?.type === "error") {
+      logLine(`heartbeat write failed: ${data.message}`);
+    }
+  };
+  heartbeat.onerror = (event): void => {
+    event.preventDefault();
+    logLine(`heartbeat worker failed, stopping: ${event.message}`);
+    stop.abort();
+  };
+  post(heartbeat, {
+    type: "start",
+    outbound: queue.paths.outbound,
+    beat: { runnerId, bootId, seq: 1, time: Date.now(), state: "running", idleSince },
+    intervalMs: options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
   });
   const reaper = subreaper ? setInterval(() => reapOrphans(spawnedPids()), REAP_MS) : undefined;
   const watcher = new ChangeWatcher([queue.paths.inboundBell], {

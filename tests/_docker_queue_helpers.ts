@@ -115,11 +115,11 @@ export interface ExclusiveLock {
  * a journal that the other side's connections expect to truncate) and the
  * busy timeout (the runner may hold the lock for a moment).
  *
- * A separate process, because POSIX record locks belong to a process and any
- * close() of the file by that process, SQLite's or not, drops them all. In
- * the test process `Deno.watchFs` (the host queue's change watcher) opens and
- * closes the watched database file on change events, and an in-process lock
- * was seen lost in the middle of a test.
+ * A separate process, like the runner: POSIX record locks belong to a
+ * process, and one close() of the database file by that process outside
+ * SQLite drops them all. (`Deno.watchFs` opens and closes every file it
+ * reports an event for: while the host queue watched `outbound.db` itself, an
+ * in-process lock was seen lost in the middle of this test.)
  *
  * @param path The database file.
  * @returns The held lock.

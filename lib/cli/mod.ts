@@ -5,66 +5,82 @@
  * @module
  */
 import { UsageError, WaffleError } from "../errors.ts";
-import { DOCTOR_HELP, doctorCommand } from "./doctor.ts";
-import { EXEC_HELP, execCommand, WAIT_HELP, waitCommand } from "./exec.ts";
 import type { CliIo } from "./io.ts";
-import { RUNNER_HELP, runnerCommand } from "./runner.ts";
-import {
-  PS_HELP,
-  psCommand,
-  RM_HELP,
-  rmCommand,
-  STOP_HELP,
-  stopCommand,
-  SWEEP_HELP,
-  sweepCommand,
-} from "./fleet.ts";
 
 export { type CliIo, processIo } from "./io.ts";
 
-/** A subcommand: its help and its implementation. */
-export interface Subcommand {
+/** What a subcommand module provides once loaded. */
+export interface LoadedSubcommand {
   help: string;
-  summary: string;
   run: (args: string[], io: CliIo) => Promise<number>;
 }
 
+/** A subcommand: a one-line summary and a loader for the rest. */
+export interface Subcommand {
+  summary: string;
+  load: () => Promise<LoadedSubcommand>;
+}
+
+// Loaded on use: `waffle runner` starts in every container, and must not pay
+// for the Docker client and the rest of the CLI's module graph.
 const commands = new Map<string, Subcommand>([
-  ["exec", { help: EXEC_HELP, summary: "run a command in a sandbox", run: execCommand }],
-  ["wait", { help: WAIT_HELP, summary: "wait for a detached request", run: waitCommand }],
+  ["exec", {
+    summary: "run a command in a sandbox",
+    load: async () => {
+      const m = await import("./exec.ts");
+      return { help: m.EXEC_HELP, run: m.execCommand };
+    },
+  }],
+  ["wait", {
+    summary: "wait for a detached request",
+    load: async () => {
+      const m = await import("./exec.ts");
+      return { help: m.WAIT_HELP, run: m.waitCommand };
+    },
+  }],
   ["doctor", {
-    help: DOCTOR_HELP,
     summary: "check the queue, Docker and the image",
-    run: doctorCommand,
+    load: async () => {
+      const m = await import("./doctor.ts");
+      return { help: m.DOCTOR_HELP, run: m.doctorCommand };
+    },
   }],
-  ["ps", { help: PS_HELP, summary: "list sandbox containers", run: psCommand }],
+  ["ps", {
+    summary: "list sandbox containers",
+    load: async () => {
+      const m = await import("./fleet.ts");
+      return { help: m.PS_HELP, run: m.psCommand };
+    },
+  }],
   ["sweep", {
-    help: SWEEP_HELP,
     summary: "stop idle, remove stale or incompatible sandboxes",
-    run: sweepCommand,
+    load: async () => {
+      const m = await import("./fleet.ts");
+      return { help: m.SWEEP_HELP, run: m.sweepCommand };
+    },
   }],
-  ["stop", { help: STOP_HELP, summary: "stop a user's sandbox", run: stopCommand }],
+  ["stop", {
+    summary: "stop a user's sandbox",
+    load: async () => {
+      const m = await import("./fleet.ts");
+      return { help: m.STOP_HELP, run: m.stopCommand };
+    },
+  }],
   ["rm", {
-    help: RM_HELP,
     summary: "remove a user's sandbox (--purge: and its state)",
-    run: rmCommand,
+    load: async () => {
+      const m = await import("./fleet.ts");
+      return { help: m.RM_HELP, run: m.rmCommand };
+    },
   }],
   ["runner", {
-    help: RUNNER_HELP,
     summary: "serve a queue (runs inside the sandbox)",
-    run: (args) => runnerCommand(args),
+    load: async () => {
+      const m = await import("./runner.ts");
+      return { help: m.RUNNER_HELP, run: (args) => m.runnerCommand(args) };
+    },
   }],
 ]);
-
-/**
- * Adds subcommands (the Docker ones are registered by `main.ts`).
- *
- * @param name The subcommand.
- * @param command Its help and implementation.
- */
-export function registerCommand(name: string, command: Subcommand): void {
-  commands.set(name, command);
-}
 
 function usage(): string {
   const lines = [...commands].map(([name, command]) => `  ${name.padEnd(8)} ${command.summary}`);
@@ -92,11 +108,12 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     if (command === undefined) {
       throw new UsageError(`Unknown command '${name}'; run 'waffle --help'`);
     }
+    const loaded = await command.load();
     if (rest.includes("--help") && !rest.slice(0, rest.indexOf("--help")).includes("--")) {
-      await io.stdout(command.help);
+      await io.stdout(loaded.help);
       return 0;
     }
-    return await command.run(rest, io);
+    return await loaded.run(rest, io);
   } catch (error) {
     if (error instanceof WaffleError) {
       await io.stderr(`waffle: ${error.message}\n`);
