@@ -338,11 +338,7 @@ async function runOne(
   let env: Record<string, string>;
   try {
     cwd = resolveCwd(options.workspace, payload.cwd);
-    env = buildEnv(
-      options.baseEnv,
-      payload.env,
-      request.id,
-    );
+    env = buildEnv(options.baseEnv, { extra: payload.env, requestId: request.id });
   } catch (error) {
     if (error instanceof UsageError) {
       return { result: resultOf(request.id, { error: error.message }), unsent: [] };

@@ -104,17 +104,17 @@ export function resolveCwd(root: string, cwd: string | undefined): string {
  * ordinary entry.
  *
  * @param base The runner's minimal base environment.
- * @param extra The request's variables; they override `base`.
- * @param requestId The request id stored in `WAFFLE_REQUEST_ID`.
+ * @param options `extra`: the request's variables (they override `base`);
+ *   `requestId`: stored in `WAFFLE_REQUEST_ID`.
  * @returns A fresh environment object.
  * @throws {UsageError} On an invalid name, a NUL byte in a value, or an attempt
  *   to set `WAFFLE_REQUEST_ID`.
  */
 export function buildEnv(
   base: Record<string, string>,
-  extra: Record<string, string> | undefined,
-  requestId: string,
+  options: { extra?: Record<string, string> | undefined; requestId: string },
 ): Record<string, string> {
+  const { extra, requestId } = options;
   if (requestId === "" || requestId.includes("\0")) {
     throw new UsageError(`Request id ${quoteValue(requestId)} is not valid in an environment`);
   }

@@ -54,7 +54,7 @@ async function run(argv: string[], args: RunArgs = {}): Promise<Run> {
     requestId,
     argv,
     cwd: args.cwd ?? Deno.cwd(),
-    env: buildEnv({ PATH }, args.env, requestId),
+    env: buildEnv({ PATH }, { extra: args.env, requestId }),
     stdin: args.stdin ?? null,
     timeoutMs: args.timeoutMs ?? SAFETY_TIMEOUT_MS,
     outputCap: args.outputCap ?? 1024 * 1024,
@@ -212,7 +212,7 @@ Deno.test("runCommand() passes exactly the given environment plus WAFFLE_REQUEST
     requestId,
     argv: ["env"],
     cwd: Deno.cwd(),
-    env: buildEnv({ PATH }, { FOO: "bar baz", ["__proto__"]: "x" }, requestId),
+    env: buildEnv({ PATH }, { extra: { FOO: "bar baz", ["__proto__"]: "x" }, requestId }),
     stdin: null,
     outputCap: 65536,
   }, {
@@ -520,7 +520,7 @@ Deno.test("runCommand() kills the tree and reports an output handler failure", a
       requestId,
       argv: ["sh", "-c", `echo $$ > ${dir}/pid; echo ready; sleep 1000`],
       cwd: dir,
-      env: buildEnv({ PATH }, undefined, requestId),
+      env: buildEnv({ PATH }, { requestId }),
       stdin: null,
       timeoutMs: SAFETY_TIMEOUT_MS,
       outputCap: 1024,
@@ -570,7 +570,7 @@ Deno.test("findTree() finds descendants and marked escapees but never the runner
       requestId,
       argv: ["sh", script],
       cwd: dir,
-      env: buildEnv({ PATH }, undefined, requestId),
+      env: buildEnv({ PATH }, { requestId }),
       stdin: null,
       timeoutMs: SAFETY_TIMEOUT_MS,
       outputCap: 1024,
@@ -679,7 +679,10 @@ Deno.test("resolveCwd() rejects directories outside the workspace, missing ones 
 });
 
 Deno.test("buildEnv() adds the request marker and rejects bad variables", () => {
-  const env = buildEnv({ PATH, HOME: "/w" }, { HOME: "/x", _A1: "" }, "req-1");
+  const env = buildEnv({ PATH, HOME: "/w" }, {
+    extra: { HOME: "/x", _A1: "" },
+    requestId: "req-1",
+  });
   assert.deepEqual({ ...env }, {
     PATH,
     HOME: "/x",
@@ -698,7 +701,7 @@ Deno.test("buildEnv() adds the request marker and rejects bad variables", () => 
     ],
   ];
   for (const [extra, message] of cases) {
-    assert.throws(() => buildEnv({ PATH }, extra, "req-1"), (error: unknown) => {
+    assert.throws(() => buildEnv({ PATH }, { extra, requestId: "req-1" }), (error: unknown) => {
       assert.ok(error instanceof UsageError);
       assert.equal(error.message, message);
       return true;
