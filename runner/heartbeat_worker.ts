@@ -41,12 +41,14 @@ self.onmessage = (event: MessageEvent<HeartbeatMessage>): void => {
   if (message.type === "start") {
     try {
       db = openDatabase(message.outbound, { role: "owner" });
-      beat = message.beat;
-      write();
     } catch (error) {
+      // Only a file that cannot be opened is fatal; a write that meets a
+      // lock (busy past the timeout) is a missed beat, retried next tick.
       self.postMessage({ type: "failed", message: String(error) });
       return;
     }
+    beat = message.beat;
+    writeOrReport();
     timer = setInterval(writeOrReport, message.intervalMs);
     self.postMessage({ type: "started" });
   } else if (message.type === "update" && beat !== undefined) {

@@ -167,7 +167,7 @@ Deno.test("a reader holding outbound.db past busy_timeout delays results but los
     queue.collect(queued, { signal: abort.signal }),
   ]).finally(() => clearTimeout(timer));
   assert.deepEqual([a.result.exitCode, text(a.stdout)], [0, "out-a\n"]);
-  assert.deepEqual([b.result.exitCode, text(b.stdout)], [0, "out-b\n"]);
+  assert.deepEqual([b.result.exitCode, text(b.stdout)], [0, "out-b\n"], JSON.stringify(b.result));
   assert.equal(await Deno.readTextFile(join(q.workspace, "ran.log")), "a\nb\n");
   queue.close();
 });
