@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { RunnerError, UsageError } from "../lib/errors.ts";
+import { UsageError } from "../lib/errors.ts";
 import { isBusyError, messageOf } from "../lib/queue/connection.ts";
 import {
   DEFAULT_OUTPUT_CAP,
