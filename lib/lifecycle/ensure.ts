@@ -103,8 +103,9 @@ export async function ensureContainer(
   let action: EnsureAction = "reused";
 
   if (container !== null) {
-    // The name is derived from (tenant, user) only, so another WAFFLE_HOME on
-    // this daemon may hold it: never replace a live sandbox of another home.
+    // Names carry the home's fingerprint, so another home's label under our
+    // name means tampering or a collision: never replace a live sandbox of
+    // another home.
     const foreign = !ownedBy(container, paths.root);
     if (foreign) refuseForeign(container, spec.name, paths.root);
     const reason = foreign
