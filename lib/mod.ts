@@ -21,3 +21,20 @@ export {
   openHostBackend,
   runnerAlive,
 } from "./host_backend.ts";
+export {
+  type EnsureAction,
+  type Ensured,
+  listSandboxes,
+  openSandbox,
+  removeSandbox,
+  type Sandbox,
+  type SandboxConfig,
+  type SandboxKey,
+  type SandboxOptions,
+  type SandboxStatus,
+  type StatePaths,
+  stopSandbox,
+  sweep,
+  type SweepAction,
+  type SweepOptions,
+} from "./lifecycle/mod.ts";

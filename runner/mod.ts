@@ -4,5 +4,5 @@
  * @module
  */
 export { resultOf, type RunnerOptions, runRunner } from "./runner.ts";
-export { type ExecOutcome, type ExecSpec, runCommand } from "./exec.ts";
+export { type ExecOutcome, type ExecSpec, runCommand, type RunOptions } from "./exec.ts";
 export { enableSubreaper, reapOrphans } from "./subreaper.ts";

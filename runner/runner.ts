@@ -212,6 +212,9 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const execute = async (request: InboundRequest): Promise<void> => {
     const entry: Running = { request, abort: new AbortController() };
     running.set(request.id, entry);
+    const release = (): void => {
+      if (running.delete(request.id)) kick.abort();
+    };
     try {
       const { result, unsent } = await runOne(queue, request, {
         bootId,
@@ -220,14 +223,18 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         abort: entry.abort.signal,
         claimOrphans: concurrency === 1,
       });
-      await record(result, unsent);
+      // The tree is dead: free the slot before the result is durable, so the
+      // next request's "started" joins the result's commit (one fsync per
+      // request, not two). Its process starts only after that commit.
+      const recorded = record(result, unsent);
+      release();
+      await recorded;
     } catch (error) {
       // "started" could not be written: the request stays "accepted" until a
       // later runner runs it.
       logLine(`cannot run '${request.id}': ${messageOf(error)}`);
     } finally {
-      running.delete(request.id);
-      kick.abort();
+      release();
     }
   };
 

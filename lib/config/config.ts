@@ -36,7 +36,8 @@ export interface SandboxConfig {
 const fileSchema = z.object({
   image: z.string().min(1).max(256).optional(),
   idleSeconds: z.number().min(0).max(7 * 24 * 3600).optional(),
-  pidsLimit: z.number().int().min(8).max(65536).optional(),
+  // The runner itself uses up to ~25 tasks (threads count against pids.max).
+  pidsLimit: z.number().int().min(32).max(65536).optional(),
   memoryBytes: z.number().int().min(32 * 1024 * 1024).optional(),
   cpus: z.number().positive().max(1024).optional(),
   tmpBytes: z.number().int().min(1024 * 1024).optional(),
@@ -134,5 +135,13 @@ export function loadConfig(overrides: Partial<SandboxConfig> = {}): SandboxConfi
     }
   }
   const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));
+  const { home: _home, ...checked } = defined;
+  const valid = fileSchema.safeParse(checked);
+  if (!valid.success) {
+    const issue = valid.error.issues[0];
+    throw new UsageError(
+      `Invalid setting '${issue?.path.join(".") ?? "?"}': ${issue?.message ?? "invalid"}`,
+    );
+  }
   return { ...DEFAULTS, ...fromFile, ...fromEnv, ...defined, home } as SandboxConfig;
 }

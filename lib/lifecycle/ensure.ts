@@ -145,13 +145,21 @@ export async function ensureContainer(
 
   if (container.State.Running) {
     if (runnerAlive(queue)) return { containerId: container.Id, imageId, action };
-    // Running but no fresh heartbeat: the runner is exiting (idle) or wedged.
-    // Let an exiting one finish, then start the container again.
+    // Running with a stale heartbeat: either the runner is exiting (idle
+    // exit, SIGTERM), or its heartbeat is held up by a lock on outbound.db.
+    // Never stop it for that: a healthy runner may be mid-command.
     const exited = await docker.waitContainer(container.Id, { timeoutMs: 5000 }).then(
       () => true,
       () => false,
     );
-    if (!exited) await docker.stopContainer(container.Id, { timeoutSeconds: 5 });
+    if (!exited) {
+      await waitReady(docker, container.Id, {
+        queue,
+        before: undefined,
+        timeoutMs: options.readyTimeoutMs,
+      });
+      return { containerId: container.Id, imageId, action };
+    }
   }
   const before = queue.heartbeat()?.bootId;
   await docker.startContainer(container.Id);
@@ -206,7 +214,8 @@ function refuseForeign(
   );
 }
 
-// Waits for a heartbeat from a runner booted after `before`.
+// Waits for a fresh heartbeat from a runner booted after `before` (any
+// runner when `before` is undefined).
 async function waitReady(
   docker: DockerClient,
   id: string,
@@ -216,7 +225,7 @@ async function waitReady(
   let checks = 0;
   while (Date.now() < deadline) {
     const beat = options.queue.heartbeat();
-    if (beat !== undefined && beat.bootId !== options.before && beat.state === "running") return;
+    if (beat !== undefined && beat.bootId !== options.before && runnerAlive(options.queue)) return;
     if (++checks % 25 === 0) {
       const state = await docker.inspectContainer(id);
       if (state === null || !state.State.Running) {

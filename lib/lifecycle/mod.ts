@@ -4,7 +4,15 @@
  *
  * @module
  */
-export { ensureContainer, type Ensured, incompatibility, resolveImage } from "./ensure.ts";
+export type { SandboxConfig } from "../config/config.ts";
+export {
+  type EnsureAction,
+  ensureContainer,
+  type Ensured,
+  type EnsureOptions,
+  incompatibility,
+  resolveImage,
+} from "./ensure.ts";
 export { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 export { withLock } from "./lock.ts";
 export { bind, type ContainerSpec, containerSpec, LABELS, SANDBOX_UID } from "./posture.ts";

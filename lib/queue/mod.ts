@@ -4,7 +4,14 @@
  *
  * @module
  */
-export { BUSY_TIMEOUT_MS, isBusyError, openDatabase, transaction } from "./connection.ts";
+export {
+  BUSY_TIMEOUT_MS,
+  isBusyError,
+  openDatabase,
+  type OpenOptions,
+  type Role,
+  transaction,
+} from "./connection.ts";
 export { GroupCommit } from "./group_commit.ts";
 export * from "./protocol.ts";
 export {
@@ -15,5 +22,5 @@ export {
   type WaitOptions,
 } from "./queue.ts";
 export { type InboundRequest, type Recovery, RunnerQueue } from "./runner_queue.ts";
-export { initQueue, type QueuePaths, queuePaths } from "./schema.ts";
+export { initQueue, type InitQueueOptions, type QueuePaths, queuePaths } from "./schema.ts";
 export { ChangeWatcher } from "./watch.ts";

@@ -8,7 +8,7 @@ import type { DatabaseSync } from "node:sqlite";
 import { z } from "zod";
 import { concat } from "../bytes.ts";
 import { ProtocolError, QueueError, RunnerError, UsageError } from "../errors.ts";
-import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
+import { dataVersion, isBusyError, messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import {
   type ChunkCursor,
@@ -308,16 +308,23 @@ export class Queue {
     const cap = this.#capOf(id);
     while (true) {
       const version = dataVersion(this.#outbound);
-      // Read the result first: the runner commits the last chunks with it, so
-      // once the result is visible every chunk is too.
-      const result = this.#guard(id, () => readResult(this.#outbound, id));
-      for (
-        let page = this.#page(id, cursor, cap);
-        page.length > 0;
-        page = this.#page(id, cursor, cap)
-      ) {
-        yield* page;
+      let result: ExecResult | undefined;
+      const pages: OutputChunk[][] = [];
+      try {
+        // Read the result first: the runner commits the last chunks with it,
+        // so once the result is visible every chunk is too.
+        result = this.#guard(id, () => readResult(this.#outbound, id));
+        for (
+          let page = this.#page(id, cursor, cap);
+          page.length > 0;
+          page = this.#page(id, cursor, cap)
+        ) {
+          pages.push(page);
+        }
+      } catch (error) {
+        if (!isBusyError(error)) throw error;
       }
+      for (const page of pages) yield* page;
       if (result !== undefined) return result;
       this.#refuseCollected(id);
       await this.#changedSince(version, options);
@@ -335,7 +342,12 @@ export class Queue {
     this.#requireRequest(id);
     while (true) {
       const version = dataVersion(this.#outbound);
-      const result = this.#guard(id, () => readResult(this.#outbound, id));
+      let result: ExecResult | undefined;
+      try {
+        result = this.#guard(id, () => readResult(this.#outbound, id));
+      } catch (error) {
+        if (!isBusyError(error)) throw error;
+      }
       if (result !== undefined) return result;
       this.#refuseCollected(id);
       await this.#changedSince(version, options);
@@ -410,12 +422,14 @@ export class Queue {
     }
   }
 
-  // Errors reading outbound.db belong to the request being read: the host keeps serving.
+  // Errors reading outbound.db belong to the request being read: the host
+  // keeps serving. A lock held past busy_timeout is passed through unchanged,
+  // for the wait loops to retry: it is not the request's fault.
   #guard<T>(id: string, read: () => T): T {
     try {
       return read();
     } catch (error) {
-      if (error instanceof ProtocolError) throw error;
+      if (error instanceof ProtocolError || isBusyError(error)) throw error;
       throw new ProtocolError(
         `Cannot read outbound.db${id ? ` for request '${id}'` : ""}: ${messageOf(error)}`,
         { cause: error },

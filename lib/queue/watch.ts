@@ -11,6 +11,11 @@
  * sleeps at least a millisecond (and its read lock then delays the writer's
  * next commit). The bell rings only after COMMIT returned.
  *
+ * Never watch the database files or the queue directory itself: Deno's
+ * watcher opens and closes each file it reports on, and closing any handle to
+ * a file drops every POSIX lock the process holds on it, so SQLite's own
+ * locks in this process would silently vanish (seen as inconsistent reads).
+ *
  * @module
  */
 import { QueueError } from "../errors.ts";
