@@ -35,6 +35,8 @@ export class WaffleError extends Error {
   /** Exit code the CLI returns when this error ends the program. */
   readonly exitCode: number;
   /**
+   * Creates an error to report to the user.
+   *
    * @param message One line: capital letter, no trailing period, offending value quoted.
    * @param options Cause and exit code.
    */
@@ -47,7 +49,7 @@ export class WaffleError extends Error {
 
 /** A user, config-file or CLI input was invalid. Nothing was created or run. */
 export class UsageError extends WaffleError {
-  /** @inheritdoc */
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
   constructor(message: string, options: WaffleErrorOptions = {}) {
     super(message, options);
     this.name = "UsageError";
@@ -56,7 +58,7 @@ export class UsageError extends WaffleError {
 
 /** The queue files could not be opened, had the wrong schema, or failed a write. */
 export class QueueError extends WaffleError {
-  /** @inheritdoc */
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
   constructor(message: string, options: WaffleErrorOptions = {}) {
     super(message, options);
     this.name = "QueueError";
@@ -68,7 +70,7 @@ export class QueueError extends WaffleError {
  * hostile. It fails only the request it belongs to.
  */
 export class ProtocolError extends WaffleError {
-  /** @inheritdoc */
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
   constructor(message: string, options: WaffleErrorOptions = {}) {
     super(message, options);
     this.name = "ProtocolError";
@@ -80,6 +82,8 @@ export class DockerError extends WaffleError {
   /** HTTP status the daemon answered with, when it answered. */
   readonly status: number | undefined;
   /**
+   * Creates a Docker error.
+   *
    * @param message One-line reason.
    * @param options Cause, exit code and HTTP status.
    */
@@ -92,7 +96,7 @@ export class DockerError extends WaffleError {
 
 /** The sandbox runner is not alive (no heartbeat) or could not be started. */
 export class RunnerError extends WaffleError {
-  /** @inheritdoc */
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
   constructor(message: string, options: WaffleErrorOptions = {}) {
     super(message, options);
     this.name = "RunnerError";

@@ -38,3 +38,5 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./lifecycle/mod.ts";
+/** The Engine API client the fleet functions take; its types live in `lib/docker/mod.ts`. */
+export { DockerClient } from "./docker/mod.ts";

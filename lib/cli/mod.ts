@@ -11,13 +11,17 @@ export { type CliIo, processIo } from "./io.ts";
 
 /** What a subcommand module provides once loaded. */
 export interface LoadedSubcommand {
+  /** The text `--help` prints. */
   help: string;
+  /** Runs the subcommand on the arguments after its name and returns the exit status. */
   run: (args: string[], io: CliIo) => Promise<number>;
 }
 
 /** A subcommand: a one-line summary and a loader for the rest. */
 export interface Subcommand {
+  /** One line for `waffle --help`. */
   summary: string;
+  /** Imports the subcommand's module. */
   load: () => Promise<LoadedSubcommand>;
 }
 

@@ -23,14 +23,19 @@ export type EnsureAction = "reused" | "started" | "created" | "recreated";
 
 /** The outcome of {@linkcode ensureContainer}. */
 export interface Ensured {
+  /** The sandbox container's id. */
   containerId: string;
+  /** The immutable id of the image the container runs. */
   imageId: string;
+  /** What was done to get there. */
   action: EnsureAction;
 }
 
 /** Options for {@linkcode ensureContainer}. */
 export interface EnsureOptions {
+  /** The image, limits and posture settings the container must match. */
   config: SandboxConfig;
+  /** The sandbox's state directories, bind-mounted into the container. */
   paths: StatePaths;
   /** The host side of this sandbox's queue (to watch the heartbeat). */
   queue: Queue;

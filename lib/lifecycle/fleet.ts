@@ -18,17 +18,23 @@ import { stateExists } from "./state_dir.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
+  /** Tenant id from the container's label (`?` when missing). */
   tenant: string;
+  /** User id from the container's label (`?` when missing). */
   user: string;
+  /** The container's id. */
   containerId: string;
+  /** The container's name. */
   name: string;
   /** Docker state: running, exited, paused, created, dead, restarting. */
   state: string;
+  /** Id of the image the container was created from. */
   imageId: string;
   /** Time of the runner's last heartbeat (ms since epoch), or null. */
   lastHeartbeat: number | null;
   /** How long the runner has had nothing to do, in ms; null while busy or unknown. */
   idleMs: number | null;
+  /** The sandbox's state root on the host, from the container's label (empty when missing). */
   statePath: string;
 }
 
@@ -82,20 +88,27 @@ export async function listSandboxes(
 
 /** One thing sweep did (or decided not to do). */
 export interface SweepAction {
+  /** Tenant id of the sandbox. */
   tenant: string;
+  /** User id of the sandbox. */
   user: string;
+  /** The container's id. */
   containerId: string;
+  /** What sweep did to the container. */
   action: "stopped" | "removed" | "kept";
+  /** Why, for the operator. */
   reason: string;
 }
 
 /** Options for {@linkcode sweep}. */
 export interface SweepOptions {
+  /** The waffle home, image and default thresholds to sweep against. */
   config: SandboxConfig;
   /** Stop running containers idle at least this long; default the config's idle time; 0 never. */
   idleSeconds?: number;
   /** Stop least recently used running containers beyond this many; default the config's; 0 no cap. */
   maxRunning?: number;
+  /** The current time in ms since epoch, for idle times; default `Date.now()`. */
   now?: number;
 }
 

@@ -9,7 +9,9 @@ import { UsageError } from "../errors.ts";
 
 /** A validated (tenant, user) pair and its derived names. */
 export interface SandboxKey {
+  /** Validated tenant id. */
   tenant: string;
+  /** Validated user id. */
   user: string;
   /** Hex SHA-256 of the length-prefixed pair: collision-free across separators. */
   hash: string;

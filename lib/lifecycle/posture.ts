@@ -52,8 +52,11 @@ export interface Posture {
 
 /** A container to create, with its identity labels. */
 export interface ContainerSpec {
+  /** The sandbox's deterministic container name. */
   name: string;
+  /** The Docker create body: image, command, labels and posture. */
   body: ContainerCreateBody;
+  /** SHA-256 of the posture; a container labelled with another one is recycled. */
   postureHash: string;
 }
 

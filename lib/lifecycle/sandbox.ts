@@ -28,8 +28,11 @@ export interface SandboxOptions {
 
 /** A user's sandbox: the {@linkcode Backend} plus its identity. */
 export interface Sandbox extends Backend {
+  /** Whose sandbox this is, and its container name. */
   readonly key: SandboxKey;
+  /** The sandbox's state directories on the host. */
   readonly paths: StatePaths;
+  /** The loaded configuration, overrides applied. */
   readonly config: SandboxConfig;
   /** What the last ensure did (undefined before the first). */
   readonly lastEnsure: Ensured | undefined;

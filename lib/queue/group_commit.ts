@@ -35,6 +35,8 @@ export class GroupCommit {
   #bell: Bell | undefined;
 
   /**
+   * Creates a batcher for one owner connection.
+   *
    * @param db The owner connection all writes go to.
    * @param options `bell`: rung after every commit, to wake the other side.
    */

@@ -26,11 +26,23 @@ export const HEARTBEAT_INTERVAL_MS = 2000;
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const noNul = (value: string): boolean => !value.includes("\0");
 
-/** Environment variable name rule shared by host and runner. */
+// The schemas are `@ignore`d in the docs: their types are zod's internals,
+// which `deno doc` cannot show. The interfaces they are annotated with
+// (`ExecPayload`, `ExecResult`, `Heartbeat`) document the shapes instead.
+
+/**
+ * Environment variable name rule shared by host and runner.
+ *
+ * @ignore
+ */
 export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME, "Invalid environment name");
 
-/** The payload of an `exec` request, as stored in `inbound.db`. */
-export const execPayloadSchema = z.object({
+/**
+ * The payload of an `exec` request, as stored in `inbound.db`.
+ *
+ * @ignore
+ */
+export const execPayloadSchema: z.ZodType<ExecPayload> = z.object({
   /** Program and arguments; no implicit shell. */
   argv: z.array(z.string().max(128 * 1024).refine(noNul, "NUL in argument")).min(1).max(4096),
   /** Working directory, relative to (or inside) the runner's workspace root. */
@@ -46,10 +58,27 @@ export const execPayloadSchema = z.object({
 });
 
 /** A validated `exec` payload. */
-export type ExecPayload = z.infer<typeof execPayloadSchema>;
+export interface ExecPayload {
+  /** Program and arguments; no implicit shell. */
+  argv: string[];
+  /** Working directory, relative to (or inside) the runner's workspace root. */
+  cwd?: string | undefined;
+  /** Extra environment; the runner starts from a minimal base, never the host's. */
+  env?: Record<string, string> | undefined;
+  /** Base64 stdin bytes; absent means stdin is closed. */
+  stdin?: string | undefined;
+  /** Run time limit in milliseconds, counted from start (clocks of host and sandbox may differ). */
+  timeoutMs?: number | undefined;
+  /** Per-stream output cap in bytes. */
+  outputCap?: number | undefined;
+}
 
-/** The final outcome of one request, written once into `outbound.db`. */
-export const resultSchema = z.object({
+/**
+ * The final outcome of one request, written once into `outbound.db`.
+ *
+ * @ignore
+ */
+export const resultSchema: z.ZodType<ExecResult> = z.object({
   requestId: z.string().min(1).max(128),
   /** Exit code; 128+n for death by signal n; 126/127 when it could not run; null when it never ran. */
   exitCode: z.number().int().min(0).max(255).nullable(),
@@ -72,32 +101,81 @@ export const resultSchema = z.object({
 });
 
 /** A validated result row. */
-export type ExecResult = z.infer<typeof resultSchema>;
+export interface ExecResult {
+  /** The request this result belongs to. */
+  requestId: string;
+  /** Exit code; 128+n for death by signal n; 126/127 when it could not run; null when it never ran. */
+  exitCode: number | null;
+  /** Signal name when the process died of a signal. */
+  signal: string | null;
+  /** Killed because it hit its `timeoutMs`. */
+  timedOut: boolean;
+  /** The runner died (or was stopped) while the command ran; it is never re-run. */
+  interrupted: boolean;
+  /** Stopped because the host cancelled the request. */
+  cancelled: boolean;
+  /** Stdout went over the output cap. */
+  stdoutTruncated: boolean;
+  /** Stderr went over the output cap. */
+  stderrTruncated: boolean;
+  /** Total bytes the command wrote to stdout, including what was dropped. */
+  stdoutBytes: number;
+  /** Total bytes the command wrote to stderr, including what was dropped. */
+  stderrBytes: number;
+  /** Epoch milliseconds (sandbox clock) just before spawning; null when it never ran. */
+  startedAt: number | null;
+  /** Epoch milliseconds (sandbox clock) when the request ended. */
+  endedAt: number;
+  /** How long the command ran, in milliseconds. */
+  durationMs: number;
+  /** Why the command could not run or was stopped, for the user. */
+  error: string | null;
+}
 
 /** Which stream a chunk belongs to. */
 export type StreamName = "stdout" | "stderr";
 
 /** One piece of a request's output. */
 export interface OutputChunk {
+  /** The stream the bytes were written to. */
   stream: StreamName;
+  /** Position within the stream, from 0 without gaps. */
   seq: number;
+  /** At most {@linkcode MAX_CHUNK_BYTES} bytes. */
   data: Uint8Array;
 }
 
-/** The runner's liveness record in `outbound.db`. */
-export const heartbeatSchema = z.object({
+/**
+ * The runner's liveness record in `outbound.db`.
+ *
+ * @ignore
+ */
+export const heartbeatSchema: z.ZodType<Heartbeat> = z.object({
   runnerId: z.string().min(1).max(128),
   bootId: z.string().min(1).max(128),
   seq: z.number().int().min(0),
   time: z.number().int().min(0),
   /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
   state: z.enum(["running", "exited"]),
-  /** Milliseconds since the runner last had nothing queued or running; 0 while busy. */
+  /** Since when (epoch ms) the runner has had nothing queued or running; null while busy. */
   idleSince: z.number().int().min(0).nullable(),
 });
 
 /** A validated heartbeat. */
-export type Heartbeat = z.infer<typeof heartbeatSchema>;
+export interface Heartbeat {
+  /** Which runner wrote it (by default its hostname). */
+  runnerId: string;
+  /** Random per runner start: a new one means the runner restarted. */
+  bootId: string;
+  /** Counts the beats of one boot. */
+  seq: number;
+  /** Epoch milliseconds (sandbox clock) of the beat. */
+  time: number;
+  /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
+  state: "running" | "exited";
+  /** Since when (epoch ms) the runner has had nothing queued or running; null while busy. */
+  idleSince: number | null;
+}
 
 /** Lifecycle of a request as the runner reports it. */
 export type RequestState = "queued" | "accepted" | "started" | "done";

@@ -79,8 +79,11 @@ export interface WaitOptions {
 
 /** A request's output and result, as `waffle exec --json` reports them. */
 export interface Collected {
+  /** How the request ended. */
   result: ExecResult;
+  /** The command's stdout, up to the output cap. */
   stdout: Uint8Array;
+  /** The command's stderr, up to the output cap. */
   stderr: Uint8Array;
 }
 

@@ -22,9 +22,13 @@ import { Bell } from "./watch.ts";
 
 /** A request as the runner sees it. `payload` is undefined when it failed validation. */
 export interface InboundRequest {
+  /** Position in `inbound.db`: requests are served in this order. */
   seq: number;
+  /** The request id. */
   id: string;
+  /** The caller's tool-use id. */
   toolUseId: string;
+  /** What to run. */
   payload: ExecPayload | undefined;
   /** Why the payload was rejected. */
   invalid?: string;

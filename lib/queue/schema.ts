@@ -57,8 +57,11 @@ CREATE TABLE results (
 
 /** Paths of the files inside one queue directory. */
 export interface QueuePaths {
+  /** The queue directory. */
   dir: string;
+  /** `inbound.db`, written only by the host. */
   inbound: string;
+  /** `outbound.db`, written only by the runner. */
   outbound: string;
   /** Held (flock) by the live runner so two runners never serve one queue. */
   runnerLock: string;

@@ -41,7 +41,9 @@ export class ChangeWatcher {
   #pollMs: number;
 
   /**
-   * @param paths Files to watch (the other side's database file).
+   * Starts watching; falls back to polling alone when the files cannot be watched.
+   *
+   * @param paths Files to watch: the other side's doorbell.
    * @param options Poll interval.
    */
   constructor(paths: string[], options: ChangeWatcherOptions = {}) {
