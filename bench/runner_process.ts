@@ -6,7 +6,7 @@
  * @module
  */
 import { join } from "node:path";
-import { selfCommand } from "../lib/config/self.ts";
+import { runnerArgs, selfCommand } from "../lib/config/self.ts";
 import { Queue } from "../lib/queue/queue.ts";
 
 /** Options for {@linkcode startBenchRunner}. */
@@ -52,20 +52,11 @@ export async function startBenchRunner(
   const probe = Queue.open(queueDir);
   const before = probe.heartbeat()?.bootId;
   const child = new Deno.Command(self.executable, {
-    args: [
-      ...self.prefix,
-      "runner",
-      "--queue",
-      queueDir,
-      "--workspace",
-      options.workspace,
-      "--log",
+    args: runnerArgs(queueDir, {
+      ...options,
       log,
-      "--idle-exit",
-      String(options.idleExitSeconds ?? 120),
-      ...(options.concurrency === undefined ? [] : ["--concurrency", String(options.concurrency)]),
-      ...(options.pollMs === undefined ? [] : ["--poll-ms", String(options.pollMs)]),
-    ],
+      idleExitSeconds: options.idleExitSeconds ?? 120,
+    }),
     stdin: "null",
     // stdout stays clean for `--json`; diagnostics go to the log file.
     stdout: "null",

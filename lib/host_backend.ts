@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { RunnerError } from "./errors.ts";
 import { HEARTBEAT_INTERVAL_MS } from "./queue/protocol.ts";
 import { Queue, type SubmitOptions } from "./queue/queue.ts";
-import { selfCommand } from "./config/self.ts";
+import { runnerArgs, selfCommand } from "./config/self.ts";
 
 /** Options for {@linkcode openHostBackend}. */
 export interface HostBackendOptions {
@@ -91,20 +91,13 @@ async function ensureHostRunner(
   if (runnerAlive(queue)) return;
   const before = queue.heartbeat();
   const self = selfCommand();
-  const args = [
-    ...self.prefix,
-    "runner",
-    "--queue",
-    queue.paths.dir,
-    "--workspace",
-    options.workspace,
-    "--log",
-    join(queue.paths.dir, "runner.log"),
-    "--idle-exit",
-    String(options.idleExitSeconds ?? 60),
-    ...(options.pollMs === undefined ? [] : ["--poll-ms", String(options.pollMs)]),
-    ...(options.concurrency === undefined ? [] : ["--concurrency", String(options.concurrency)]),
-  ];
+  const args = runnerArgs(queue.paths.dir, {
+    workspace: options.workspace,
+    log: join(queue.paths.dir, "runner.log"),
+    idleExitSeconds: options.idleExitSeconds ?? 60,
+    pollMs: options.pollMs,
+    concurrency: options.concurrency,
+  });
   // Detached: the runner outlives this host process, so a restarted host can
   // re-attach to its requests by id.
   const child = new Deno.Command(self.executable, {

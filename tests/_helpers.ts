@@ -4,7 +4,7 @@
  * @module
  */
 import { join } from "node:path";
-import { selfCommand } from "../lib/config/self.ts";
+import { runnerArgs, selfCommand } from "../lib/config/self.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 
@@ -71,19 +71,7 @@ export async function startRunner(
   const queue = Queue.open(queueDir);
   const before = queue.heartbeat()?.bootId;
   const child = new Deno.Command(self.executable, {
-    args: [
-      ...self.prefix,
-      "runner",
-      "--queue",
-      queueDir,
-      "--workspace",
-      options.workspace,
-      ...(options.idleExitSeconds === undefined
-        ? []
-        : ["--idle-exit", String(options.idleExitSeconds)]),
-      ...(options.concurrency === undefined ? [] : ["--concurrency", String(options.concurrency)]),
-      ...(options.pollMs === undefined ? [] : ["--poll-ms", String(options.pollMs)]),
-    ],
+    args: runnerArgs(queueDir, options),
     stdin: "null",
     stdout: "inherit",
     stderr: "inherit",

@@ -30,61 +30,47 @@ export interface Subcommand {
 const commands = new Map<string, Subcommand>([
   ["exec", {
     summary: "run a command in a sandbox",
-    load: async () => {
-      const m = await import("./exec.ts");
-      return { help: m.EXEC_HELP, run: m.execCommand };
-    },
+    load: lazy(() => import("./exec.ts"), (m) => ({ help: m.EXEC_HELP, run: m.execCommand })),
   }],
   ["wait", {
     summary: "wait for a detached request",
-    load: async () => {
-      const m = await import("./exec.ts");
-      return { help: m.WAIT_HELP, run: m.waitCommand };
-    },
+    load: lazy(() => import("./exec.ts"), (m) => ({ help: m.WAIT_HELP, run: m.waitCommand })),
   }],
   ["doctor", {
     summary: "check the queue, Docker and the image",
-    load: async () => {
-      const m = await import("./doctor.ts");
-      return { help: m.DOCTOR_HELP, run: m.doctorCommand };
-    },
+    load: lazy(() => import("./doctor.ts"), (m) => ({ help: m.DOCTOR_HELP, run: m.doctorCommand })),
   }],
   ["ps", {
     summary: "list sandbox containers",
-    load: async () => {
-      const m = await import("./fleet.ts");
-      return { help: m.PS_HELP, run: m.psCommand };
-    },
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.PS_HELP, run: m.psCommand })),
   }],
   ["sweep", {
     summary: "stop idle, remove stale or incompatible sandboxes",
-    load: async () => {
-      const m = await import("./fleet.ts");
-      return { help: m.SWEEP_HELP, run: m.sweepCommand };
-    },
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.SWEEP_HELP, run: m.sweepCommand })),
   }],
   ["stop", {
     summary: "stop a user's sandbox",
-    load: async () => {
-      const m = await import("./fleet.ts");
-      return { help: m.STOP_HELP, run: m.stopCommand };
-    },
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.STOP_HELP, run: m.stopCommand })),
   }],
   ["rm", {
     summary: "remove a user's sandbox (--purge: and its state)",
-    load: async () => {
-      const m = await import("./fleet.ts");
-      return { help: m.RM_HELP, run: m.rmCommand };
-    },
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.RM_HELP, run: m.rmCommand })),
   }],
   ["runner", {
     summary: "serve a queue (runs inside the sandbox)",
-    load: async () => {
-      const m = await import("./runner.ts");
-      return { help: m.RUNNER_HELP, run: (args) => m.runnerCommand(args) };
-    },
+    load: lazy(
+      () => import("./runner.ts"),
+      (m) => ({ help: m.RUNNER_HELP, run: (args) => m.runnerCommand(args) }),
+    ),
   }],
 ]);
+
+function lazy<M>(
+  load: () => Promise<M>,
+  pick: (module: M) => LoadedSubcommand,
+): () => Promise<LoadedSubcommand> {
+  return async () => pick(await load());
+}
 
 function usage(): string {
   const lines = [...commands].map(([name, command]) => `  ${name.padEnd(8)} ${command.summary}`);

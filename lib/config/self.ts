@@ -35,3 +35,44 @@ export function selfCommand(): SelfCommand {
     sourceRoot,
   };
 }
+
+/** Flags of `waffle runner`, as {@linkcode runnerArgs} renders them. */
+export interface RunnerFlags {
+  /** Workspace root of the commands. */
+  workspace: string;
+  /** Idle exit in seconds (0 never); omitted: the runner's default. */
+  idleExitSeconds?: number | undefined;
+  /** Requests at once. */
+  concurrency?: number | undefined;
+  /** Fallback poll interval. */
+  pollMs?: number | undefined;
+  /** Diagnostics file instead of stderr. */
+  log?: string | undefined;
+}
+
+/**
+ * The full argument list (after the executable) that starts a runner on a
+ * queue with this same waffle: one place, so the host backend, tests and
+ * benchmarks start the runner identically.
+ *
+ * @param queueDir The queue directory.
+ * @param flags The runner's flags.
+ * @returns Arguments for {@linkcode selfCommand}'s executable.
+ */
+export function runnerArgs(queueDir: string, flags: RunnerFlags): string[] {
+  const optional: [string, string | number | undefined][] = [
+    ["--log", flags.log],
+    ["--idle-exit", flags.idleExitSeconds],
+    ["--concurrency", flags.concurrency],
+    ["--poll-ms", flags.pollMs],
+  ];
+  return [
+    ...selfCommand().prefix,
+    "runner",
+    "--queue",
+    queueDir,
+    "--workspace",
+    flags.workspace,
+    ...optional.flatMap(([flag, value]) => value === undefined ? [] : [flag, String(value)]),
+  ];
+}
