@@ -136,20 +136,6 @@ export function spawnedPids(): ReadonlySet<number> {
 }
 
 /**
- * Registers a pid spawned through Deno outside {@linkcode runCommand}, so
- * that orphan claiming and reaping leave it alone.
- *
- * @param pid The child's pid.
- * @returns A function that unregisters it; call it once its status resolved.
- */
-export function registerSpawnedPid(pid: number): () => void {
-  spawned.add(pid);
-  return (): void => {
-    spawned.delete(pid);
-  };
-}
-
-/**
  * The Linux number of a signal.
  *
  * @param name A signal name such as `SIGTERM`.
