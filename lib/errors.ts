@@ -102,3 +102,28 @@ export class RunnerError extends WaffleError {
     this.name = "RunnerError";
   }
 }
+
+/** Why the host could not read a file the sandbox can write. */
+export type SandboxFileProblem = "missing" | "busy" | "damaged";
+
+/**
+ * A file the sandbox side writes (`outbound.db`) is missing, locked, or
+ * damaged or hostile (not a regular file, not a database, another schema).
+ * The host never repairs such a file in place: a damaged queue is replaced
+ * with a fresh one on the user's next call.
+ */
+export class SandboxFileError extends QueueError {
+  /** What is wrong with the file. */
+  readonly problem: SandboxFileProblem;
+  /**
+   * Creates the error.
+   *
+   * @param message One-line reason naming the file.
+   * @param options The problem, cause and exit code.
+   */
+  constructor(message: string, options: WaffleErrorOptions & { problem: SandboxFileProblem }) {
+    super(message, options);
+    this.name = "SandboxFileError";
+    this.problem = options.problem;
+  }
+}

@@ -8,8 +8,7 @@
  */
 import { join } from "node:path";
 import { RunnerError } from "./errors.ts";
-import { HEARTBEAT_INTERVAL_MS } from "./queue/protocol.ts";
-import { Queue, type SubmitOptions } from "./queue/queue.ts";
+import { Queue, type RunnerTrouble, type SubmitOptions } from "./queue/queue.ts";
 import { runnerArgs, selfCommand } from "./config/self.ts";
 
 /** Options for {@linkcode openHostBackend}. */
@@ -28,8 +27,12 @@ export interface HostBackendOptions {
 export interface Backend {
   /** The host side of the queue. */
   readonly queue: Queue;
-  /** Makes sure a live runner serves the queue (starting one if needed). */
-  ensure(): Promise<void>;
+  /**
+   * Makes sure a live runner serves the queue (starting one if needed). A
+   * waiting host passes what it found wrong with the runner, which the
+   * backend then repairs (see `WaitOptions.revive`).
+   */
+  ensure(trouble?: RunnerTrouble): Promise<void>;
   /**
    * Ensures a runner and submits, as one step: a Docker backend holds the
    * sandbox lock across both, so a recycle never races a submission.
@@ -73,27 +76,27 @@ export function openHostBackend(queueDir: string, options: HostBackendOptions = 
 }
 
 /**
- * Whether the queue's heartbeat shows a live runner.
+ * Whether a live runner serves the queue, by this host's own judgement
+ * (see {@linkcode Queue.liveness}).
  *
  * @param queue The queue.
- * @returns True when the last heartbeat is fresh and says running.
+ * @returns True when the runner is judged alive.
  */
 export function runnerAlive(queue: Queue): boolean {
-  const beat = queue.heartbeat();
-  return beat !== undefined && beat.state === "running" &&
-    Date.now() - beat.time <= 2 * HEARTBEAT_INTERVAL_MS;
+  return queue.liveness().state === "alive";
 }
 
 async function ensureHostRunner(
   queue: Queue,
   options: HostBackendOptions & { workspace: string },
 ): Promise<void> {
-  if (runnerAlive(queue)) return;
-  const before = queue.heartbeat();
+  const judged = queue.liveness();
+  if (judged.state === "alive") return;
+  const before = judged.beat;
   const self = selfCommand();
   const args = runnerArgs(queue.paths.dir, {
     workspace: options.workspace,
-    log: join(queue.paths.dir, "runner.log"),
+    log: join(queue.paths.outboundDir, "runner.log"),
     idleExitSeconds: options.idleExitSeconds ?? 60,
     pollMs: options.pollMs,
     concurrency: options.concurrency,
@@ -125,7 +128,7 @@ async function ensureHostRunner(
     if (done !== undefined && done.code !== 75) {
       throw new RunnerError(
         `Runner for queue '${queue.paths.dir}' exited with code ${done.code}; see '${
-          join(queue.paths.dir, "runner.log")
+          join(queue.paths.outboundDir, "runner.log")
         }'`,
       );
     }

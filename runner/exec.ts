@@ -30,6 +30,8 @@ export interface ExecSpec {
   timeoutMs?: number | undefined;
   /** Most bytes forwarded per stream; the rest is counted and dropped. */
   outputCap: number;
+  /** Run the command as this uid and gid (the runner needs CAP_SETUID/CAP_SETGID). */
+  user?: { uid: number; gid: number } | undefined;
 }
 
 /** How a command ended. */
@@ -194,6 +196,9 @@ async function execute(
       stderr: "piped",
       // setsid(): the request gets its own session and process group (pgid = pid).
       detached: true,
+      // Another uid than the runner's: the command can neither signal the
+      // runner nor touch its queue files. Supplementary groups are dropped.
+      ...(spec.user === undefined ? {} : { uid: spec.user.uid, gid: spec.user.gid }),
     }).spawn();
   } catch (error) {
     return spawnFailed(spec, argv0, error, startedAt);

@@ -16,6 +16,7 @@ import {
   type StreamName,
 } from "../lib/queue/protocol.ts";
 import { type InboundRequest, RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
 import { type ExecOutcome, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
@@ -29,6 +30,10 @@ import { buildEnv, resolveCwd } from "./workspace.ts";
 export interface RunnerOptions {
   /** The queue directory (created by the host). */
   queueDir: string;
+  /** The runner's own directory, when not `<queueDir>/outbound`. */
+  outboundDir?: string;
+  /** Run commands as this uid and gid (a uid the runner does not run as). */
+  commandUser?: { uid: number; gid: number };
   /** Root that every request's cwd must resolve inside. */
   workspace: string;
   /** Requests run at once. Default 1: one user's commands never overlap. */
@@ -58,6 +63,8 @@ const REAP_MS = 1000;
 /** First pause before a write is tried again after a lock timeout; doubles up to the max. */
 const RECORD_RETRY_MS = 250;
 const RECORD_RETRY_MAX_MS = 5000;
+/** Write failures other than a lock tolerated before the runner gives up. */
+const OTHER_FAILURES = 3;
 
 /** Output not yet durable, in per-stream order. */
 type Chunk = { stream: StreamName; seq: number; data: Uint8Array };
@@ -100,9 +107,10 @@ interface Running {
  * @throws {RunnerError} When another runner holds the queue.
  */
 export async function runRunner(options: RunnerOptions): Promise<number> {
-  acquireRunnerLock(`${options.queueDir}/runner.lock`);
+  const paths = queuePaths(options.queueDir, { outboundDir: options.outboundDir });
+  acquireRunnerLock(paths.runnerLock);
   const subreaper = enableSubreaper();
-  const queue = RunnerQueue.open(options.queueDir);
+  const queue = RunnerQueue.open(options.queueDir, { outboundDir: options.outboundDir });
   const bootId = crypto.randomUUID();
   const runnerId = options.runnerId ?? Deno.hostname();
   const concurrency = Math.max(1, options.concurrency ?? 1);
@@ -116,6 +124,15 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   let kick = new AbortController();
   let idleSince: number | null = Date.now();
 
+  let exitCode = 0;
+  // A write that keeps failing for another reason than a lock (a full or
+  // broken disk) would leave a request without a result while the heartbeat
+  // stays fresh: stop instead, so hosts see the runner gone and restart it.
+  const fail = (why: string): void => {
+    logLine(`stopping: ${why}`);
+    exitCode = 70;
+    stop.abort();
+  };
   const onSignal = (): void => stop.abort();
   const signals: Deno.Signal[] = ["SIGTERM", "SIGINT"];
   for (const name of signals) Deno.addSignalListener(name, onSignal);
@@ -123,6 +140,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   stop.signal.addEventListener("abort", () => kick.abort(), { once: true });
 
   const recovery = queue.recover();
+  // Fatal when it cannot be written: nothing here may run twice.
   await Promise.all(
     recovery.interrupted.map((request) =>
       queue.finish(
@@ -205,7 +223,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         }
       });
     } catch (error) {
-      logLine(`cannot record the result of '${id}': ${messageOf(error)}`);
+      if (!stop.signal.aborted) fail(`cannot record the result of '${id}': ${messageOf(error)}`);
     }
   };
 
@@ -222,6 +240,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         baseEnv,
         abort: entry.abort.signal,
         claimOrphans: concurrency === 1,
+        user: options.commandUser,
       });
       // The tree is dead: free the slot before the result is durable, so the
       // next request's "started" joins the result's commit (one fsync per
@@ -230,9 +249,11 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       release();
       await recorded;
     } catch (error) {
-      // "started" could not be written: the request stays "accepted" until a
-      // later runner runs it.
-      logLine(`cannot run '${request.id}': ${messageOf(error)}`);
+      // "started" could not be written, so the command did not run: say so,
+      // or stop if even that cannot be written.
+      await record(
+        resultOf(request.id, { error: `Could not record the start: ${messageOf(error)}` }),
+      );
     } finally {
       release();
     }
@@ -319,10 +340,11 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     queue.close();
     for (const name of signals) Deno.removeSignalListener(name, onSignal);
   }
-  return 0;
+  return exitCode;
 }
 
 interface RunOneOptions {
+  user: { uid: number; gid: number } | undefined;
   bootId: string;
   workspace: string;
   baseEnv: Record<string, string>;
@@ -356,7 +378,7 @@ async function runOne(
     await retryBusy(
       `the start of '${request.id}'`,
       options.abort,
-      () => queue.start(request.id, options.bootId),
+      () => queue.start(request.id, options.bootId, request.seq),
     );
   } catch (error) {
     if (!options.abort.aborted) throw error;
@@ -421,6 +443,7 @@ async function runOne(
     stdin: payload.stdin === undefined ? null : fromBase64(payload.stdin),
     ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
     outputCap: payload.outputCap ?? DEFAULT_OUTPUT_CAP,
+    user: options.user,
   }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
   // The output left over (and any a failed write gave back) goes with the result.
   clearTimeout(timer);
@@ -453,11 +476,13 @@ async function retryBusy<T>(
   signal: AbortSignal,
   write: () => Promise<T>,
 ): Promise<T> {
+  let failures = 0;
   for (let pause = RECORD_RETRY_MS;; pause = Math.min(pause * 2, RECORD_RETRY_MAX_MS)) {
     try {
       return await write();
     } catch (error) {
-      if (!isBusyError(error) || signal.aborted) throw error;
+      // A lock is waited out; anything else (a full disk may free up) a few times.
+      if (signal.aborted || (!isBusyError(error) && ++failures > OTHER_FAILURES)) throw error;
       logLine(`cannot record ${what} yet, retrying: ${messageOf(error)}`);
       await new Promise((resolve) => setTimeout(resolve, pause));
     }

@@ -7,10 +7,10 @@
  * @module
  */
 import { RunnerError } from "../lib/errors.ts";
-import { libc } from "./libc.ts";
+import { libc, O_CLOEXEC, O_NOFOLLOW } from "../lib/libc.ts";
 
 const O_RDWR = 2;
-const O_CLOEXEC = 0o2000000;
+const O_CREAT = 0o100;
 const LOCK_EX = 2;
 const LOCK_NB = 4;
 
@@ -24,7 +24,12 @@ const LOCK_NB = 4;
 export function acquireRunnerLock(path: string): void {
   const c = libc();
   if (c === undefined) throw new RunnerError("Cannot lock the queue: libc is not available here");
-  const fd = c.open(new TextEncoder().encode(`${path}\0`), O_RDWR | O_CLOEXEC, 0);
+  // The runner's own directory: it creates the file (never through a link).
+  const fd = c.open(
+    new TextEncoder().encode(`${path}\0`),
+    O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+    0o600,
+  );
   if (fd < 0) throw new RunnerError(`Cannot open runner lock '${path}'`);
   if (c.flock(fd, LOCK_EX | LOCK_NB) !== 0) {
     throw new RunnerError(`Another runner already serves the queue (lock '${path}' is held)`, {

@@ -13,7 +13,7 @@
  *
  * @module
  */
-import { libc } from "./libc.ts";
+import { libc } from "../lib/libc.ts";
 
 /** `PR_SET_CHILD_SUBREAPER` from `<linux/prctl.h>`. */
 const PR_SET_CHILD_SUBREAPER = 36;

@@ -6,6 +6,7 @@
 import { join } from "node:path";
 import { runnerArgs, selfCommand } from "../lib/config/self.ts";
 import { Queue } from "../lib/queue/queue.ts";
+import { RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 
 /** A temporary directory holding `queue/` and `workspace/`. */
@@ -17,7 +18,8 @@ export interface TempQueue {
 }
 
 /**
- * Creates a queue directory (with both files) and a workspace under a temp dir.
+ * Creates a queue directory (with both files: the host makes inbound.db, a
+ * runner's first open makes outbound.db) and a workspace under a temp dir.
  *
  * @returns Paths; disposing removes the directory.
  */
@@ -27,6 +29,7 @@ export async function tempQueue(): Promise<TempQueue> {
   const workspace = join(root, "workspace");
   await Deno.mkdir(workspace);
   Queue.open(queueDir, { create: true }).close();
+  RunnerQueue.open(queueDir).close();
   return {
     root,
     queueDir,

@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
+import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../lib/queue/protocol.ts";
 import { runCliProcess, tempQueue, text, waitFor } from "./_helpers.ts";
 
 Deno.test("waffle exec exits with the command's status, 124 on timeout, 126, 127, 128+n", async () => {
@@ -29,15 +30,194 @@ Deno.test("waffle exec exits with the command's status, 124 on timeout, 126, 127
   }
 });
 
-Deno.test("waffle exec streams output and passes stdin through", async () => {
+Deno.test("waffle exec -i streams output and passes stdin through", async () => {
   await using q = await tempQueue();
+  const host = ["exec", "--backend", "host", "--queue", q.queueDir];
   const out = await runCliProcess(
-    ["exec", "--backend", "host", "--queue", q.queueDir, "--", "sh", "-c", "cat; echo err >&2"],
+    [...host, "-i", "--", "sh", "-c", "cat; echo err >&2"],
     { stdin: new TextEncoder().encode("from stdin\n") },
   );
   assert.equal(out.code, 0);
   assert.equal(out.stdout, "from stdin\n");
   assert.equal(out.stderr, "err\n");
+  // `printf abc | waffle exec -i -- cat`, and the long form of the flag.
+  for (const flag of ["-i", "--interactive"]) {
+    const cat = await runCliProcess([...host, flag, "--", "cat"], {
+      stdin: new TextEncoder().encode("abc"),
+    });
+    assert.equal(cat.code, 0, cat.stderr);
+    assert.equal(cat.stdout, "abc");
+    assert.equal(cat.stderr, "");
+  }
+});
+
+// Spawns the CLI with a stdin pipe the test holds open; bounded by a timeout
+// so a CLI that waits for the pipe to close fails the test instead of hanging it.
+async function withOpenStdin(
+  args: string[],
+  written: string,
+  timeoutMs: number,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const self = selfCommand();
+  const child = new Deno.Command(self.executable, {
+    args: [...self.prefix, ...args],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    if (written !== "") await writer.write(new TextEncoder().encode(written));
+    const out = await Promise.race([
+      child.output(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          child.kill("SIGKILL");
+          reject(new Error(`waffle ${args.join(" ")} hung on a stdin that never closes`));
+        }, timeoutMs);
+      }),
+    ]);
+    return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+  } finally {
+    clearTimeout(timer);
+    await child.status;
+    await writer.close().catch(() => {}); // only now: the pipe stayed open throughout
+  }
+}
+
+Deno.test("waffle exec without -i never reads stdin, even a pipe that never closes", async () => {
+  await using q = await tempQueue();
+  const host = ["exec", "--backend", "host", "--queue", q.queueDir];
+  // A CI script's stdin: an open pipe nobody writes to or closes.
+  const started = performance.now();
+  const quiet = await withOpenStdin([...host, "--", "true"], "", 30_000);
+  assert.equal(quiet.code, 0, quiet.stderr);
+  assert.equal(quiet.stdout, "");
+  assert.equal(quiet.stderr, "");
+  // With bytes waiting in the pipe, the command still sees a closed, empty stdin.
+  const cat = await withOpenStdin(
+    [...host, "--", "sh", "-c", 'cat; echo "cat read $? after EOF"'],
+    "not for the command\n",
+    30_000,
+  );
+  assert.equal(cat.code, 0, cat.stderr);
+  assert.equal(cat.stdout, "cat read 0 after EOF\n");
+  assert.equal(cat.stderr, "");
+  // deno-lint-ignore no-console -- the figure the test bounds, for the log
+  console.log(
+    `exec with an open stdin pipe: both returned in ${(performance.now() - started).toFixed(0)} ms`,
+  );
+});
+
+Deno.test("waffle exec -i refuses stdin over the limit with one line, before submitting", async () => {
+  await using q = await tempQueue();
+  const self = selfCommand();
+  const child = new Deno.Command(self.executable, {
+    args: [
+      ...self.prefix,
+      ...["exec", "--backend", "host", "--queue", q.queueDir, "-i", "--", "sh", "-c"],
+      "touch ran",
+    ],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  // The CLI may exit before it read the last piece: a broken pipe is expected.
+  const writing = writer.write(new Uint8Array(MAX_STDIN_BYTES + 1).fill(0x61))
+    .then(() => writer.close()).catch(() => {});
+  const out = await child.output();
+  await writing;
+  assert.equal(out.code, 125);
+  const stderr = text(out.stderr);
+  assert.equal(stderr.trim().split("\n").length, 1, stderr);
+  assert.match(stderr, new RegExp(`^waffle: Stdin exceeds the ${MAX_STDIN_BYTES}-byte limit`));
+  await assert.rejects(() => Deno.stat(join(q.workspace, "ran")), Deno.errors.NotFound);
+});
+
+Deno.test("waffle exec names each truncated stream on stderr after the output, never in --json", async () => {
+  await using q = await tempQueue();
+  const flags = ["--backend", "host", "--queue", q.queueDir];
+  const script = "head -c 3000 /dev/zero | tr '\\0' a; head -c 1500 /dev/zero | tr '\\0' b >&2; " +
+    "exit 4";
+  const notices = "waffle: stdout truncated at 1000 bytes (the command wrote 3000 bytes); " +
+    "raise --output-cap\n" +
+    "waffle: stderr truncated at 1000 bytes (the command wrote 1500 bytes); raise --output-cap\n";
+  const out = await runCliProcess([
+    "exec",
+    ...flags,
+    "--output-cap",
+    "1000",
+    "--",
+    "sh",
+    "-c",
+    script,
+  ]);
+  assert.equal(out.code, 4, out.stderr);
+  assert.equal(out.stdout, "a".repeat(1000));
+  // The stream was cut mid-line: the notices start a line of their own.
+  assert.equal(out.stderr, `${"b".repeat(1000)}\n${notices}`);
+
+  // `waffle wait` says the same of a detached request.
+  const id = (await runCliProcess([
+    "exec",
+    ...flags,
+    "--detach",
+    "--output-cap",
+    "1000",
+    "--",
+    "sh",
+    "-c",
+    script,
+  ])).stdout.trim();
+  const waited = await runCliProcess(["wait", id, ...flags]);
+  assert.equal(waited.code, 4, waited.stderr);
+  assert.equal(waited.stdout, "a".repeat(1000));
+  assert.equal(waited.stderr, `${"b".repeat(1000)}\n${notices}`);
+
+  // Only stdout over the default cap: one notice naming the default.
+  const big = await runCliProcess([
+    "exec",
+    ...flags,
+    "--",
+    "sh",
+    "-c",
+    `head -c ${DEFAULT_OUTPUT_CAP + 5} /dev/zero; echo done >&2`,
+  ]);
+  assert.equal(big.code, 0, big.stderr);
+  assert.equal(big.stdout.length, DEFAULT_OUTPUT_CAP);
+  assert.equal(
+    big.stderr,
+    `done\nwaffle: stdout truncated at ${DEFAULT_OUTPUT_CAP} bytes (the command wrote ${
+      DEFAULT_OUTPUT_CAP + 5
+    } bytes); raise --output-cap\n`,
+  );
+
+  // --json carries the flags and prints no notice.
+  const json = await runCliProcess([
+    "exec",
+    ...flags,
+    "--json",
+    "--output-cap",
+    "1000",
+    "--",
+    "sh",
+    "-c",
+    script,
+  ]);
+  assert.equal(json.code, 4, json.stderr);
+  assert.equal(json.stderr, "");
+  const parsed = JSON.parse(json.stdout);
+  assert.equal(parsed.stdoutTruncated, true);
+  assert.equal(parsed.stderrTruncated, true);
+  assert.equal(parsed.stdout, "a".repeat(1000));
+
+  // Output under the cap: no notice.
+  const small = await runCliProcess(["exec", ...flags, "--output-cap", "1000", "--", "echo", "hi"]);
+  assert.equal(small.code, 0);
+  assert.equal(small.stdout, "hi\n");
+  assert.equal(small.stderr, "");
 });
 
 Deno.test("waffle exec --json prints one object with the documented fields", async () => {
@@ -122,6 +302,10 @@ Deno.test("waffle's own errors exit 125 with one line naming the bad value", asy
       ["exec", "--backend", "host", "--queue", q.queueDir, "--env", "NOEQUALS", "--", "true"],
       /--env 'NOEQUALS'/,
     ],
+    ...["0", "1.5", "lots", String(MAX_OUTPUT_CAP + 1)].map((cap): [string[], RegExp] => [
+      ["exec", "--backend", "host", "--queue", q.queueDir, "--output-cap", cap, "--", "true"],
+      new RegExp(`--output-cap '${cap.replace(".", "\\.")}': expected a whole number > 0`),
+    ]),
     [["exec", "--backend", "nowhere", "--", "true"], /--backend 'nowhere'/],
     [["exec", "--backend", "host", "--", "true"], /--queue/],
     [["exec", "--backend", "host", "--queue", q.queueDir], /Missing command/],
@@ -193,6 +377,36 @@ Deno.test("waffle doctor reports the host queue round trip", async () => {
   assert.ok(row.ms > 0);
 });
 
+Deno.test("waffle doctor reports the host's fs.protected_* sysctls and relies on none", async () => {
+  const values = [
+    "protected_symlinks",
+    "protected_hardlinks",
+    "protected_fifos",
+    "protected_regular",
+  ]
+    .map((name) => {
+      let value = "?";
+      try {
+        value = Deno.readTextFileSync(`/proc/sys/fs/${name}`).trim();
+      } catch {
+        // Doctor shows '?' for a value it cannot read.
+      }
+      return `${name}=${value}`;
+    });
+  const expected = `relies on none; ${values.join(" ")}`;
+  const json = await runCliProcess(["doctor", "--json", "--no-docker"]);
+  const report = JSON.parse(json.stdout);
+  const row = report.checks.find((check: { name: string }) => check.name === "host sysctls");
+  assert.ok(row, json.stdout);
+  assert.equal(row.ok, true);
+  assert.equal(row.detail, expected);
+  const textOut = await runCliProcess(["doctor", "--no-docker"]);
+  const line = textOut.stdout.split("\n").find((l) => l.includes("host sysctls"));
+  assert.ok(line, textOut.stdout);
+  assert.match(line, /^ok {4}host sysctls /);
+  assert.ok(line.endsWith(`ms  ${expected}`), line);
+});
+
 Deno.test("waffle --help lists the commands; exec --help shows the exit codes", async () => {
   const top = await runCliProcess(["--help"]);
   assert.equal(top.code, 0);
@@ -201,4 +415,6 @@ Deno.test("waffle --help lists the commands; exec --help shows the exit codes", 
   assert.equal(exec.code, 0);
   assert.match(exec.stdout, /124 timeout/);
   assert.match(exec.stdout, /NOT a sandbox/);
+  assert.match(exec.stdout, /-i, --interactive/);
+  assert.match(exec.stdout, /--output-cap BYTES/);
 });

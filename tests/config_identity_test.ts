@@ -7,8 +7,14 @@ import { join } from "node:path";
 import { loadConfig } from "../lib/config/config.ts";
 import { UsageError } from "../lib/errors.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
-import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
+import { containerSpec, LABELS, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
+import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { prepareState } from "../lib/lifecycle/state_dir.ts";
+import type { ContainerCreateBody } from "../lib/docker/mod.ts";
+import { createHash } from "node:crypto";
+
+const QUOTA = 16 * 1024 * 1024;
+const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
 
 Deno.test("sandboxKey() is deterministic and length-prefixed, so ids never collide", () => {
   const home = { home: "/var/lib/waffle" };
@@ -88,13 +94,16 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
   try {
     const key = sandboxKey("t", "u", { home });
     const paths = statePaths(home, key);
-    prepareState(paths);
+    await prepareState(paths, { quotaBytes: QUOTA });
     const config = loadConfig({ home });
     const base = containerSpec(key, { config, imageId: "sha256:aa", paths });
     assert.equal(base.body.Labels?.[LABELS.posture], base.postureHash);
     assert.equal(base.body.Labels?.[LABELS.image], "sha256:aa");
     assert.equal(base.body.HostConfig?.NetworkMode, "none");
     assert.deepEqual(base.body.HostConfig?.CapDrop, ["ALL"]);
+    assert.deepEqual(base.body.HostConfig?.CapAdd, ["SETUID", "SETGID", "KILL", "DAC_READ_SEARCH"]);
+    assert.equal(base.body.User, "0:0");
+    assert.ok(base.body.Cmd?.join(" ").includes(`--command-user ${SANDBOX_UID}:${SANDBOX_UID}`));
     assert.equal(base.body.HostConfig?.ReadonlyRootfs, true);
     assert.equal(
       containerSpec(key, { config, imageId: "sha256:bb", paths }).postureHash,
@@ -117,26 +126,59 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
       });
       assert.notEqual(other.postureHash, base.postureHash, JSON.stringify(change));
     }
+    // The untouched body hashes to the label, so the tweaks below prove each field counts.
+    {
+      const { Image: _image, ...body } = structuredClone(base.body);
+      for (const label of [LABELS.posture, LABELS.created, LABELS.image]) {
+        delete body.Labels![label];
+      }
+      assert.equal(sha256(JSON.stringify(body)), base.postureHash);
+    }
+    // Every field of the create body counts, including ones no list names.
+    for (
+      const tweak of [
+        (b: ContainerCreateBody) => b.HostConfig!.Privileged = true,
+        (b: ContainerCreateBody) => b.HostConfig!.RestartPolicy = { Name: "always" },
+        (b: ContainerCreateBody) => b.HostConfig!.AutoRemove = true,
+        (b: ContainerCreateBody) => b.HostConfig!.MemorySwap = -1,
+        (b: ContainerCreateBody) => b.StopTimeout = 1,
+        (b: ContainerCreateBody) => b.HostConfig!.Tmpfs = { "/var/tmp": "rw" },
+      ]
+    ) {
+      const { Image: _image, ...body } = structuredClone(base.body);
+      tweak(body as ContainerCreateBody);
+      for (const label of [LABELS.posture, LABELS.created, LABELS.image]) {
+        delete body.Labels![label];
+      }
+      assert.notEqual(sha256(JSON.stringify(body)), base.postureHash, tweak.toString());
+    }
   } finally {
+    await removeVolume(statePaths(home, sandboxKey("t", "u", { home })).root);
     await Deno.remove(home, { recursive: true });
   }
 });
 
-Deno.test("prepareState() creates the state directory whole, with the documented modes", async () => {
+Deno.test("prepareState() lays out the state with one writer per directory", async () => {
   const home = await Deno.makeTempDir();
+  const paths = statePaths(home, sandboxKey("t", "u", { home }));
   try {
-    const paths = statePaths(home, sandboxKey("t", "u", { home }));
-    prepareState(paths);
-    prepareState(paths); // idempotent
-    assert.equal(Deno.statSync(paths.root).mode! & 0o7777, 0o700);
-    assert.equal(Deno.statSync(paths.workspace).mode! & 0o7777, 0o700);
-    assert.equal(Deno.statSync(paths.queue).mode! & 0o7777, 0o1777);
-    assert.equal(Deno.statSync(join(paths.queue, "inbound.db")).mode! & 0o777, 0o666);
-    const leftovers = [...Deno.readDirSync(join(home, "sandboxes"))].filter((e) =>
-      e.name.includes("staging")
-    );
-    assert.deepEqual(leftovers, []);
+    const volume = await prepareState(paths, { quotaBytes: QUOTA });
+    await prepareState(paths, { quotaBytes: QUOTA }); // idempotent
+    const mode = (path: string): number => Deno.lstatSync(path).mode! & 0o7777;
+    const owner = (path: string): number => Deno.lstatSync(path).uid!;
+    assert.equal(mode(paths.root), 0o700);
+    // The host's directory: only it (and the runner, the container's root) reads it.
+    assert.equal(mode(join(paths.queue, "inbound")), 0o700);
+    assert.equal(mode(join(paths.queue, "inbound", "inbound.db")), 0o600);
+    // The runner's: uid 0 inside, never the commands' uid.
+    assert.equal(mode(paths.outbound), 0o700);
+    assert.equal(owner(paths.outbound), 0);
+    // The commands': the only directory uid 10001 can write.
+    assert.equal(mode(paths.workspace), 0o700);
+    assert.equal(owner(paths.workspace), SANDBOX_UID);
+    if (volume.enforced) assert.equal(volume.mountPoint, await Deno.realPath(paths.volume));
   } finally {
+    await removeVolume(paths.root);
     await Deno.remove(home, { recursive: true });
   }
 });

@@ -51,10 +51,18 @@ const canDropPrivileges = Deno.uid() === 0 &&
     }
   });
 
+// Like the live tests: with WAFFLE_REQUIRE_DOCKER=1 it runs or fails, never ignored.
+const mustRun = Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1";
+const privilegesReason = "needs root and setpriv to drop privileges";
+
 Deno.test({
-  name: "stateExists: a state dir this user cannot look into is not mistaken for a gone one",
-  ignore: !canDropPrivileges,
+  name: "stateExists: a state dir this user cannot look into is not mistaken for a gone one" +
+    (canDropPrivileges || mustRun ? "" : ` [ignored: ${privilegesReason}]`),
+  ignore: !canDropPrivileges && !mustRun,
   fn: async () => {
+    if (!canDropPrivileges) {
+      throw new Error(`Cannot run (WAFFLE_REQUIRE_DOCKER=1): ${privilegesReason}`);
+    }
     // Sweep removes a container whose state is "gone": another local user's
     // home must not look gone just because it is unreadable.
     const root = await Deno.makeTempDir({ prefix: "waffle-perm-" });

@@ -131,7 +131,7 @@ liveTest(
 
 liveTest(
   "docker queue: a container SIGKILLed while its result write waits on a lock leaves intact files and an interrupted request",
-  async (docker) => {
+  async (docker, t) => {
     await withSandbox(docker, "kill", {}, async (sandbox) => {
       await sandbox.ensure();
       const containerId = sandbox.lastEnsure?.containerId ?? "";
@@ -204,11 +204,15 @@ liveTest(
         0,
         "a result was committed although the runner could not write",
       );
-      assert.notEqual(
-        blocked.inBusyWait,
-        false,
-        `runner not blocked on the lock: ${blocked.describe}`,
-      );
+      if (blocked.inBusyWait === undefined) {
+        await unverifiable(t, "the runner waits in SQLite's busy handler", blocked.describe);
+      } else {
+        assert.equal(
+          blocked.inBusyWait,
+          true,
+          `runner not blocked on the lock: ${blocked.describe}`,
+        );
+      }
       assert.equal(killed?.State.Running, false);
       assert.equal(killed?.State.ExitCode, 137, "not killed by SIGKILL");
       assert.deepEqual(integrityAfterKill, OK);
@@ -292,7 +296,7 @@ liveTest(
 
 liveTest(
   "docker queue: the pids limit contains a fork bomb and the runner keeps serving",
-  async (docker) => {
+  async (docker, t) => {
     const limit = 32;
     await withSandbox(docker, "forkbomb", { pidsLimit: limit }, async (sandbox) => {
       await sandbox.ensure();
@@ -379,6 +383,12 @@ liveTest(
         assert.equal(end.max, String(limit));
         if (end.peak !== undefined) assert.ok(end.peak <= limit, `cgroup peak ${end.peak}`);
         if (end.refused !== undefined) assert.ok(end.refused > 0, "the limit was never hit");
+      } else {
+        await unverifiable(
+          t,
+          "the container's pids cgroup (pids.max, peak, refused forks)",
+          "its cgroup is not visible from this host",
+        );
       }
       const container = await docker.inspectContainer(containerId);
       assert.equal(container?.State.Running, true, "the container died");
@@ -567,6 +577,17 @@ async function waitForBlockedRunner(
     if (seen.inBusyWait !== false || Date.now() > deadline) return seen;
     await delay(20);
   }
+}
+
+// A check this host cannot make (the daemon's processes or cgroups are not
+// visible here): with WAFFLE_REQUIRE_DOCKER=1 the test fails, as the gate in
+// _docker_gate.ts does; otherwise the check shows as an ignored step with the
+// reason, so it never passes in silence.
+async function unverifiable(t: Deno.TestContext, check: string, reason: string): Promise<void> {
+  if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
+    throw new Error(`Cannot check ${check} (WAFFLE_REQUIRE_DOCKER=1): ${reason}`);
+  }
+  await t.step({ name: `${check} [ignored: ${reason}]`, ignore: true, fn: () => {} });
 }
 
 async function countResults(lock: ExclusiveLock, id: string): Promise<number> {

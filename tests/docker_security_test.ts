@@ -159,7 +159,12 @@ liveTest(
       const host = c.HostConfig;
 
       await t.step("runs as the unprivileged sandbox user", async () => {
-        assert.notEqual(EXPECTED_UID, 0);
+        // Real, effective, saved and filesystem uid of a command: none is root.
+        const uids = await runOk(
+          sandbox,
+          "awk '/^Uid:/ { print $2, $3, $4, $5 }' /proc/self/status",
+        );
+        assert.equal(uids, `${Array(4).fill(EXPECTED_UID).join(" ")}\n`);
         assert.match(c.Config.User, new RegExp(`^${EXPECTED_UID}:`));
         assert.equal(host.Privileged, false);
         assert.equal((await runOk(sandbox, "id -u")).trim(), String(EXPECTED_UID));

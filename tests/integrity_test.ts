@@ -12,7 +12,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { openDatabase } from "../lib/queue/connection.ts";
-import type { ExecResult } from "../lib/queue/protocol.ts";
+import { type ExecResult, HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 import { type Collected, Queue } from "../lib/queue/queue.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
@@ -63,7 +63,8 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
   const sent: Sent[] = [];
   const seen = new Map<string, ExecResult>(); // results read before some kill
   const startedAtDeath = new Set<string>();
-  let hotKills = 0;
+  let aimedKills = 0; // sent once the journal was hot
+  let hotKills = 0; // landed inside a commit: the journal was still hot after death
 
   for (let loop = 0; loop < loops; loop++) {
     await using runner = await startRunner(q.queueDir, {
@@ -86,8 +87,13 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
       if (result !== undefined && !seen.has(id)) seen.set(id, result);
     }
     const kill = (): void => runner.child.kill("SIGKILL");
-    if (loop % 2 === 1) killInsideCommit(paths.outbound, kill, 50 + Math.random() * 100);
-    else kill();
+    // Every other kill aims inside a commit; from half way, every kill does while none has
+    // landed there, waiting long enough to meet a heartbeat's commit should the runner be idle.
+    const mustLand = hotKills === 0 && loop >= Math.floor(loops / 2);
+    if (loop % 2 === 1 || mustLand) {
+      const withinMs = mustLand ? 2 * HEARTBEAT_INTERVAL_MS : 50 + Math.random() * 100;
+      if (killInsideCommit(paths.outbound, kill, withinMs)) aimedKills++;
+    } else kill();
     await runner.stop("SIGKILL");
     if (hotJournal(paths.outbound)) hotKills++;
 
@@ -134,13 +140,15 @@ Deno.test("integrity after kill: a runner SIGKILLed mid-write loses nothing and 
   assert.equal((await last.stop("SIGTERM")).code, 0);
   assert.deepEqual(integrityOfQueue(q.queueDir), OK);
   console.log(
-    `runner kill loop: ${loops} SIGKILLs (${hotKills} inside a commit: hot outbound journal), ` +
+    `runner kill loop: ${loops} SIGKILLs (${aimedKills} aimed at a hot journal, ` +
+      `${hotKills} inside a commit: hot outbound journal after death), ` +
       `${sent.length} requests, ${
         sent.length - interrupted
       } completed, ${interrupted} interrupted, ` +
       `${runs.size} commands ran, ${seen.size} results re-read after kills, ` +
       `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
   );
+  assert.ok(hotKills > 0, `none of ${loops} kills (${aimedKills} aimed) landed inside a commit`);
 });
 
 Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files and loses no durable request", async () => {
@@ -150,7 +158,8 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
   // The runner serves the queue throughout: it reads inbound.db while hosts die mid-commit.
   await using runner = await startRunner(q.queueDir, { workspace: q.workspace, concurrency: 4 });
   const reported = new Map<string, string>(); // tool-use id -> request id, printed once durable
-  let hotKills = 0;
+  let aimedKills = 0; // sent once the journal was hot
+  let hotKills = 0; // landed inside a commit: the journal was still hot after death
 
   for (let loop = 0; loop < loops; loop++) {
     const child = spawnClient(["writer", q.queueDir, `h${loop}`, "4"]);
@@ -169,8 +178,10 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
     });
     assert.ok(!exited, "writer exited before it was killed");
     const kill = (): void => child.kill("SIGKILL");
-    if (loop % 2 === 1) {
-      killInsideCommit(paths.inbound, kill, 100);
+    // Every other kill aims inside a commit; from half way, every kill does while none has
+    // landed there.
+    if (loop % 2 === 1 || (hotKills === 0 && loop >= Math.floor(loops / 2))) {
+      if (killInsideCommit(paths.inbound, kill, 100)) aimedKills++;
     } else {
       await delay(Math.random() * 50);
       kill();
@@ -220,9 +231,11 @@ Deno.test("integrity after kill: a host SIGKILLed mid-submit leaves intact files
   assert.equal((await runner.stop("SIGTERM")).code, 0);
   assert.deepEqual(integrityOfQueue(q.queueDir), OK);
   console.log(
-    `host kill loop: ${loops} SIGKILLs (${hotKills} inside a commit: hot inbound journal), ` +
+    `host kill loop: ${loops} SIGKILLs (${aimedKills} aimed at a hot journal, ` +
+      `${hotKills} inside a commit: hot inbound journal after death), ` +
       `${requests.length} requests in inbound.db, ${reported.size} reported durable, ` +
       `${requests.length - reported.size} durable but unreported, ` +
       `sizes ${JSON.stringify(queueFileSizes(q.queueDir))}`,
   );
+  assert.ok(hotKills > 0, `none of ${loops} kills (${aimedKills} aimed) landed inside a commit`);
 });

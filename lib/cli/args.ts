@@ -49,29 +49,31 @@ export function stringFlag(parsed: Parsed, name: string): string | undefined {
 }
 
 /**
- * A positive number flag (seconds, counts).
+ * A positive number flag (seconds, counts, byte sizes).
  *
  * @param parsed Parse result.
  * @param name The flag.
- * @param options Whether zero is allowed and whether it must be an integer.
+ * @param options Whether zero is allowed, whether it must be an integer, and its largest value.
  * @returns The number, or undefined when absent.
  * @throws {UsageError} When it is not a valid number.
  */
 export function numberFlag(
   parsed: Parsed,
   name: string,
-  options: { allowZero?: boolean; integer?: boolean } = {},
+  options: { allowZero?: boolean; integer?: boolean; max?: number } = {},
 ): number | undefined {
   const raw = stringFlag(parsed, name);
   if (raw === undefined) return undefined;
   const value = Number(raw);
   const valid = raw.trim() !== "" && Number.isFinite(value) &&
-    (options.allowZero ? value >= 0 : value > 0) && (!options.integer || Number.isInteger(value));
+    (options.allowZero ? value >= 0 : value > 0) && (!options.integer || Number.isInteger(value)) &&
+    (options.max === undefined || value <= options.max);
   if (!valid) {
+    const bounds = `${options.allowZero ? ">= 0" : "> 0"}${
+      options.max === undefined ? "" : ` and <= ${options.max}`
+    }`;
     throw new UsageError(
-      `Invalid --${name} '${raw}': expected a ${options.integer ? "whole" : ""}${
-        options.integer ? " " : ""
-      }number ${options.allowZero ? ">= 0" : "> 0"}`,
+      `Invalid --${name} '${raw}': expected a ${options.integer ? "whole " : ""}number ${bounds}`,
     );
   }
   return value;

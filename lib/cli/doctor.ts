@@ -25,10 +25,11 @@ export type DoctorCheck = { name: string; run: () => Promise<string> };
 /** Help text of `waffle doctor`. */
 export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker]
 
-Checks the queue round trip on the host filesystem and, unless --no-docker,
-the Docker daemon, the runner image, and a sandbox container start with a
-bind-mount write/read round trip. Exit status 0 when every check passes, 1
-otherwise.
+Checks the queue round trip on the host filesystem, reports the host's
+fs.protected_* sysctls (waffle relies on none of them) and, unless
+--no-docker, the Docker daemon, the runner image, and a sandbox container
+start with a bind-mount write/read round trip. Exit status 0 when every check
+passes, 1 otherwise.
 `;
 
 /**
@@ -42,6 +43,7 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
   const parsed = parse(args, { json: { type: "boolean" }, "no-docker": { type: "boolean" } });
   const checks: DoctorCheck[] = [
     { name: "queue round trip (host fs)", run: queueRoundTrip },
+    { name: "host sysctls", run: hostSysctls },
     ...(parsed.values["no-docker"] ? [] : dockerChecks()),
   ];
   const rows: DoctorRow[] = [];
@@ -91,4 +93,28 @@ async function queueRoundTrip(): Promise<string> {
     backend.close();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+}
+
+// The link and file protections of the host kernel that `host sysctls` reports.
+const PROTECTED_SYSCTLS = [
+  "protected_symlinks",
+  "protected_hardlinks",
+  "protected_fifos",
+  "protected_regular",
+] as const;
+
+// Reported, not required: the queue's safety must not depend on how the
+// kernel was tuned, so whatever the values, the row is ok. A value that
+// cannot be read (an old kernel, a restricted /proc) shows as '?'.
+function hostSysctls(): Promise<string> {
+  const values = PROTECTED_SYSCTLS.map((name) => {
+    let value = "?";
+    try {
+      value = Deno.readTextFileSync(`/proc/sys/fs/${name}`).trim();
+    } catch {
+      // Left as '?'.
+    }
+    return `${name}=${value}`;
+  });
+  return Promise.resolve(`relies on none; ${values.join(" ")}`);
 }

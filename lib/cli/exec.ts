@@ -8,11 +8,12 @@
 import { concat } from "../bytes.ts";
 import { UsageError } from "../errors.ts";
 import type { Backend } from "../host_backend.ts";
-import { MAX_STDIN_BYTES } from "../queue/protocol.ts";
+import type { RunnerTrouble } from "../queue/queue.ts";
+import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../queue/protocol.ts";
 import { envFlags, numberFlag, parse, stringFlag } from "./args.ts";
 import { BACKEND_OPTIONS, openBackend } from "./backend_flags.ts";
 import type { CliIo } from "./io.ts";
-import { EXIT_CANCELLED, exitStatusOf, jsonOf, noteOf } from "./report.ts";
+import { EXIT_CANCELLED, exitStatusOf, jsonOf, noteOf, truncationNotesOf } from "./report.ts";
 
 /** Help text of `waffle exec`. */
 export const EXEC_HELP = `Usage: waffle exec [options] -- CMD [ARG...]
@@ -25,7 +26,11 @@ Options:
   --image REF        runner image (default: waffle-runner:latest)
   --backend host     run on the host filesystem instead; NOT a sandbox (needs --queue)
   --queue DIR        queue directory for --backend host
+  -i, --interactive  pass stdin to CMD, read to its end first (at most ${MAX_STDIN_BYTES} bytes);
+                     without -i stdin is not read and CMD's stdin is closed
   --timeout SECONDS  kill the command's whole process tree after this long (exit 124)
+  --output-cap BYTES keep at most BYTES of each of stdout and stderr (default ${DEFAULT_OUTPUT_CAP},
+                     at most ${MAX_OUTPUT_CAP}); a stream cut short is named on stderr
   --cwd DIR          working directory inside the workspace
   --env K=V          environment variable (repeatable; nothing else is inherited)
   --json             print one JSON object with the result and output
@@ -45,7 +50,9 @@ Exit status: the command's; 124 timeout; 125 waffle error; 126 cannot execute;
 export async function execCommand(args: string[], io: CliIo): Promise<number> {
   const parsed = parse(args, {
     ...BACKEND_OPTIONS,
+    interactive: { type: "boolean", short: "i" },
     timeout: { type: "string" },
+    "output-cap": { type: "string" },
     cwd: { type: "string" },
     env: { type: "string", multiple: true },
     json: { type: "boolean" },
@@ -55,9 +62,12 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
     throw new UsageError("Missing command: use 'waffle exec [options] -- CMD [ARG...]'");
   }
   const timeout = numberFlag(parsed, "timeout");
+  const outputCap = numberFlag(parsed, "output-cap", { integer: true, max: MAX_OUTPUT_CAP });
   const cwd = stringFlag(parsed, "cwd");
   const env = envFlags((parsed.values.env as string[] | undefined) ?? []);
-  const stdin = io.stdin === null ? undefined : await readCapped(io.stdin);
+  // Like `docker exec`: stdin only when asked for. Reading it otherwise would
+  // hang a script whose stdin is a pipe that never closes.
+  const stdin = parsed.values.interactive === true ? await readStdin(io.stdin) : undefined;
   const backend = openBackend(parsed);
   try {
     const id = await backend.submit({
@@ -66,12 +76,17 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
       ...(Object.keys(env).length === 0 ? {} : { env }),
       ...(stdin === undefined ? {} : { stdin }),
       ...(timeout === undefined ? {} : { timeoutMs: Math.round(timeout * 1000) }),
+      ...(outputCap === undefined ? {} : { outputCap }),
     });
     if (parsed.values.detach) {
       await io.stdout(`${id}\n`);
       return 0;
     }
-    return await follow(backend, id, { io, json: parsed.values.json === true });
+    return await follow(backend, id, {
+      io,
+      json: parsed.values.json === true,
+      outputCap: outputCap ?? DEFAULT_OUTPUT_CAP,
+    });
   } finally {
     backend.close();
   }
@@ -108,10 +123,13 @@ export async function waitCommand(args: string[], io: CliIo): Promise<number> {
 }
 
 // Streams (or collects for --json) until the result is in; Ctrl-C cancels.
+// `outputCap` is the request's cap when this process submitted it; `wait`
+// does not know it, and names the bytes it received instead: the runner
+// forwards exactly the cap's worth of a stream before cutting it.
 async function follow(
   backend: Backend,
   id: string,
-  options: { io: CliIo; json: boolean },
+  options: { io: CliIo; json: boolean; outputCap?: number },
 ): Promise<number> {
   const { io, queue } = { io: options.io, queue: backend.queue };
   let interrupts = 0;
@@ -125,22 +143,35 @@ async function follow(
   };
   Deno.addSignalListener("SIGINT", onInterrupt);
   try {
-    const wait = { revive: () => backend.ensure() };
+    const wait = { revive: (trouble: RunnerTrouble) => backend.ensure(trouble) };
+    const notes: string[] = [];
+    let stderrMidLine = false;
     let collected;
     if (options.json) {
+      // The object carries the truncation flags itself.
       collected = await queue.collect(id, wait);
       await io.stdout(`${JSON.stringify(jsonOf(id, collected))}\n`);
     } else {
+      const received = { stdout: 0, stderr: 0 };
       const stream = queue.output(id, wait);
       let next = await stream.next();
       while (!next.done) {
-        await (next.value.stream === "stdout" ? io.stdout : io.stderr)(next.value.data);
+        const { stream: name, data } = next.value;
+        received[name] += data.byteLength;
+        if (name === "stderr" && data.byteLength > 0) stderrMidLine = data.at(-1) !== 0x0a;
+        await (name === "stdout" ? io.stdout : io.stderr)(data);
         next = await stream.next();
       }
       collected = { result: next.value };
+      const caps = options.outputCap === undefined
+        ? received
+        : { stdout: options.outputCap, stderr: options.outputCap };
+      notes.push(...truncationNotesOf(collected.result, caps));
     }
     const note = noteOf(id, collected.result);
-    if (note !== undefined) await io.stderr(`${note}\n`);
+    if (note !== undefined) notes.push(note);
+    // waffle's lines start a line of their own, even after a stream cut mid-line.
+    if (notes.length > 0) await io.stderr(`${stderrMidLine ? "\n" : ""}${notes.join("\n")}\n`);
     await queue.ack(id);
     await queue.gc().catch(() => 0);
     return exitStatusOf(collected.result);
@@ -149,13 +180,23 @@ async function follow(
   }
 }
 
-async function readCapped(stream: ReadableStream<Uint8Array>): Promise<Uint8Array> {
+// Reads all of stdin for `-i`, refusing more than a request may carry before
+// anything is submitted.
+async function readStdin(stream: ReadableStream<Uint8Array> | null): Promise<Uint8Array> {
+  if (stream === null) {
+    throw new UsageError(
+      "Stdin is a terminal: 'waffle exec -i' passes stdin whole, so pipe or redirect it",
+    );
+  }
   const parts: Uint8Array[] = [];
   let size = 0;
   for await (const part of stream) {
     size += part.byteLength;
     if (size > MAX_STDIN_BYTES) {
-      throw new UsageError(`Stdin exceeds the ${MAX_STDIN_BYTES}-byte limit`);
+      throw new UsageError(
+        `Stdin exceeds the ${MAX_STDIN_BYTES}-byte limit of 'waffle exec -i': ` +
+          "pass large input through a file in the workspace",
+      );
     }
     parts.push(part);
   }

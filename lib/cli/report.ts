@@ -44,6 +44,38 @@ export function noteOf(id: string, result: ExecResult): string | undefined {
   return undefined;
 }
 
+/**
+ * The lines printed on stderr, after the command's own output, for each
+ * stream the runner cut at the output cap: a truncated output must never
+ * pass for the whole of it.
+ *
+ * @param result The request's result.
+ * @param caps The cap each stream was cut at, in bytes.
+ * @returns One line (without newline) per truncated stream, stdout first.
+ *
+ * @example
+ * ```ts ignore
+ * for (const line of truncationNotesOf(result, { stdout: cap, stderr: cap })) {
+ *   await io.stderr(`${line}\n`);
+ * }
+ * ```
+ */
+export function truncationNotesOf(
+  result: ExecResult,
+  caps: Record<"stdout" | "stderr", number>,
+): string[] {
+  const notes: string[] = [];
+  for (const stream of ["stdout", "stderr"] as const) {
+    const truncated = stream === "stdout" ? result.stdoutTruncated : result.stderrTruncated;
+    const wrote = stream === "stdout" ? result.stdoutBytes : result.stderrBytes;
+    if (truncated) {
+      const cut = `waffle: ${stream} truncated at ${caps[stream]} bytes`;
+      notes.push(`${cut} (the command wrote ${wrote} bytes); raise --output-cap`);
+    }
+  }
+  return notes;
+}
+
 /** The `--json` object of `waffle exec` / `waffle wait`. */
 export interface ExecJson {
   id: string;

@@ -31,6 +31,8 @@ export interface SandboxConfig {
   envAllowlist: string[];
   /** `waffle sweep` stops least recently used containers beyond this many running; 0 no cap. */
   maxRunning: number;
+  /** Disk quota of each sandbox's volume (workspace and queue), in bytes. */
+  quotaBytes: number;
 }
 
 const fileSchema = z.object({
@@ -44,6 +46,7 @@ const fileSchema = z.object({
   network: z.enum(["none", "bridge"]).optional(),
   envAllowlist: z.array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/)).max(256).optional(),
   maxRunning: z.number().int().min(0).optional(),
+  quotaBytes: z.number().int().min(16 * 1024 * 1024).optional(),
 }).strict();
 
 const DEFAULTS: Omit<SandboxConfig, "home"> = {
@@ -56,6 +59,7 @@ const DEFAULTS: Omit<SandboxConfig, "home"> = {
   network: "none",
   envAllowlist: [],
   maxRunning: 0,
+  quotaBytes: 1024 ** 3,
 };
 
 const ENV_OVERRIDES: [string, keyof z.infer<typeof fileSchema>][] = [
@@ -65,6 +69,7 @@ const ENV_OVERRIDES: [string, keyof z.infer<typeof fileSchema>][] = [
   ["WAFFLE_MEMORY_BYTES", "memoryBytes"],
   ["WAFFLE_CPUS", "cpus"],
   ["WAFFLE_MAX_RUNNING", "maxRunning"],
+  ["WAFFLE_QUOTA_BYTES", "quotaBytes"],
 ];
 
 /**

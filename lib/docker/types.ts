@@ -184,10 +184,18 @@ export interface ContainerConfig {
   Entrypoint: string[];
   /** Working directory. */
   WorkingDir: string;
+  /** Signal `docker stop` sends first; empty for the default. */
+  StopSignal: string;
+  /** Seconds `docker stop` waits; null for the default. */
+  StopTimeout: number | null;
 }
 
 /** `HostConfig` of a container inspect, normalised. */
 export interface ContainerHostConfig {
+  /** Supplementary groups of the container's user. */
+  GroupAdd: string[];
+  /** Restart policy (`""` or `no` when none). */
+  RestartPolicy: { Name: string };
   /** Pids limit; `null` (or 0/-1) means unlimited. */
   PidsLimit: number | null;
   /** Memory limit in bytes; 0 means unlimited. */
@@ -394,8 +402,14 @@ export const containerInspectSchema: z.ZodType<ContainerInspect> = z.object({
     Cmd: strings,
     Entrypoint: strings,
     WorkingDir: text,
+    StopSignal: text,
+    StopTimeout: z.number().nullish().transform((v): number | null => v ?? null),
   }),
   HostConfig: z.object({
+    GroupAdd: strings,
+    RestartPolicy: z.object({ Name: text }).nullish().transform((v): { Name: string } => ({
+      Name: v?.Name ?? "",
+    })),
     PidsLimit: z.number().nullish().transform((v): number | null => v ?? null),
     Memory: count,
     MemorySwap: count,

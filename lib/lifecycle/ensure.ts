@@ -12,11 +12,10 @@ import type { SandboxConfig } from "../config/config.ts";
 import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
 import { DockerError, RunnerError } from "../errors.ts";
-import { runnerAlive } from "../host_backend.ts";
-import type { Queue } from "../queue/queue.ts";
+import type { Queue, RunnerTrouble } from "../queue/queue.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
-import { containerSpec, LABELS } from "./posture.ts";
-import { stateExists } from "./state_dir.ts";
+import { type ContainerSpec, containerSpec, LABELS, postureDrift } from "./posture.ts";
+import { resetOutbound, stateExists } from "./state_dir.ts";
 
 /** What ensure had to do. */
 export type EnsureAction = "reused" | "started" | "created" | "recreated";
@@ -41,8 +40,17 @@ export interface EnsureOptions {
   queue: Queue;
   /** How long to wait for the first heartbeat. Default 60 s. */
   readyTimeoutMs?: number;
-  /** How long a recycle waits for in-flight requests to finish. Default 10 min. */
+  /**
+   * How long a recycle waits for in-flight requests to finish. Default 60 s.
+   * The runner's own count decides nothing beyond this bound.
+   */
   drainTimeoutMs?: number;
+  /**
+   * What a waiting host found wrong with the runner: `stale` and `locked`
+   * kill the container (everything in it dies, locks included) and start it
+   * again; `damaged` also replaces `outbound/` with an empty one.
+   */
+  trouble?: RunnerTrouble;
 }
 
 /**
@@ -70,7 +78,7 @@ export async function resolveImage(docker: DockerClient, ref: string): Promise<s
  */
 export function incompatibility(
   container: ContainerInspect,
-  expected: { imageId: string; postureHash: string },
+  expected: { imageId: string; postureHash: string; spec?: ContainerSpec },
 ): string | undefined {
   const state = container.State;
   if (state.Paused) return "paused";
@@ -84,7 +92,8 @@ export function incompatibility(
     return "image changed";
   }
   if (container.Config.Labels[LABELS.posture] !== expected.postureHash) return "posture changed";
-  return undefined;
+  const drift = expected.spec === undefined ? undefined : postureDrift(container, expected.spec);
+  return drift === undefined ? undefined : `posture changed (${drift})`;
 }
 
 /**
@@ -115,7 +124,7 @@ export async function ensureContainer(
     if (foreign) refuseForeign(container, spec.name, paths.root);
     const reason = foreign
       ? "its WAFFLE_HOME state is gone"
-      : incompatibility(container, { imageId, postureHash: spec.postureHash });
+      : incompatibility(container, { imageId, postureHash: spec.postureHash, spec });
     if (reason !== undefined) {
       // Drain our own queue only: a foreign orphan's requests are not ours to wait for.
       if (!foreign && container.State.Running && !container.State.Paused) {
@@ -125,6 +134,19 @@ export async function ensureContainer(
       container = null;
       action = "recreated";
     }
+  }
+  if (container !== null && options.trouble !== undefined && options.trouble !== "none") {
+    const trouble = options.trouble;
+    if (trouble !== "exited" && container.State.Running) {
+      // The runner is wedged (stopped, killed by force, or holding a lock):
+      // kill the whole container so nothing a command left behind survives.
+      await docker.killContainer(container.Id).catch(() => {});
+      await docker.waitContainer(container.Id, { timeoutMs: 10_000 }).catch(() => {});
+    } else if (container.State.Running) {
+      await docker.waitContainer(container.Id, { timeoutMs: 10_000 }).catch(() => {});
+    }
+    if (trouble === "damaged") resetOutbound(paths);
+    container = await docker.inspectContainer(container.Id);
   }
   if (container === null) {
     const before = queue.heartbeat()?.bootId;
@@ -145,30 +167,36 @@ export async function ensureContainer(
     }
     await docker.startContainer(id);
     await waitReady(docker, id, { queue, before, timeoutMs: options.readyTimeoutMs });
+    await queue.syncGeneration();
     return { containerId: id, imageId, action };
   }
 
   if (container.State.Running) {
-    if (runnerAlive(queue)) return { containerId: container.Id, imageId, action };
-    // Running with a stale heartbeat: either the runner is exiting (idle
-    // exit, SIGTERM), or its heartbeat is held up by a lock on outbound.db.
-    // Never stop it for that: a healthy runner may be mid-command.
-    const exited = await docker.waitContainer(container.Id, { timeoutMs: 5000 }).then(
-      () => true,
-      () => false,
-    );
-    if (!exited) {
+    const judged = queue.liveness();
+    if (judged.state === "alive") return { containerId: container.Id, imageId, action };
+    if (judged.state === "none") {
+      // Still booting (no outbound file or heartbeat yet).
       await waitReady(docker, container.Id, {
         queue,
         before: undefined,
         timeoutMs: options.readyTimeoutMs,
       });
+      await queue.syncGeneration();
       return { containerId: container.Id, imageId, action };
     }
+    // Exited (idle exit, SIGTERM) and about to stop, or judged dead: the
+    // waiting host decides the latter (it has watched the heartbeat); here a
+    // runner that said it exited is given a moment, then killed.
+    await docker.waitContainer(container.Id, { timeoutMs: 5000 }).catch(async () => {
+      await docker.killContainer(container!.Id).catch(() => {});
+      await docker.waitContainer(container!.Id, { timeoutMs: 10_000 }).catch(() => {});
+    });
+    if (judged.state === "damaged") resetOutbound(paths);
   }
   const before = queue.heartbeat()?.bootId;
   await docker.startContainer(container.Id);
   await waitReady(docker, container.Id, { queue, before, timeoutMs: options.readyTimeoutMs });
+  await queue.syncGeneration();
   return { containerId: container.Id, imageId, action: "started" };
 }
 
@@ -229,8 +257,8 @@ async function waitReady(
   const deadline = Date.now() + (options.timeoutMs ?? 60_000);
   let checks = 0;
   while (Date.now() < deadline) {
-    const beat = options.queue.heartbeat();
-    if (beat !== undefined && beat.bootId !== options.before && runnerAlive(options.queue)) return;
+    const judged = options.queue.liveness();
+    if (judged.state === "alive" && judged.beat?.bootId !== options.before) return;
     if (++checks % 25 === 0) {
       const state = await docker.inspectContainer(id);
       if (state === null || !state.State.Running) {
@@ -252,17 +280,13 @@ async function waitReady(
   );
 }
 
-// A recycle must not kill a command another host is waiting for.
-async function drain(queue: Queue, timeoutMs = 600_000): Promise<void> {
+// A recycle lets commands other hosts wait for finish, within a bound: the
+// runner's count of what is in flight is the sandbox's word, so it can delay
+// a recycle by at most the grace, never block it.
+async function drain(queue: Queue, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  while (queue.inFlight().length > 0) {
-    if (Date.now() > deadline) {
-      throw new RunnerError(
-        `Cannot recycle the sandbox: ${queue.inFlight().length} request(s) still running after ${
-          timeoutMs / 1000
-        } s`,
-      );
-    }
+  while (Date.now() < deadline && queue.liveness().state === "alive") {
+    if (queue.inFlight().length === 0) return;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }

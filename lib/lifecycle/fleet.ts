@@ -8,10 +8,13 @@
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
-import type { Heartbeat } from "../queue/protocol.ts";
-import { Queue } from "../queue/queue.ts";
+import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.ts";
+import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
+import { SandboxFile } from "../queue/sandbox_file.ts";
+import { OUTBOUND_SCHEMA } from "../queue/schema.ts";
 import { incompatibility, ownedBy } from "./ensure.ts";
-import { type SandboxKey, sandboxKey, statePaths } from "./identity.ts";
+import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
+import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec, LABELS } from "./posture.ts";
 import { stateExists } from "./state_dir.ts";
@@ -38,16 +41,20 @@ export interface SandboxStatus {
   statePath: string;
 }
 
-function readHeartbeat(queueDir: string): Heartbeat | undefined {
+// What a sandbox's runner last wrote, read without waiting on any lock and
+// without touching anything but its outbound file (see sandbox_file.ts): a
+// hostile sandbox can make this undefined, never slow.
+function peekRunner<T>(root: string, read: Parameters<SandboxFile["read"]>[0]): T | undefined {
+  const file = new SandboxFile(`${stateLayout(root).outbound}/outbound.db`, {
+    schema: OUTBOUND_SCHEMA,
+    maxValueBytes: 16 * MAX_CHUNK_BYTES,
+  });
   try {
-    const queue = Queue.open(queueDir);
-    try {
-      return queue.heartbeat();
-    } finally {
-      queue.close();
-    }
+    return file.read(read) as T;
   } catch {
     return undefined;
+  } finally {
+    file.close();
   }
 }
 
@@ -66,7 +73,7 @@ export async function listSandboxes(
   const containers = await docker.listContainers({ all: true, labels: [LABELS.key] });
   return containers.map((summary) => {
     const statePath = summary.Labels[LABELS.state] ?? "";
-    const beat = stateExists(statePath) ? readHeartbeat(`${statePath}/queue`) : undefined;
+    const beat = stateExists(statePath) ? peekRunner<Heartbeat>(statePath, readBeat) : undefined;
     const idleMs = beat === undefined
       ? null
       : beat.idleSince === null
@@ -162,7 +169,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
         await docker.removeContainer(container.Id, { force: true });
         return record("removed", "state directory is gone");
       }
-      const busy = container.State.Running && inFlight(paths.queue) > 0;
+      const busy = container.State.Running && inFlight(paths.root) > 0;
       const expected = image === null ? undefined : {
         imageId: image.id,
         postureHash: containerSpec(key, { config, imageId: image.id, paths }).postureHash,
@@ -194,7 +201,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
     for (const { status, key } of running.slice(0, running.length - cap)) {
       const paths = statePaths(config.home, key);
       await withLock(paths.lock, async () => {
-        if (inFlight(paths.queue) > 0) return;
+        if (inFlight(paths.root) > 0) return;
         await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
         actions.push({
           tenant: status.tenant,
@@ -209,17 +216,8 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
   return actions;
 }
 
-function inFlight(queueDir: string): number {
-  try {
-    const queue = Queue.open(queueDir);
-    try {
-      return queue.inFlight().length;
-    } finally {
-      queue.close();
-    }
-  } catch {
-    return 0;
-  }
+function inFlight(root: string): number {
+  return peekRunner<string[]>(root, readInFlight)?.length ?? 0;
 }
 
 /**
@@ -266,7 +264,10 @@ export async function removeSandbox(
     const container = await docker.inspectContainer(key.containerName);
     const removed = container !== null && ownedBy(container, paths.root) &&
       await docker.removeContainer(container.Id, { force: true });
-    if (options.purge) await Deno.remove(paths.root, { recursive: true }).catch(() => {});
+    if (options.purge) {
+      await removeVolume(paths.root);
+      await Deno.remove(paths.root, { recursive: true }).catch(() => {});
+    }
     return removed;
   });
 }

@@ -54,11 +54,15 @@ export function sandboxKey(tenant: string, user: string, options: { home: string
 
 /** Host paths of one sandbox's state. */
 export interface StatePaths {
-  /** `$WAFFLE_HOME/sandboxes/<hash>`: mode 0700. */
+  /** `$WAFFLE_HOME/sandboxes/<hash>`: the host's, mode 0700. */
   root: string;
-  /** The queue directory, bind-mounted at `/queue`. */
+  /** The queue directory; its `inbound/` is bind-mounted read-only at `/queue/inbound`. */
   queue: string;
-  /** The user's workspace, bind-mounted at `/workspace`. */
+  /** The sandbox's volume: the disk quota's mount point (a plain directory without one). */
+  volume: string;
+  /** The runner's directory inside the volume, bind-mounted at `/queue/outbound`. */
+  outbound: string;
+  /** The user's workspace inside the volume, bind-mounted at `/workspace`. */
   workspace: string;
   /** Cross-process lock of this sandbox's lifecycle. */
   lock: string;
@@ -72,11 +76,26 @@ export interface StatePaths {
  * @returns Its paths.
  */
 export function statePaths(home: string, key: SandboxKey): StatePaths {
-  const root = join(home, "sandboxes", key.hash);
+  return {
+    ...stateLayout(join(home, "sandboxes", key.hash)),
+    lock: join(home, "locks", `${key.hash}.lock`),
+  };
+}
+
+/**
+ * The layout of a sandbox's state directory (all but the lock, which lives
+ * in the home), e.g. for a root found in a container's label.
+ *
+ * @param root The state root.
+ * @returns Its paths.
+ */
+export function stateLayout(root: string): Omit<StatePaths, "lock"> {
+  const volume = join(root, "volume");
   return {
     root,
     queue: join(root, "queue"),
-    workspace: join(root, "workspace"),
-    lock: join(home, "locks", `${key.hash}.lock`),
+    volume,
+    outbound: join(volume, "outbound"),
+    workspace: join(volume, "workspace"),
   };
 }

@@ -12,14 +12,25 @@ import { realpathSync } from "node:fs";
 import { UsageError } from "../errors.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { selfCommand } from "../config/self.ts";
-import type { ContainerCreateBody, HostConfigMount } from "../docker/mod.ts";
+import type { ContainerCreateBody, ContainerInspect, HostConfigMount } from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 
-/** Uid and gid of the sandbox user (the image's `waffle` user). */
+/** Uid and gid every command runs as (the image's `waffle` user). */
 export const SANDBOX_UID = 10001;
+
+/**
+ * What the runner may do beyond an unprivileged process: switch a command to
+ * {@linkcode SANDBOX_UID} (SETUID, SETGID), signal its tree (KILL), and look
+ * into the command's workspace to check a working directory (DAC_READ_SEARCH).
+ * The runner runs as the container's uid 0 with only these; a command loses
+ * them all when it drops to its own uid, and `no-new-privileges` keeps it so.
+ */
+export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL", "DAC_READ_SEARCH"] as const;
 
 /** Where the runner's program is mounted inside the container. */
 const PROGRAM_DIR = "/opt/waffle";
+/** The runner's private scratch (Deno's cache): a tmpfs no command can enter. */
+const RUNNER_DIR = "/run/waffle";
 
 /** Labels waffle puts on its containers. */
 export const LABELS = {
@@ -32,31 +43,18 @@ export const LABELS = {
   state: "waffle.state",
 } as const;
 
-/** Everything that decides how a sandbox container is launched. */
-export interface Posture {
-  user: string;
-  readOnlyRootfs: true;
-  tmpfs: string;
-  capDrop: ["ALL"];
-  securityOpt: ["no-new-privileges"];
-  pidsLimit: number;
-  memoryBytes: number;
-  nanoCpus: number;
-  network: string;
-  logConfig: { Type: "json-file"; Config: { "max-size": string; "max-file": string } };
-  init: true;
-  env: string[];
-  mounts: HostConfigMount[];
-  cmd: string[];
-}
-
 /** A container to create, with its identity labels. */
 export interface ContainerSpec {
   /** The sandbox's deterministic container name. */
   name: string;
   /** The Docker create body: image, command, labels and posture. */
   body: ContainerCreateBody;
-  /** SHA-256 of the posture; a container labelled with another one is recycled. */
+  /**
+   * SHA-256 of the whole create body except the image (compared by id on its
+   * own) and the labels that cannot be part of it (the hash itself and the
+   * creation time): every setting, present or future, is covered without a
+   * list to keep in step.
+   */
   postureHash: string;
 }
 
@@ -73,51 +71,134 @@ export function containerSpec(
   options: { config: SandboxConfig; imageId: string; paths: StatePaths },
 ): ContainerSpec {
   const { config, imageId, paths } = options;
-  const posture = buildPosture(config, paths);
-  const postureHash = createHash("sha256").update(JSON.stringify(posture)).digest("hex");
-  return {
-    name: key.containerName,
-    postureHash,
-    body: {
-      Image: imageId,
-      Cmd: posture.cmd,
-      Env: posture.env,
-      User: posture.user,
-      WorkingDir: "/workspace",
-      Hostname: key.containerName.slice(0, 63),
-      StopSignal: "SIGTERM",
-      StopTimeout: 10,
-      Labels: {
-        [LABELS.key]: key.hash,
-        [LABELS.tenant]: key.tenant,
-        [LABELS.user]: key.user,
-        [LABELS.image]: imageId,
-        [LABELS.posture]: postureHash,
-        [LABELS.created]: new Date().toISOString(),
-        [LABELS.state]: paths.root,
+  const { cmd, mounts } = runnerLaunch(config, paths);
+  const groups = hostCanChown() ? [] : [String(Deno.gid())];
+  const body: ContainerCreateBody = {
+    Image: imageId,
+    Cmd: cmd,
+    Env: runnerEnv(config),
+    // The runner is the container's root with RUNNER_CAPS only; commands
+    // run as SANDBOX_UID (see RUNNER_CAPS).
+    User: "0:0",
+    WorkingDir: "/workspace",
+    Hostname: key.containerName.slice(0, 63),
+    StopSignal: "SIGTERM",
+    StopTimeout: 10,
+    Labels: {
+      [LABELS.key]: key.hash,
+      [LABELS.tenant]: key.tenant,
+      [LABELS.user]: key.user,
+      [LABELS.image]: imageId,
+      [LABELS.state]: paths.root,
+    },
+    HostConfig: {
+      Init: true,
+      ReadonlyRootfs: true,
+      Tmpfs: {
+        "/tmp": `rw,noexec,nosuid,nodev,size=${config.tmpBytes}`,
+        [RUNNER_DIR]: "rw,noexec,nosuid,nodev,size=128m,mode=0700",
       },
-      HostConfig: {
-        Init: true,
-        ReadonlyRootfs: true,
-        Tmpfs: { "/tmp": posture.tmpfs },
-        CapDrop: posture.capDrop,
-        SecurityOpt: posture.securityOpt,
-        PidsLimit: posture.pidsLimit,
-        Memory: posture.memoryBytes,
-        MemorySwap: posture.memoryBytes,
-        NanoCpus: posture.nanoCpus,
-        NetworkMode: posture.network,
-        LogConfig: posture.logConfig,
-        Mounts: posture.mounts,
-        RestartPolicy: { Name: "no" },
-        AutoRemove: false,
-        Privileged: false,
-      },
+      CapDrop: ["ALL"],
+      CapAdd: [...RUNNER_CAPS],
+      GroupAdd: groups,
+      SecurityOpt: ["no-new-privileges"],
+      PidsLimit: config.pidsLimit,
+      Memory: config.memoryBytes,
+      MemorySwap: config.memoryBytes,
+      NanoCpus: Math.round(config.cpus * 1e9),
+      NetworkMode: config.network,
+      LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
+      Mounts: mounts,
+      RestartPolicy: { Name: "no" },
+      AutoRemove: false,
+      Privileged: false,
     },
   };
+  // The image is compared by id on its own; the rest is the posture.
+  const { Image: _image, ...posture } = { ...body, Labels: { ...body.Labels } };
+  delete posture.Labels[LABELS.image];
+  const postureHash = createHash("sha256").update(JSON.stringify(posture)).digest("hex");
+  body.Labels = {
+    ...body.Labels,
+    [LABELS.posture]: postureHash,
+    [LABELS.created]: new Date().toISOString(),
+  };
+  return { name: key.containerName, postureHash, body };
 }
 
-function buildPosture(config: SandboxConfig, paths: StatePaths): Posture {
+/**
+ * Where an inspected container differs from the spec it should have been
+ * created from, in the settings that decide what the sandbox can do. Adoption
+ * checks this as well as the posture label: a label can be copied, the
+ * daemon's record of the container cannot.
+ *
+ * @param container The inspected container.
+ * @param spec Today's spec.
+ * @returns The first differing setting's name, or undefined when they agree.
+ */
+export function postureDrift(container: ContainerInspect, spec: ContainerSpec): string | undefined {
+  const want = spec.body;
+  const host = want.HostConfig ?? {};
+  const have = container.HostConfig;
+  const sorted = (values: readonly string[] | undefined): string =>
+    JSON.stringify([...(values ?? [])].sort());
+  const mounts = (list: readonly HostConfigMount[]): string =>
+    JSON.stringify(
+      list.map((m) => [m.Type, m.Source ?? "", m.Target, m.ReadOnly ?? false]).sort(),
+    );
+  const checks: [string, unknown, unknown][] = [
+    ["User", container.Config.User, want.User],
+    ["Cmd", JSON.stringify(container.Config.Cmd), JSON.stringify(want.Cmd)],
+    ["StopTimeout", container.Config.StopTimeout, want.StopTimeout],
+    ["Privileged", have.Privileged, host.Privileged],
+    ["ReadonlyRootfs", have.ReadonlyRootfs, host.ReadonlyRootfs],
+    ["CapDrop", sorted(have.CapDrop), sorted(host.CapDrop)],
+    ["CapAdd", sorted(have.CapAdd.map((cap) => cap.replace(/^CAP_/, ""))), sorted(host.CapAdd)],
+    ["GroupAdd", sorted(have.GroupAdd), sorted(host.GroupAdd as string[] | undefined)],
+    ["SecurityOpt", sorted(have.SecurityOpt), sorted(host.SecurityOpt)],
+    ["NetworkMode", have.NetworkMode, host.NetworkMode],
+    ["PidsLimit", have.PidsLimit, host.PidsLimit],
+    ["Memory", have.Memory, host.Memory],
+    ["MemorySwap", have.MemorySwap, host.MemorySwap],
+    ["NanoCpus", have.NanoCpus, host.NanoCpus],
+    ["Init", have.Init, host.Init],
+    ["AutoRemove", have.AutoRemove, host.AutoRemove],
+    ["RestartPolicy", have.RestartPolicy.Name || "no", host.RestartPolicy?.Name],
+    [
+      "Tmpfs",
+      JSON.stringify(have.Tmpfs, Object.keys(have.Tmpfs).sort()),
+      JSON.stringify(
+        host.Tmpfs,
+        Object.keys(host.Tmpfs ?? {}).sort(),
+      ),
+    ],
+    ["Mounts", mounts(have.Mounts), mounts(host.Mounts ?? [])],
+  ];
+  return checks.find(([, got, expected]) => got !== expected)?.[0];
+}
+
+function runnerEnv(config: SandboxConfig): string[] {
+  return [
+    "PATH=/usr/local/bin:/usr/bin:/bin",
+    `HOME=${RUNNER_DIR}`,
+    `DENO_DIR=${RUNNER_DIR}/deno`,
+    "DENO_NO_UPDATE_CHECK=1",
+    "NO_COLOR=1",
+    `WAFFLE_PASS_ENV=${config.envAllowlist.join(",")}`,
+    ...config.envAllowlist.flatMap((name) => {
+      const value = Deno.env.get(name);
+      return value === undefined ? [] : [`${name}=${value}`];
+    }),
+  ];
+}
+
+// The runner's command line and mounts: the host's inbound directory
+// read-only, the runner's outbound directory and the workspace read-write,
+// and the program read-only.
+function runnerLaunch(
+  config: SandboxConfig,
+  paths: StatePaths,
+): { cmd: string[]; mounts: HostConfigMount[] } {
   const self = selfCommand();
   const runnerArgs = [
     "runner",
@@ -127,66 +208,39 @@ function buildPosture(config: SandboxConfig, paths: StatePaths): Posture {
     "/workspace",
     "--idle-exit",
     String(config.idleSeconds),
+    "--command-user",
+    `${SANDBOX_UID}:${SANDBOX_UID}`,
   ];
   const mounts: HostConfigMount[] = [
-    bind(paths.queue, "/queue", false, paths.root),
+    bind(`${paths.queue}/inbound`, "/queue/inbound", true, paths.root),
+    bind(paths.outbound, "/queue/outbound", false, paths.root),
     bind(paths.workspace, "/workspace", false, paths.root),
   ];
-  let cmd: string[];
   if (self.sourceRoot === undefined) {
     mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
-    cmd = [`${PROGRAM_DIR}/waffle`, ...runnerArgs];
-  } else {
-    // From source: the Deno executable plus the project (sources and
-    // node_modules), both read-only. --cached-only: never fetch anything.
-    mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/deno`, true));
-    // Only what the runner loads: not .git, .tools or anything else in the checkout.
-    for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
-      mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
-    }
-    cmd = [
-      `${PROGRAM_DIR}/deno`,
-      "run",
-      "--allow-all",
-      "--quiet",
-      "--no-prompt",
-      "--cached-only",
-      "--node-modules-dir=manual",
-      "--config",
-      `${PROGRAM_DIR}/src/deno.json`,
-      `${PROGRAM_DIR}/src/main.ts`,
-      ...runnerArgs,
-    ];
+    return { cmd: [`${PROGRAM_DIR}/waffle`, ...runnerArgs], mounts };
   }
-  const env = [
-    "PATH=/usr/local/bin:/usr/bin:/bin",
-    "HOME=/workspace",
-    "DENO_DIR=/tmp/.deno",
-    "DENO_NO_UPDATE_CHECK=1",
-    "NO_COLOR=1",
-    `WAFFLE_PASS_ENV=${config.envAllowlist.join(",")}`,
-    ...config.envAllowlist.flatMap((name) => {
-      const value = Deno.env.get(name);
-      return value === undefined ? [] : [`${name}=${value}`];
-    }),
+  // From source: the Deno executable plus the project (sources and
+  // node_modules), both read-only. --cached-only: never fetch anything.
+  mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/deno`, true));
+  // Only what the runner loads: not .git, .tools or anything else in the checkout.
+  for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
+    mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
+  }
+  const cmd = [
+    `${PROGRAM_DIR}/deno`,
+    "run",
+    "--allow-all",
+    "--quiet",
+    "--no-prompt",
+    "--cached-only",
+    "--node-modules-dir=manual",
+    "--config",
+    `${PROGRAM_DIR}/src/deno.json`,
+    `${PROGRAM_DIR}/src/main.ts`,
+    ...runnerArgs,
   ];
-  const uid = hostCanChown() ? SANDBOX_UID : Deno.uid();
-  return {
-    user: `${uid}:${uid === SANDBOX_UID ? SANDBOX_UID : Deno.gid()}`,
-    readOnlyRootfs: true,
-    tmpfs: `rw,noexec,nosuid,nodev,size=${config.tmpBytes}`,
-    capDrop: ["ALL"],
-    securityOpt: ["no-new-privileges"],
-    pidsLimit: config.pidsLimit,
-    memoryBytes: config.memoryBytes,
-    nanoCpus: Math.round(config.cpus * 1e9),
-    network: config.network,
-    logConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
-    init: true,
-    env,
-    mounts,
-    cmd,
-  };
+  return { cmd, mounts };
 }
 
 /**

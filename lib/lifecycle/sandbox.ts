@@ -8,10 +8,13 @@
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import type { Backend } from "../host_backend.ts";
-import { Queue, type SubmitOptions } from "../queue/queue.ts";
+import { Queue, type RunnerTrouble, type SubmitOptions } from "../queue/queue.ts";
+import { initQueue } from "../queue/schema.ts";
 import { ensureContainer, type Ensured } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
+import { hostCanChown } from "./posture.ts";
+import type { VolumeStatus } from "./quota.ts";
 import { prepareState } from "./state_dir.ts";
 
 /** Options for {@linkcode openSandbox}. */
@@ -36,6 +39,8 @@ export interface Sandbox extends Backend {
   readonly config: SandboxConfig;
   /** What the last ensure did (undefined before the first). */
   readonly lastEnsure: Ensured | undefined;
+  /** The sandbox's volume after the last ensure: whether its disk quota is enforced. */
+  readonly volume: VolumeStatus | undefined;
 }
 
 /**
@@ -52,15 +57,25 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const config = loadConfig(options.config);
   const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
   const paths = statePaths(config.home, key);
-  prepareState(paths);
-  const queue = Queue.open(
-    paths.queue,
-    options.pollMs === undefined ? {} : { pollMs: options.pollMs },
-  );
+  // The host's half only; the volume and the runner's directory are made
+  // under the lock, by ensure.
+  Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+  initQueue(paths.queue, { outboundDir: paths.outbound, mode: hostCanChown() ? 0o700 : 0o750 });
+  const queue = Queue.open(paths.queue, {
+    outboundDir: paths.outbound,
+    ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
+  });
   const docker = options.docker ?? new DockerClient();
   let lastEnsure: Ensured | undefined;
-  const ensureLocked = async (): Promise<void> => {
-    lastEnsure = await ensureContainer(docker, key, { config, paths, queue });
+  let volume: VolumeStatus | undefined;
+  const ensureLocked = async (trouble?: RunnerTrouble): Promise<void> => {
+    volume = await prepareState(paths, { quotaBytes: config.quotaBytes });
+    lastEnsure = await ensureContainer(docker, key, {
+      config,
+      paths,
+      queue,
+      ...(trouble === undefined ? {} : { trouble }),
+    });
   };
   return {
     key,
@@ -70,7 +85,10 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     get lastEnsure(): Ensured | undefined {
       return lastEnsure;
     },
-    ensure: () => withLock(paths.lock, ensureLocked),
+    get volume(): VolumeStatus | undefined {
+      return volume;
+    },
+    ensure: (trouble?: RunnerTrouble) => withLock(paths.lock, () => ensureLocked(trouble)),
     submit: (request: SubmitOptions) =>
       withLock(paths.lock, async () => {
         await ensureLocked();

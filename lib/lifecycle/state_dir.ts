@@ -1,58 +1,129 @@
 /**
- * Per-user host state: `$WAFFLE_HOME/sandboxes/<hash>/{queue,workspace}`.
+ * Per-user host state: `$WAFFLE_HOME/sandboxes/<hash>/`.
+ *
+ * ```
+ * <root>/                 the host's, 0700
+ *   queue/inbound/        the host's: inbound.db, inbound.bell (read-only in the sandbox)
+ *   volume.img            the disk quota's image (when the host can mount one)
+ *   volume/               its mount point (or a plain directory)
+ *     outbound/           the runner's: outbound.db, its bell and lock
+ *     workspace/          the commands': /workspace
+ * ```
+ *
+ * No directory the host opens a name in is writable by a command: the
+ * runner (the container's root) owns `outbound/`, commands (uid 10001) own
+ * only `workspace/`, and the host's own `inbound/` is read-only inside. When
+ * the host is not root it cannot hand directories to other uids, so
+ * `inbound/` and `outbound/` are shared with the runner through the host
+ * user's group (which the container's runner is given), never with commands.
  *
  * @module
  */
 import { dirname } from "node:path";
-import { QueueError } from "../errors.ts";
+import { QueueError, UsageError } from "../errors.ts";
 import { messageOf } from "../queue/connection.ts";
 import { initQueue } from "../queue/schema.ts";
 import type { StatePaths } from "./identity.ts";
 import { hostCanChown, SANDBOX_UID } from "./posture.ts";
+import { ensureVolume, type VolumeStatus } from "./quota.ts";
+
+/** Options for {@linkcode prepareState}. */
+export interface PrepareStateOptions {
+  /** The disk quota of the sandbox's volume, in bytes. */
+  quotaBytes: number;
+}
 
 /**
- * Creates a sandbox's state directory if it does not exist. It is built
- * under a temporary name and renamed into place, so a failure never leaves a
- * half-created state directory behind.
- *
- * The root is mode 0700 and owned by the sandbox uid; `workspace/` likewise;
- * `queue/` is shared (see `initQueue`'s `shared` option for why).
+ * Creates (or checks) a sandbox's state directory and mounts its volume.
+ * Idempotent; callers hold the sandbox's lock.
  *
  * @param paths The sandbox's state paths.
+ * @param options The disk quota.
+ * @returns The volume's status (whether the quota is enforced).
+ * @throws {UsageError} When the host user is the sandbox's command uid.
  * @throws {QueueError} When the directories cannot be created.
  */
-export function prepareState(paths: StatePaths): void {
-  Deno.mkdirSync(dirname(paths.lock), { recursive: true, mode: 0o700 });
-  try {
-    if (Deno.statSync(paths.root).isDirectory) {
-      // Exists: make sure the queue files are there and speak our schema.
-      initQueue(paths.queue, { shared: true });
-      return;
-    }
-  } catch (error) {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
+export async function prepareState(
+  paths: StatePaths,
+  options: PrepareStateOptions,
+): Promise<VolumeStatus> {
+  if (Deno.uid() === SANDBOX_UID) {
+    throw new UsageError(
+      `The host user's uid '${SANDBOX_UID}' is the sandbox's command uid: run waffle as another user`,
+    );
   }
-  Deno.mkdirSync(dirname(paths.root), { recursive: true, mode: 0o711 });
-  const staging = `${paths.root}.staging-${crypto.randomUUID().slice(0, 8)}`;
+  const root = hostCanChown();
   try {
-    Deno.mkdirSync(staging, { mode: 0o700 });
-    initQueue(`${staging}/queue`, { shared: true });
-    Deno.mkdirSync(`${staging}/workspace`, { mode: 0o700 });
-    if (hostCanChown()) {
-      Deno.chownSync(`${staging}/workspace`, SANDBOX_UID, SANDBOX_UID);
-      Deno.chownSync(staging, SANDBOX_UID, SANDBOX_UID);
-    }
-    Deno.renameSync(staging, paths.root);
+    Deno.mkdirSync(dirname(paths.lock), { recursive: true, mode: 0o700 });
+    Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+    Deno.chmodSync(paths.root, 0o700);
+    initQueue(paths.queue, {
+      outboundDir: paths.outbound,
+      mode: root ? 0o700 : 0o750,
+    });
   } catch (cause) {
-    Deno.removeSync(staging, { recursive: true });
-    // Another process won the race to create it: theirs is complete.
-    if (cause instanceof Deno.errors.AlreadyExists || /not empty|exists/i.test(messageOf(cause))) {
-      return;
-    }
+    if (cause instanceof QueueError) throw cause;
     throw new QueueError(`Cannot create sandbox state '${paths.root}': ${messageOf(cause)}`, {
       cause,
     });
   }
+  const volume = await ensureVolume(paths.root, { bytes: options.quotaBytes });
+  try {
+    ownDirectory(paths.outbound, root ? { mode: 0o700 } : { mode: 0o2770 });
+    ownDirectory(
+      paths.workspace,
+      root ? { mode: 0o700, owner: SANDBOX_UID } : { mode: 0o777 },
+    );
+  } catch (cause) {
+    throw new QueueError(`Cannot create sandbox state '${paths.root}': ${messageOf(cause)}`, {
+      cause,
+    });
+  }
+  return volume;
+}
+
+/**
+ * Replaces a damaged `outbound/` with an empty one. The old directory is
+ * renamed away first (its parent is the host's, so no name in it can be
+ * swapped), then removed without following any link in it. The container
+ * must be stopped: it mounts the directory by its path when it starts.
+ *
+ * @param paths The sandbox's state paths.
+ * @throws {QueueError} When the directory cannot be replaced.
+ */
+export function resetOutbound(paths: StatePaths): void {
+  const aside = `${paths.outbound}.damaged-${Date.now()}`;
+  try {
+    Deno.renameSync(paths.outbound, aside);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) {
+      throw new QueueError(`Cannot set aside '${paths.outbound}': ${messageOf(error)}`, {
+        cause: error,
+      });
+    }
+  }
+  // Rust's remove_dir_all (behind Deno.remove) never follows symlinks.
+  try {
+    Deno.removeSync(aside, { recursive: true });
+  } catch {
+    // Left for the next reset or `rm --purge`; the fresh directory is what matters.
+  }
+  ownDirectory(paths.outbound, hostCanChown() ? { mode: 0o700 } : { mode: 0o2770 });
+}
+
+// Creates a directory (if missing) with an exact mode and, as root, owner.
+// The parent is the host's, so the name cannot be a planted link; lstat
+// checks anyway, since a replaced volume could hold anything.
+function ownDirectory(path: string, options: { mode: number; owner?: number }): void {
+  try {
+    const info = Deno.lstatSync(path);
+    if (!info.isDirectory) throw new QueueError(`'${path}' is not a directory`);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+    Deno.mkdirSync(path, { mode: 0o700 });
+  }
+  if (options.owner !== undefined) Deno.chownSync(path, options.owner, options.owner);
+  Deno.chmodSync(path, options.mode);
 }
 
 /**

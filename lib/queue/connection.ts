@@ -6,17 +6,15 @@
  * mmap-ed by every connection, which does not work across the host/VM
  * boundary of Docker Desktop and is unsafe on network-like mounts. A rollback
  * journal only needs POSIX locks and fsync. TRUNCATE (not DELETE) saves an
- * unlink and a directory fsync per commit. (A connection's very first
- * statement still rolls back a hot journal in DELETE mode, because the mode
- * pragma itself reads the file; so both sides must be able to create the
- * journal again. See `initQueue` for how the directory is shared safely.)
+ * unlink and a directory fsync per commit.
  *
- * Why both sides open both files read-write: a writer killed mid-commit
- * leaves a hot journal, and only a connection that can write the database
- * file can roll it back. A read-only opener would fail with "database disk
- * image is malformed"-class errors until the owner came back. The side that
- * does not own a file sets `query_only`, so "one writer per file" is enforced
- * by SQLite, not only by convention.
+ * Why each side opens the other's file read-only: a read-write connection
+ * rolls back any hot journal it finds, and a journal can name a super-journal
+ * that SQLite then deletes: whoever can write a journal next to a file can make
+ * every read-write opener delete a file of its choosing. Only the owner of a
+ * directory ever opens a file in it read-write, so a hot journal is only ever
+ * rolled back by the side that wrote it. The host reads `outbound.db` through
+ * `sandbox_file.ts`, never through this function.
  *
  * @module
  */
@@ -32,10 +30,16 @@ export type Role = "owner" | "reader";
 
 /** Options for {@linkcode openDatabase}. */
 export interface OpenOptions {
-  /** `owner` may write rows; `reader` is `query_only`. */
+  /** `owner` may write rows; `reader` opens the file read-only. */
   role: Role;
   /** DDL run (once) when the file has `user_version` 0; only the creator passes it. */
   schema?: string;
+  /**
+   * How long SQLite itself waits on a lock. Default {@linkcode BUSY_TIMEOUT_MS}.
+   * Hosts pass 0 and wait asynchronously instead: a synchronous wait would
+   * stop the event loop for every user the process serves.
+   */
+  busyTimeoutMs?: number;
 }
 
 /**
@@ -50,18 +54,22 @@ export interface OpenOptions {
  */
 export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
   refuseSymlink(path, options.schema !== undefined);
+  const readOnly = options.role === "reader";
+  const busyTimeout = options.busyTimeoutMs ?? BUSY_TIMEOUT_MS;
   let db: DatabaseSync;
   try {
-    db = new DatabaseSync(path, { open: true });
+    db = new DatabaseSync(path, { open: true, readOnly });
   } catch (cause) {
     throw new QueueError(`Cannot open queue file '${path}': ${messageOf(cause)}`, { cause });
   }
   try {
-    db.exec(`PRAGMA busy_timeout = ${BUSY_TIMEOUT_MS}`);
-    expectPragma(db, path, "journal_mode", "TRUNCATE", "truncate");
-    expectPragma(db, path, "synchronous", "FULL", 2);
+    db.exec(`PRAGMA busy_timeout = ${busyTimeout}`);
+    if (!readOnly) {
+      expectPragma(db, path, "journal_mode", "TRUNCATE", "truncate");
+      expectPragma(db, path, "synchronous", "FULL", 2);
+    }
     const busy = pragma(db, "busy_timeout");
-    if (Number(busy) !== BUSY_TIMEOUT_MS) {
+    if (Number(busy) !== busyTimeout) {
       throw new QueueError(`Queue file '${path}' refused busy_timeout: got '${busy}'`);
     }
     let version = Number(pragma(db, "user_version"));
@@ -85,7 +93,6 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
         `Queue file '${path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
       );
     }
-    if (options.role === "reader") db.exec("PRAGMA query_only = ON");
     return db;
   } catch (cause) {
     db.close();

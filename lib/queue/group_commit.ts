@@ -7,7 +7,8 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { setImmediate } from "node:timers";
-import { transaction } from "./connection.ts";
+import { QueueError } from "../errors.ts";
+import { isBusyError, transaction } from "./connection.ts";
 import type { Bell } from "./watch.ts";
 
 interface Pending {
@@ -33,16 +34,23 @@ export class GroupCommit {
   commits = 0;
 
   #bell: Bell | undefined;
+  #lockWaitMs: number | undefined;
+  #busySince: number | undefined;
+  #retry: ReturnType<typeof setTimeout> | undefined;
 
   /**
    * Creates a batcher for one owner connection.
    *
    * @param db The owner connection all writes go to.
    * @param options `bell`: rung after every commit, to wake the other side.
+   *   `lockWaitMs`: for a connection with `busy_timeout` 0, how long a batch
+   *   that meets a lock is retried (asynchronously, so the event loop keeps
+   *   serving everyone else) before its writes fail.
    */
-  constructor(db: DatabaseSync, options: { bell?: Bell } = {}) {
+  constructor(db: DatabaseSync, options: { bell?: Bell; lockWaitMs?: number } = {}) {
     this.#db = db;
     this.#bell = options.bell;
+    this.#lockWaitMs = options.lockWaitMs;
   }
 
   /**
@@ -64,9 +72,15 @@ export class GroupCommit {
     });
   }
 
-  /** Commits everything queued so far, now. */
-  flush(): void {
+  /**
+   * Commits everything queued so far, now.
+   *
+   * @param final No retry later: a batch that meets a lock fails now (on close).
+   */
+  flush(final = false): void {
     this.#scheduled = false;
+    clearTimeout(this.#retry);
+    this.#retry = undefined;
     const batch = this.#pending;
     this.#pending = [];
     if (batch.length === 0) return;
@@ -88,8 +102,10 @@ export class GroupCommit {
         });
       });
       this.commits++;
+      this.#busySince = undefined;
       this.#bell?.ring();
     } catch (error) {
+      if (this.#retryLater(batch, error, final)) return;
       for (const item of batch) item.reject(error);
       return;
     }
@@ -97,5 +113,26 @@ export class GroupCommit {
       if (errors.has(index)) item.reject(errors.get(index));
       else item.resolve(values[index]);
     });
+  }
+
+  // Puts a batch that met a lock back in front and tries again shortly, until
+  // the lock wait runs out. Nothing was written: the transaction rolled back.
+  #retryLater(batch: Pending[], error: unknown, final: boolean): boolean {
+    if (this.#lockWaitMs === undefined || final || !isBusyError(error)) return false;
+    const now = Date.now();
+    this.#busySince ??= now;
+    const waited = now - this.#busySince;
+    if (waited >= this.#lockWaitMs) {
+      this.#busySince = undefined;
+      const locked = new QueueError(
+        `Queue file is locked by the other side: no write for ${Math.round(waited / 1000)} s`,
+        { cause: error },
+      );
+      for (const item of batch) item.reject(locked);
+      return true;
+    }
+    this.#pending = [...batch, ...this.#pending];
+    this.#retry = setTimeout(() => this.flush(), Math.min(50, 2 + waited / 10));
+    return true;
   }
 }

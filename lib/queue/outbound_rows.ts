@@ -27,10 +27,12 @@ export const MAX_RESULT_BYTES = 16 * 1024;
 export const CHUNK_PAGE = 64;
 
 // Returns the column only when it is text/blob of at most `max` bytes (or any
-// other type); the size is checked by SQLite before the value is materialised.
+// other type). `typeof()` and `octet_length()` read only the record header, so
+// an oversized value is never materialised (and SQLite's length limit on the
+// host's connection refuses one anyway).
 function capped(column: string, max: number): string {
-  return `CASE WHEN typeof(${column}) IN ('text','blob') AND length(CAST(${column} AS BLOB)) > ${max} ` +
-    `THEN NULL ELSE ${column} END AS ${column}, length(CAST(${column} AS BLOB)) AS ${column}_len`;
+  return `CASE WHEN typeof(${column}) IN ('text','blob') AND octet_length(${column}) > ${max} ` +
+    `THEN NULL ELSE ${column} END AS ${column}, octet_length(${column}) AS ${column}_len`;
 }
 
 function all(db: DatabaseSync, sql: string, ...params: SQLInputValue[]): Record<string, unknown>[] {
@@ -216,6 +218,35 @@ export function idsWithOutboundRows(db: DatabaseSync, ids: string[]): Set<string
 }
 
 /**
+ * The generation of an outbound file: random per file, so a replaced or
+ * re-created file is told apart from the one requests were bound to.
+ *
+ * @param db A connection to outbound.db.
+ * @returns The generation, or undefined before the runner wrote it.
+ */
+export function readGeneration(db: DatabaseSync): string | undefined {
+  const row = all(db, `SELECT ${capped("generation", 128)} FROM meta WHERE id = 1`)[0];
+  const generation = row?.generation;
+  return typeof generation === "string" && generation !== "" ? generation : undefined;
+}
+
+/**
+ * Requests the runner has any state for, among `ids` (bounded).
+ *
+ * @param db A connection to outbound.db.
+ * @returns Request ids with a state row (at most 4096).
+ */
+export function readStateIds(db: DatabaseSync): Set<string> {
+  return new Set(
+    all(
+      db,
+      `SELECT request_id FROM states WHERE typeof(request_id) = 'text'
+         AND octet_length(request_id) <= 128 LIMIT 4096`,
+    ).map((row) => String(row.request_id)),
+  );
+}
+
+/**
  * Requests the runner marked started that have no result yet.
  *
  * @param db A connection to outbound.db.
@@ -225,7 +256,7 @@ export function readInFlight(db: DatabaseSync): string[] {
   return (all(
     db,
     `SELECT request_id FROM states s WHERE state = 'started' AND typeof(request_id) = 'text'
-       AND length(request_id) <= 128
+       AND octet_length(request_id) <= 128
        AND NOT EXISTS (SELECT 1 FROM results r WHERE r.request_id = s.request_id) LIMIT 256`,
   )).map((row) => String(row.request_id));
 }

@@ -8,7 +8,7 @@
 import { z } from "zod";
 
 /** Bumped whenever either file's schema changes; stored in `PRAGMA user_version`. */
-export const SCHEMA_VERSION = 1;
+export const SCHEMA_VERSION = 2;
 
 /** Largest single output chunk a runner may write, in bytes. */
 export const MAX_CHUNK_BYTES = 64 * 1024;

@@ -7,18 +7,20 @@
 import type { DatabaseSync } from "node:sqlite";
 import { z } from "zod";
 import { concat } from "../bytes.ts";
-import { ProtocolError, QueueError, RunnerError, UsageError } from "../errors.ts";
-import { dataVersion, isBusyError, messageOf, openDatabase, statement } from "./connection.ts";
+import { ProtocolError, QueueError, RunnerError, SandboxFileError, UsageError } from "../errors.ts";
+import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import {
-  type ChunkCursor,
   idsWithOutboundRows,
+  MAX_RESULT_BYTES,
   newCursor,
   readChunks,
+  readGeneration,
   readHeartbeat,
   readInFlight,
   readResult,
   readState,
+  readStateIds,
 } from "./outbound_rows.ts";
 import {
   DEFAULT_OUTPUT_CAP,
@@ -27,12 +29,42 @@ import {
   type ExecResult,
   type Heartbeat,
   HEARTBEAT_INTERVAL_MS,
+  MAX_CHUNK_BYTES,
   MAX_STDIN_BYTES,
   type OutputChunk,
   type RequestState,
 } from "./protocol.ts";
-import { initQueue, type QueuePaths, queuePaths } from "./schema.ts";
+import { SandboxFile } from "./sandbox_file.ts";
+import { initQueue, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
+
+/**
+ * How long the runner's heartbeat may stay unchanged, by the host's own
+ * clock, before the host calls the runner dead: three beats. The time the
+ * runner writes is never used (the sandbox could write any time).
+ */
+export const STALE_AFTER_MS = 3 * HEARTBEAT_INTERVAL_MS;
+/**
+ * How long the host keeps retrying a queue file that is locked before it
+ * gives up on the runner. Every wait is asynchronous: a lock held by one
+ * sandbox never stalls the event loop that serves the others.
+ */
+export const LOCK_WAIT_MS = 10_000;
+/** How many times one wait restarts a runner before it gives up. */
+const MAX_REVIVALS = 3;
+
+/** Why a wait found the runner unable to serve, as `revive` is told. */
+export type RunnerTrouble = "none" | "exited" | "stale" | "locked" | "damaged";
+
+/** The host's judgement of the runner, from what it observed itself. */
+export interface Liveness {
+  /** `alive`, or what is wrong. */
+  state: "alive" | RunnerTrouble;
+  /** One line for the user. */
+  detail: string;
+  /** The last valid heartbeat, when there is one. */
+  beat?: Heartbeat;
+}
 
 /** What to run. Exactly one of `argv` and `shell`. */
 export interface SubmitOptions {
@@ -60,6 +92,10 @@ export interface QueueOpenOptions {
   create?: boolean;
   /** Fallback poll interval in milliseconds. */
   pollMs?: number;
+  /** Where the runner's directory lives, when not `<dir>/outbound`. */
+  outboundDir?: string | undefined;
+  /** Mode of the queue's directories when created (see `initQueue`). */
+  mode?: number | undefined;
 }
 
 /** Options for waiting on a request. */
@@ -67,14 +103,13 @@ export interface WaitOptions {
   /** Aborts the wait (not the request). */
   signal?: AbortSignal;
   /**
-   * Called when the runner looks gone (heartbeat older than twice its
-   * interval, or the runner said it exited) while the request is unfinished.
-   * A backend restarts its runner here. Without it, the wait fails after
-   * `staleAfterMs`.
+   * Called when the runner cannot serve while the request is unfinished: no
+   * heartbeat change for {@linkcode STALE_AFTER_MS} by the host's clock, an
+   * exit, a queue file locked for {@linkcode LOCK_WAIT_MS}, or a damaged
+   * `outbound.db`. A backend restarts (and if need be heals) its sandbox
+   * here. Without it, the wait fails with a {@linkcode RunnerError}.
    */
-  revive?: () => Promise<void>;
-  /** How old a heartbeat may get before a wait without `revive` fails. Default 10 s. */
-  staleAfterMs?: number;
+  revive?: (trouble: RunnerTrouble) => Promise<void>;
 }
 
 /** A request's output and result, as `waffle exec --json` reports them. */
@@ -110,27 +145,31 @@ export class Queue {
   /** The queue's file paths. */
   readonly paths: QueuePaths;
   #inbound: DatabaseSync;
-  #outbound: DatabaseSync;
+  #outbound: SandboxFile;
   #commits: GroupCommit;
   #bell: Bell;
-  #watcher: ChangeWatcher;
+  #watcher: ChangeWatcher | undefined;
+  #pollMs: number;
   #listeners = new Set<() => void>();
   #pumping = false;
   #closed = new AbortController();
   #caps = new Map<string, number>();
+  #generation: string | undefined;
+  #observed: { key: string; at: number; beat: Heartbeat } | undefined;
+  #busySince: number | undefined;
+  #gcTimer: ReturnType<typeof setTimeout> | undefined;
 
   private constructor(paths: QueuePaths, options: QueueOpenOptions) {
     this.paths = paths;
-    this.#inbound = openDatabase(paths.inbound, { role: "owner" });
-    try {
-      this.#outbound = openDatabase(paths.outbound, { role: "reader" });
-    } catch (error) {
-      this.#inbound.close();
-      throw error;
-    }
+    this.#inbound = openDatabase(paths.inbound, { role: "owner", busyTimeoutMs: 0 });
+    this.#outbound = new SandboxFile(paths.outbound, {
+      schema: OUTBOUND_SCHEMA,
+      // Sorted rows carry a whole chunk and more: room for that, never a huge value.
+      maxValueBytes: 16 * Math.max(MAX_CHUNK_BYTES, MAX_RESULT_BYTES),
+    });
     this.#bell = new Bell(paths.inboundBell);
-    this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell });
-    this.#watcher = new ChangeWatcher([paths.outboundBell], { pollMs: options.pollMs ?? 100 });
+    this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell, lockWaitMs: LOCK_WAIT_MS });
+    this.#pollMs = options.pollMs ?? 100;
   }
 
   /**
@@ -142,7 +181,9 @@ export class Queue {
    * @throws {QueueError} When the directory or its files are missing or unusable.
    */
   static open(dir: string, options: QueueOpenOptions = {}): Queue {
-    const paths = options.create ? initQueue(dir) : queuePaths(dir);
+    const paths = options.create
+      ? initQueue(dir, { outboundDir: options.outboundDir, mode: options.mode })
+      : queuePaths(dir, { outboundDir: options.outboundDir });
     if (!options.create) {
       try {
         if (!Deno.statSync(dir).isDirectory) throw new Error("not a directory");
@@ -162,22 +203,25 @@ export class Queue {
 
   /**
    * Submits a command. Concurrent submissions share one durable transaction.
+   * The request is bound to the runner's current outbound generation, so it
+   * can only ever run under that file: if the file is lost or replaced, the
+   * request is reported `interrupted`, never run again.
    *
    * @param options What to run.
    * @returns The request id; the request is durable when this resolves.
    * @throws {UsageError} When the request is invalid (nothing is written).
    */
-  submit(options: SubmitOptions): Promise<string> {
+  async submit(options: SubmitOptions): Promise<string> {
     const payload = buildPayload(options);
     const id = crypto.randomUUID();
     const toolUseId = options.toolUseId ?? id;
     if (!ID_PATTERN.test(toolUseId)) {
-      return Promise.reject(
-        new UsageError(`Invalid tool-use id '${toolUseId}': use 1-128 of A-Z a-z 0-9 . _ : -`),
-      );
+      throw new UsageError(`Invalid tool-use id '${toolUseId}': use 1-128 of A-Z a-z 0-9 . _ : -`);
     }
     const body = JSON.stringify(payload);
-    return this.#commits.add(() => {
+    await this.#syncGeneration().catch(() => {});
+    const generation = this.#generation ?? null;
+    const assigned = await this.#commits.add(() => {
       const existing = statement(
         this.#inbound,
         "SELECT id, payload FROM requests WHERE tool_use_id = ?",
@@ -192,14 +236,13 @@ export class Queue {
       }
       statement(
         this.#inbound,
-        `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, created_at)
-         VALUES (?, ?, 'exec', ?, ?, ?)`,
-      ).run(id, toolUseId, body, payload.timeoutMs ?? null, Date.now());
+        `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, generation, created_at)
+         VALUES (?, ?, 'exec', ?, ?, ?, ?)`,
+      ).run(id, toolUseId, body, payload.timeoutMs ?? null, generation, Date.now());
       return id;
-    }).then((assigned) => {
-      this.#caps.set(assigned, payload.outputCap ?? DEFAULT_OUTPUT_CAP);
-      return assigned;
     });
+    this.#caps.set(assigned, payload.outputCap ?? DEFAULT_OUTPUT_CAP);
+    return assigned;
   }
 
   /**
@@ -220,7 +263,8 @@ export class Queue {
 
   /**
    * Tells the runner the result was consumed, so it may delete the outbound
-   * rows; {@linkcode Queue.gc} then deletes the inbound ones.
+   * rows; the inbound ones are then deleted by {@linkcode Queue.gc}, which
+   * runs by itself shortly after.
    *
    * @param id The request.
    */
@@ -229,6 +273,14 @@ export class Queue {
       statement(this.#inbound, "INSERT OR IGNORE INTO acks (request_id, created_at) VALUES (?, ?)")
         .run(id, Date.now())
     );
+    // The runner deletes its rows about once a second; then ours can go.
+    if (this.#gcTimer === undefined && !this.#closed.signal.aborted) {
+      this.#gcTimer = setTimeout(() => {
+        this.#gcTimer = undefined;
+        this.gc().catch(() => {});
+      }, 1500);
+      Deno.unrefTimer(this.#gcTimer);
+    }
   }
 
   /**
@@ -242,12 +294,23 @@ export class Queue {
       request_id: string;
     }[]).map((row) => row.request_id);
     if (acked.length === 0) return 0;
-    const present = this.#guard("", () => idsWithOutboundRows(this.#outbound, acked));
+    let present: Set<string>;
+    try {
+      present = this.#outbound.read((db) => idsWithOutboundRows(db, acked));
+    } catch (error) {
+      // No outbound file (or a damaged one) holds nothing of ours.
+      if (!(error instanceof SandboxFileError) || error.problem === "busy") throw error;
+      present = new Set();
+    }
     const gone = acked.filter((id) => !present.has(id));
     if (gone.length === 0) return 0;
     await this.#commits.add(() => {
-      const statements = ["requests WHERE id", "cancels WHERE request_id", "acks WHERE request_id"]
-        .map((target) => statement(this.#inbound, `DELETE FROM ${target} = ?`));
+      const statements = [
+        "requests WHERE id",
+        "cancels WHERE request_id",
+        "lost WHERE request_id",
+        "acks WHERE request_id",
+      ].map((target) => statement(this.#inbound, `DELETE FROM ${target} = ?`));
       for (const id of gone) for (const query of statements) query.run(id);
     });
     for (const id of gone) this.#caps.delete(id);
@@ -260,37 +323,76 @@ export class Queue {
    * @param id The request.
    * @returns Its state and, when done, its result.
    * @throws {ProtocolError} When the runner wrote a bad row for it.
+   * @throws {SandboxFileError} When outbound.db is locked, missing or damaged.
    */
   state(id: string): { state: RequestState; result?: ExecResult } {
     this.#requireRequest(id);
-    return this.#guard(id, () => {
-      const result = readResult(this.#outbound, id);
+    const lost = this.#lostResult(id);
+    if (lost !== undefined) return { state: "done", result: lost };
+    return this.#read(id, (db) => {
+      const result = readResult(db, id);
       if (result !== undefined) return { state: "done" as const, result };
-      return { state: readState(this.#outbound, id) };
+      return { state: readState(db, id) };
     });
   }
 
   /**
-   * The runner's last heartbeat.
+   * The runner's last valid heartbeat.
    *
-   * @returns The heartbeat, or undefined when no runner ever wrote a valid one.
+   * @returns The heartbeat, or undefined when none can be read.
    */
   heartbeat(): Heartbeat | undefined {
+    return this.liveness().beat;
+  }
+
+  /**
+   * Whether the runner serves this queue, judged by this host alone: alive
+   * while its heartbeat keeps changing (by the host's clock; the time the
+   * runner writes is ignored), dead after {@linkcode STALE_AFTER_MS} without
+   * a change. A process that has just opened the queue gives a runner that
+   * says `running` one staleness period.
+   *
+   * @returns The judgement with a one-line detail.
+   */
+  liveness(): Liveness {
+    let beat: Heartbeat | undefined;
     try {
-      return readHeartbeat(this.#outbound);
-    } catch {
-      return undefined;
+      beat = this.#outbound.read(readHeartbeat);
+      this.#busySince = undefined;
+    } catch (error) {
+      return this.#troubleOf(error);
     }
+    const now = Date.now();
+    if (beat === undefined) {
+      return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
+    }
+    const key = `${beat.bootId}/${beat.seq}/${beat.state}`;
+    if (this.#observed?.key !== key) this.#observed = { key, at: now, beat };
+    if (beat.state === "exited") {
+      return { state: "exited", detail: `The runner of queue '${this.paths.dir}' exited`, beat };
+    }
+    const still = now - this.#observed.at;
+    if (still > STALE_AFTER_MS) {
+      return {
+        state: "stale",
+        detail: `The runner of queue '${this.paths.dir}' stopped beating: no heartbeat for ${
+          Math.round(still / 1000)
+        } s`,
+        beat,
+      };
+    }
+    return { state: "alive", detail: "alive", beat };
   }
 
   /**
    * Requests the runner has started and not finished (from any host).
+   * Untrusted: use only to decide how long to wait, within a bound.
    *
    * @returns Their ids; empty when the runner is idle or unreadable.
    */
   inFlight(): string[] {
     try {
-      return readInFlight(this.#outbound);
+      return this.#outbound.read(readInFlight);
     } catch {
       return [];
     }
@@ -310,27 +412,40 @@ export class Queue {
     const cursor = newCursor();
     const cap = this.#capOf(id);
     while (true) {
-      const version = dataVersion(this.#outbound);
-      let result: ExecResult | undefined;
-      const pages: OutputChunk[][] = [];
+      const lost = this.#lostResult(id);
+      if (lost !== undefined) return lost;
+      const before = this.#outbound.inode;
+      let read:
+        | { version: number; result: ExecResult | undefined; chunks: OutputChunk[] }
+        | undefined;
+      // A failed read leaves the cursor where it was: it advances on success only.
+      const attempt = { ...cursor, seq: { ...cursor.seq }, bytes: { ...cursor.bytes } };
       try {
-        // Read the result first: the runner commits the last chunks with it,
-        // so once the result is visible every chunk is too.
-        result = this.#guard(id, () => readResult(this.#outbound, id));
-        for (
-          let page = this.#page(id, cursor, cap);
-          page.length > 0;
-          page = this.#page(id, cursor, cap)
-        ) {
-          pages.push(page);
-        }
+        read = this.#outbound.read((db) => {
+          const version = dataVersion(db);
+          // Read the result first: the runner commits the last chunks with it,
+          // so once the result is visible every chunk is too.
+          const result = readResult(db, id);
+          const chunks: OutputChunk[] = [];
+          for (
+            let page = readChunks(db, id, { cursor: attempt, cap });
+            page.length > 0;
+            page = readChunks(db, id, { cursor: attempt, cap })
+          ) {
+            chunks.push(...page);
+          }
+          return { version, result, chunks };
+        });
+        this.#busySince = undefined;
+        Object.assign(cursor, attempt);
       } catch (error) {
-        if (!isBusyError(error)) throw error;
+        this.#rethrowForRequest(id, error);
       }
-      for (const page of pages) yield* page;
-      if (result !== undefined) return result;
+      yield* read?.chunks ?? [];
+      if (read?.result !== undefined) return read.result;
+      const version = read?.version ?? -1;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options);
+      await this.#changedSince(version, before, options);
     }
   }
 
@@ -344,16 +459,23 @@ export class Queue {
   async wait(id: string, options: WaitOptions = {}): Promise<ExecResult> {
     this.#requireRequest(id);
     while (true) {
-      const version = dataVersion(this.#outbound);
-      let result: ExecResult | undefined;
+      const lost = this.#lostResult(id);
+      if (lost !== undefined) return lost;
+      const before = this.#outbound.inode;
+      let read: { version: number; result: ExecResult | undefined } | undefined;
       try {
-        result = this.#guard(id, () => readResult(this.#outbound, id));
+        read = this.#outbound.read((db) => ({
+          version: dataVersion(db),
+          result: readResult(db, id),
+        }));
+        this.#busySince = undefined;
       } catch (error) {
-        if (!isBusyError(error)) throw error;
+        this.#rethrowForRequest(id, error);
       }
-      if (result !== undefined) return result;
+      if (read?.result !== undefined) return read.result;
+      const version = read?.version ?? -1;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options);
+      await this.#changedSince(version, before, options);
     }
   }
 
@@ -375,18 +497,156 @@ export class Queue {
     return { result: next.value, stdout: concat(parts.stdout), stderr: concat(parts.stderr) };
   }
 
-  /** Closes both connections and the watcher. */
+  /**
+   * Records the runner's current outbound generation. When it differs from
+   * the one requests were bound to, the file was lost or replaced: every
+   * unfinished request of the old generation is marked lost (the runner
+   * never runs a lost request, and waiters get `interrupted`).
+   *
+   * @returns The generation, or undefined when no runner has written one.
+   * @throws {SandboxFileError} When outbound.db is locked or damaged.
+   */
+  async syncGeneration(): Promise<string | undefined> {
+    await this.#syncGeneration();
+    return this.#generation;
+  }
+
+  /** Closes the queue: connections, watcher and the pending gc. */
   close(): void {
     this.#closed.abort();
-    this.#commits.flush();
-    this.#watcher.close();
+    clearTimeout(this.#gcTimer);
+    this.#commits.flush(true);
+    this.#watcher?.close();
     this.#bell.close();
     this.#inbound.close();
     this.#outbound.close();
   }
 
-  #page(id: string, cursor: ChunkCursor, cap: number): OutputChunk[] {
-    return this.#guard(id, () => readChunks(this.#outbound, id, { cursor, cap }));
+  // Concurrent callers share one sync (and so one commit).
+  #syncGeneration(): Promise<void> {
+    this.#syncing ??= this.#doSyncGeneration().finally(() => {
+      this.#syncing = undefined;
+    });
+    return this.#syncing;
+  }
+
+  #syncing: Promise<void> | undefined;
+
+  async #doSyncGeneration(): Promise<void> {
+    let generation: string | undefined;
+    let started = new Set<string>();
+    try {
+      [generation, started] = this.#outbound.read((db) => {
+        const found = readGeneration(db);
+        return [found, found === this.#generation ? new Set<string>() : readStateIds(db)] as const;
+      });
+    } catch (error) {
+      if (error instanceof SandboxFileError && error.problem === "missing") return;
+      throw error;
+    }
+    if (generation === undefined || generation === this.#generation) return;
+    await this.#commits.add(() => {
+      const recorded = (statement(this.#inbound, "SELECT generation FROM meta WHERE id = 1")
+        .get() as { generation: string | null } | undefined)?.generation ?? null;
+      if (recorded === generation) return;
+      if (recorded !== null) {
+        const orphans = statement(
+          this.#inbound,
+          `SELECT id FROM requests r WHERE (generation IS NULL OR generation <> ?)
+             AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
+             AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`,
+        ).all(generation) as { id: string }[];
+        const mark = statement(
+          this.#inbound,
+          "INSERT OR IGNORE INTO lost (request_id, created_at) VALUES (?, ?)",
+        );
+        const now = Date.now();
+        for (const { id } of orphans) if (!started.has(id)) mark.run(id, now);
+      }
+      statement(
+        this.#inbound,
+        "INSERT INTO meta (id, generation) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET generation = excluded.generation",
+      ).run(generation);
+    });
+    this.#generation = generation;
+  }
+
+  #lostResult(id: string): ExecResult | undefined {
+    const row = statement(this.#inbound, "SELECT created_at FROM lost WHERE request_id = ?").get(
+      id,
+    ) as { created_at: number } | undefined;
+    if (row === undefined) return undefined;
+    return {
+      requestId: id,
+      exitCode: null,
+      signal: null,
+      timedOut: false,
+      interrupted: true,
+      cancelled: false,
+      stdoutTruncated: false,
+      stderrTruncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      startedAt: null,
+      endedAt: row.created_at,
+      durationMs: 0,
+      error:
+        "The sandbox's queue was lost or replaced while this request was pending; it was not re-run",
+    };
+  }
+
+  #read<T>(id: string, read: (db: DatabaseSync) => T): T {
+    try {
+      return this.#outbound.read(read);
+    } catch (error) {
+      if (error instanceof ProtocolError || error instanceof SandboxFileError) throw error;
+      throw new ProtocolError(`Cannot read outbound.db for request '${id}': ${messageOf(error)}`, {
+        cause: error,
+      });
+    }
+  }
+
+  // A bad row fails its request; a locked, missing or damaged file is the
+  // runner's trouble, which the wait loop turns into a revival or an error.
+  #rethrowForRequest(id: string, error: unknown): void {
+    if (error instanceof SandboxFileError) {
+      if (error.problem === "busy") this.#busySince ??= Date.now();
+      return;
+    }
+    if (error instanceof ProtocolError) throw error;
+    throw new ProtocolError(`Cannot read outbound.db for request '${id}': ${messageOf(error)}`, {
+      cause: error,
+    });
+  }
+
+  #troubleOf(error: unknown): Liveness {
+    if (!(error instanceof SandboxFileError)) {
+      return {
+        state: "damaged",
+        detail: `Cannot read queue '${this.paths.dir}': ${messageOf(error)}`,
+      };
+    }
+    if (error.problem === "missing") {
+      return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
+    }
+    if (error.problem === "damaged") return { state: "damaged", detail: error.message };
+    this.#busySince ??= Date.now();
+    const held = Date.now() - this.#busySince;
+    if (held < LOCK_WAIT_MS) {
+      // A lock held briefly is the runner committing: judge by the last beat seen.
+      const beat = this.#observed?.beat;
+      return beat === undefined ? { state: "alive", detail: "alive" } : {
+        state: "alive",
+        detail: "alive",
+        beat,
+      };
+    }
+    return {
+      state: "locked",
+      detail: `The sandbox holds a lock on '${this.paths.outbound}': no read for ${
+        Math.round(held / 1000)
+      } s`,
+    };
   }
 
   #capOf(id: string): number {
@@ -425,31 +685,25 @@ export class Queue {
     }
   }
 
-  // Errors reading outbound.db belong to the request being read: the host
-  // keeps serving. A lock held past busy_timeout is passed through unchanged,
-  // for the wait loops to retry: it is not the request's fault.
-  #guard<T>(id: string, read: () => T): T {
-    try {
-      return read();
-    } catch (error) {
-      if (error instanceof ProtocolError || isBusyError(error)) throw error;
-      throw new ProtocolError(
-        `Cannot read outbound.db${id ? ` for request '${id}'` : ""}: ${messageOf(error)}`,
-        { cause: error },
-      );
-    }
-  }
-
-  // Resolves once outbound.db changed after `version` was read, checking
-  // runner liveness on every wake (at least once per poll interval).
-  async #changedSince(version: number, options: WaitOptions): Promise<void> {
+  // Resolves once outbound.db changed after `version` was read (or the file
+  // was replaced), checking the runner on every wake (at least once per poll).
+  async #changedSince(version: number, inode: number, options: WaitOptions): Promise<void> {
     while (true) {
       if (options.signal?.aborted) {
         throw options.signal.reason ?? new DOMException("Aborted", "AbortError");
       }
       if (this.#closed.signal.aborted) throw new QueueError(`Queue '${this.paths.dir}' is closed`);
-      if (dataVersion(this.#outbound) !== version) return;
-      await this.#checkLiveness(options);
+      let changed = false;
+      try {
+        changed = this.#outbound.read(dataVersion) !== version || this.#outbound.inode !== inode;
+      } catch {
+        // Judged below, with the runner.
+      }
+      if (changed) {
+        await this.#syncGeneration().catch(() => {});
+        return;
+      }
+      if (await this.#checkRunner(options)) return;
       await new Promise<void>((resolve) => {
         const listener = (): void => {
           this.#listeners.delete(listener);
@@ -463,30 +717,34 @@ export class Queue {
     }
   }
 
-  #lastLivenessCheck = 0;
-  async #checkLiveness(options: WaitOptions): Promise<void> {
+  #lastCheck = 0;
+  // True when the runner was revived (the caller reads again at once).
+  async #checkRunner(options: WaitOptions): Promise<boolean> {
     const now = Date.now();
-    if (now - this.#lastLivenessCheck < 500) return;
-    this.#lastLivenessCheck = now;
-    const beat = this.heartbeat();
-    const age = beat === undefined ? Infinity : now - beat.time;
-    const gone = beat === undefined || beat.state === "exited" || age > 2 * HEARTBEAT_INTERVAL_MS;
-    if (!gone) return;
-    if (options.revive !== undefined) {
-      await options.revive();
-      return;
+    if (now - this.#lastCheck < 250) return false;
+    this.#lastCheck = now;
+    const judged = this.liveness();
+    if (judged.state === "alive") return false;
+    if (options.revive === undefined) {
+      // A queue nobody has served yet may still get its runner.
+      if (judged.state === "none" && now - this.#openedAt < STALE_AFTER_MS) return false;
+      throw new RunnerError(judged.detail);
     }
-    const staleAfter = options.staleAfterMs ?? 10_000;
-    if (beat?.state === "exited" || age > staleAfter) {
-      throw new RunnerError(
-        beat === undefined
-          ? `No runner is serving queue '${this.paths.dir}'`
-          : `The runner of queue '${this.paths.dir}' is not alive: ${
-            beat.state === "exited" ? "it exited" : `last heartbeat ${Math.round(age / 1000)} s ago`
-          }`,
-      );
+    // Bounded: a sandbox that breaks its runner on every start fails the wait.
+    const revivals = (this.#revivals.get(options) ?? 0) + 1;
+    if (revivals > MAX_REVIVALS) {
+      throw new RunnerError(`${judged.detail} (after ${MAX_REVIVALS} restarts)`);
     }
+    this.#revivals.set(options, revivals);
+    await options.revive(judged.state);
+    this.#observed = undefined;
+    this.#busySince = undefined;
+    await this.#syncGeneration().catch(() => {});
+    return true;
   }
+
+  #openedAt = Date.now();
+  #revivals = new WeakMap<WaitOptions, number>();
 
   // One loop wakes every waiter on each change, however many wait.
   async #pump(): Promise<void> {
@@ -494,12 +752,26 @@ export class Queue {
     this.#pumping = true;
     try {
       while (this.#listeners.size > 0 && !this.#closed.signal.aborted) {
-        await this.#watcher.wait(this.#closed.signal);
+        this.#watch();
+        await (this.#watcher?.wait(this.#closed.signal) ??
+          new Promise((resolve) => setTimeout(resolve, this.#pollMs)));
         for (const listener of [...this.#listeners]) listener();
       }
     } finally {
       this.#pumping = false;
     }
+  }
+
+  // The runner's bell is watched only while it is a regular file: a name the
+  // sandbox turned into a symlink is not followed (the poll still works).
+  #watch(): void {
+    if (this.#watcher !== undefined) return;
+    try {
+      if (!Deno.lstatSync(this.paths.outboundBell).isFile) return;
+    } catch {
+      return;
+    }
+    this.#watcher = new ChangeWatcher([this.paths.outboundBell], { pollMs: this.#pollMs });
   }
 }
 

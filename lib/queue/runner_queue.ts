@@ -17,7 +17,8 @@ import {
   type Heartbeat,
   type StreamName,
 } from "./protocol.ts";
-import { type QueuePaths, queuePaths } from "./schema.ts";
+import { hasSchema } from "./sandbox_file.ts";
+import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell } from "./watch.ts";
 
 /** A request as the runner sees it. `payload` is undefined when it failed validation. */
@@ -51,31 +52,43 @@ export class RunnerQueue {
   #inbound: DatabaseSync;
   #outbound: DatabaseSync;
   #bell: Bell;
+  /** This outbound file's generation: requests bound to another one never run here. */
+  readonly generation: string;
   #cursor = 0;
   #inboundVersion = -1;
 
   private constructor(paths: QueuePaths) {
     this.paths = paths;
-    this.#outbound = openDatabase(paths.outbound, { role: "owner" });
+    this.#outbound = openOutbound(paths.outbound);
     try {
       this.#inbound = openDatabase(paths.inbound, { role: "reader" });
+      Deno.writeFileSync(paths.outboundBell, new Uint8Array(), { append: true, create: true });
     } catch (error) {
       this.#outbound.close();
       throw error;
     }
+    this.generation = String(
+      (statement(this.#outbound, "SELECT generation FROM meta WHERE id = 1").get() as {
+        generation: string;
+      }).generation,
+    );
     this.#bell = new Bell(paths.outboundBell);
     this.commits = new GroupCommit(this.#outbound, { bell: this.#bell });
   }
 
   /**
-   * Opens an existing queue directory (the host creates it).
+   * Opens a queue directory: the host's `inbound.db` read-only, and this
+   * runner's `outbound.db`, created (with a fresh generation) when missing.
+   * An outbound file that is not a usable waffle queue is set aside and
+   * replaced: the requests bound to it come back `interrupted` to the host.
    *
    * @param dir The queue directory.
+   * @param options `outboundDir`: where the runner's files live, when not `<dir>/outbound`.
    * @returns The runner's handle.
-   * @throws {QueueError} When a file is missing or has another schema.
+   * @throws {QueueError} When inbound.db is missing or has another schema.
    */
-  static open(dir: string): RunnerQueue {
-    return new RunnerQueue(queuePaths(dir));
+  static open(dir: string, options: { outboundDir?: string | undefined } = {}): RunnerQueue {
+    return new RunnerQueue(queuePaths(dir, options));
   }
 
   /**
@@ -98,25 +111,30 @@ export class RunnerQueue {
    * @returns Interrupted and pending requests, in submission order.
    */
   recover(): Recovery {
-    const requests = this.#readRequests(
-      "SELECT seq, id, tool_use_id, payload FROM requests r WHERE NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id) ORDER BY seq",
-    );
+    // One read transaction: a request committed between the list and the
+    // cursor would otherwise be skipped for good.
+    const { requests, max } = this.#inboundRead(() => ({
+      requests: this.#readRequests(`${ELIGIBLE} ORDER BY seq`, this.generation),
+      max: (statement(this.#inbound, "SELECT max(seq) AS seq FROM requests").get() as {
+        seq: number | null;
+      }).seq ?? 0,
+    }));
     const recovery: Recovery = { interrupted: [], pending: [] };
     const state = statement(
       this.#outbound,
       `SELECT (SELECT state FROM states WHERE request_id = ?1) AS state,
               EXISTS (SELECT 1 FROM results WHERE request_id = ?1) AS done`,
     );
+    const highWater = this.#maxStartedSeq();
     for (const request of requests) {
       const row = state.get(request.id) as { state: string | null; done: number };
       if (row.done) continue;
-      if (row.state === "started") recovery.interrupted.push(request);
+      // Requests start in submission order: one at or below the highest
+      // started one without a state row lost its row, and may have run.
+      if (row.state === "started" || request.seq <= highWater) recovery.interrupted.push(request);
       else recovery.pending.push(request);
     }
-    const max = statement(this.#inbound, "SELECT max(seq) AS seq FROM requests").get() as {
-      seq: number | null;
-    };
-    this.#cursor = max.seq ?? 0;
+    this.#cursor = max;
     return recovery;
   }
 
@@ -126,9 +144,12 @@ export class RunnerQueue {
    * @returns New requests in submission order.
    */
   newRequests(): InboundRequest[] {
-    const requests = this.#readRequests(
-      "SELECT seq, id, tool_use_id, payload FROM requests WHERE seq > ? ORDER BY seq LIMIT 1024",
-      this.#cursor,
+    const requests = this.#inboundRead(() =>
+      this.#readRequests(
+        `${ELIGIBLE} AND seq > ? ORDER BY seq LIMIT 1024`,
+        this.generation,
+        this.#cursor,
+      )
     );
     const last = requests.at(-1);
     if (last !== undefined) this.#cursor = last.seq;
@@ -136,13 +157,17 @@ export class RunnerQueue {
   }
 
   /**
-   * Which of `ids` the host asked to cancel.
+   * Which of `ids` the host asked to cancel (or gave up on as lost).
    *
    * @param ids Requests queued or running here.
    * @returns The cancelled subset.
    */
   cancelled(ids: Iterable<string>): Set<string> {
-    const query = statement(this.#inbound, "SELECT 1 AS hit FROM cancels WHERE request_id = ?");
+    const query = statement(
+      this.#inbound,
+      `SELECT 1 AS hit WHERE EXISTS (SELECT 1 FROM cancels WHERE request_id = ?1)
+         OR EXISTS (SELECT 1 FROM lost WHERE request_id = ?1)`,
+    );
     const hits = new Set<string>();
     for (const id of ids) if (query.get(id) !== undefined) hits.add(id);
     return hits;
@@ -193,9 +218,13 @@ export class RunnerQueue {
    * @param id The request.
    * @param bootId This runner's boot id.
    */
-  start(id: string, bootId: string): Promise<void> {
+  start(id: string, bootId: string, seq: number): Promise<void> {
     return this.commits.add(() => {
       const now = Date.now();
+      statement(
+        this.#outbound,
+        "UPDATE meta SET max_started_seq = max(max_started_seq, ?) WHERE id = 1",
+      ).run(seq);
       statement(
         this.#outbound,
         `INSERT INTO states (request_id, state, boot_id, accepted_at, started_at)
@@ -262,7 +291,26 @@ export class RunnerQueue {
     }
   }
 
-  #readRequests(sql: string, ...params: number[]): InboundRequest[] {
+  #maxStartedSeq(): number {
+    const row = statement(this.#outbound, "SELECT max_started_seq AS seq FROM meta WHERE id = 1")
+      .get() as { seq: number } | undefined;
+    return row?.seq ?? 0;
+  }
+
+  #inboundRead<T>(read: () => T): T {
+    try {
+      this.#inbound.exec("BEGIN");
+      const value = read();
+      this.#inbound.exec("COMMIT");
+      return value;
+    } catch (cause) {
+      if (this.#inbound.isTransaction) this.#inbound.exec("ROLLBACK");
+      if (cause instanceof QueueError) throw cause;
+      throw new QueueError(`Cannot read inbound.db: ${messageOf(cause)}`, { cause });
+    }
+  }
+
+  #readRequests(sql: string, ...params: (number | string)[]): InboundRequest[] {
     let rows: Record<string, unknown>[];
     try {
       rows = statement(this.#inbound, sql).all(...params) as Record<string, unknown>[];
@@ -286,6 +334,39 @@ export class RunnerQueue {
       return request;
     });
   }
+}
+
+// Requests this runner may serve: bound to its generation (or to none yet),
+// not acknowledged, and not given up on by the host.
+const ELIGIBLE = `SELECT seq, id, tool_use_id, payload FROM requests r
+  WHERE (generation IS NULL OR generation = ?)
+    AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
+    AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`;
+
+// Opens (creating with a fresh generation) the runner's own file. One that is
+// not a usable waffle outbound file is renamed aside, never repaired.
+function openOutbound(path: string): DatabaseSync {
+  const schema = `${OUTBOUND_SCHEMA}
+    INSERT INTO meta (id, generation, max_started_seq) VALUES (1, '${crypto.randomUUID()}', 0);`;
+  try {
+    const db = openDatabase(path, { role: "owner", schema });
+    if (
+      hasSchema(db, OUTBOUND_SCHEMA) &&
+      statement(db, "SELECT 1 AS hit FROM meta WHERE id = 1").get() !== undefined
+    ) return db;
+    db.close();
+  } catch (error) {
+    if (!(error instanceof QueueError)) throw error;
+  }
+  const aside = `${path}.damaged-${Date.now()}`;
+  for (const suffix of ["", "-journal"]) {
+    try {
+      Deno.renameSync(`${path}${suffix}`, `${aside}${suffix}`);
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    }
+  }
+  return openDatabase(path, { role: "owner", schema });
 }
 
 /**

@@ -1,6 +1,17 @@
 /**
  * The schema of the two queue files and the layout of a queue directory.
  *
+ * A queue directory holds two subdirectories, one per writer, so that no
+ * side ever has to create, replace or remove a name in a directory the other
+ * side can write:
+ *
+ * - `inbound/` (the host's): `inbound.db`, `inbound.bell`. Mounted read-only
+ *   into the sandbox; only the runner (never a command) can read it.
+ * - `outbound/` (the runner's): `outbound.db`, `outbound.bell`,
+ *   `runner.lock`. The runner creates these itself; the host only ever opens
+ *   `outbound.db` read-only through a checked file descriptor
+ *   (`sandbox_file.ts`), never by a name SQLite derives from it.
+ *
  * @module
  */
 import { join } from "node:path";
@@ -17,14 +28,23 @@ CREATE TABLE requests (
   payload TEXT NOT NULL,
   -- Relative run-time limit: host and sandbox clocks may differ (Docker Desktop's VM).
   timeout_ms INTEGER,
+  -- The outbound generation this request may run under (NULL: whichever comes first).
+  generation TEXT,
   created_at INTEGER NOT NULL
 );
 CREATE TABLE cancels (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE acks (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
+CREATE TABLE lost (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
+CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), generation TEXT);
 `;
 
 /** `outbound.db`: written only by the runner. */
 export const OUTBOUND_SCHEMA = `
+CREATE TABLE meta (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  generation TEXT NOT NULL,
+  max_started_seq INTEGER NOT NULL
+);
 CREATE TABLE heartbeat (
   id INTEGER PRIMARY KEY CHECK (id = 1),
   runner_id TEXT NOT NULL,
@@ -59,6 +79,10 @@ CREATE TABLE results (
 export interface QueuePaths {
   /** The queue directory. */
   dir: string;
+  /** The host's directory: `inbound.db` and its bell. */
+  inboundDir: string;
+  /** The runner's directory: `outbound.db`, its bell and the runner lock. */
+  outboundDir: string;
   /** `inbound.db`, written only by the host. */
   inbound: string;
   /** `outbound.db`, written only by the runner. */
@@ -75,72 +99,68 @@ export interface QueuePaths {
  * The file paths of a queue directory.
  *
  * @param dir The queue directory.
+ * @param options `outboundDir`: where the runner's files live, when not `<dir>/outbound`.
  * @returns Its file paths.
  */
-export function queuePaths(dir: string): QueuePaths {
+export function queuePaths(
+  dir: string,
+  options: { outboundDir?: string | undefined } = {},
+): QueuePaths {
+  const inboundDir = join(dir, "inbound");
+  const outboundDir = options.outboundDir ?? join(dir, "outbound");
   return {
     dir,
-    inbound: join(dir, "inbound.db"),
-    outbound: join(dir, "outbound.db"),
-    runnerLock: join(dir, "runner.lock"),
-    inboundBell: join(dir, "inbound.bell"),
-    outboundBell: join(dir, "outbound.bell"),
+    inboundDir,
+    outboundDir,
+    inbound: join(inboundDir, "inbound.db"),
+    outbound: join(outboundDir, "outbound.db"),
+    runnerLock: join(outboundDir, "runner.lock"),
+    inboundBell: join(inboundDir, "inbound.bell"),
+    outboundBell: join(outboundDir, "outbound.bell"),
   };
 }
 
 /** Options for {@linkcode initQueue}. */
 export interface InitQueueOptions {
+  /** Where the runner's directory lives, when not `<dir>/outbound`. */
+  outboundDir?: string | undefined;
   /**
-   * Share the directory with a sandbox running under another uid: the
-   * directory becomes root-style `/tmp` (mode 1777) and the files 0666. With
-   * the kernel's `fs.protected_symlinks` (on by default), a symlink the
-   * sandbox plants there is never followed by the host, and the sticky bit
-   * keeps the sandbox from deleting or replacing the host's files. This
-   * matters because SQLite opens `<db>-journal` by name: a planted symlink
-   * would otherwise let the sandbox make the host truncate any host file.
+   * Mode of the directories (and 0640 of the files): 0o700 when the runner
+   * runs as the host's uid or as root; 0o750 (plus a group the runner has)
+   * when it reads `inbound/` through the group.
    */
-  shared?: boolean;
+  mode?: number | undefined;
 }
 
 /**
- * Creates a queue directory with both files (schema included) and the runner
- * lock file. Idempotent: existing files are checked, not replaced.
+ * Creates the host's half of a queue directory (`inbound/` with
+ * `inbound.db` and its bell) and, unless it lives elsewhere, the runner's
+ * empty `outbound/`. Idempotent:
+ * existing files are checked, not replaced. The runner creates its own files.
  *
  * @param dir The queue directory; its parent must exist.
- * @param options Whether the directory is shared with a sandbox uid.
+ * @param options Directory mode and where the runner's directory lives.
  * @returns The queue's paths.
- * @throws {QueueError} When the directory or a file cannot be created or has another schema.
+ * @throws {QueueError} When a directory or file cannot be created or has another schema.
  */
 export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePaths {
-  const paths = queuePaths(dir);
+  const paths = queuePaths(dir, options);
+  const mode = options.mode ?? 0o700;
   try {
-    Deno.mkdirSync(dir, { recursive: true, mode: 0o755 });
-    if (options.shared) Deno.chmodSync(dir, 0o1777);
+    // A separate outbound directory is its owner's to create (see `prepareState`).
+    const dirs = options.outboundDir === undefined ? [paths.outboundDir] : [];
+    for (const path of [dir, paths.inboundDir, ...dirs]) {
+      Deno.mkdirSync(path, { recursive: true, mode });
+    }
+    Deno.chmodSync(paths.inboundDir, mode);
   } catch (cause) {
     throw new QueueError(`Cannot create queue directory '${dir}': ${messageOf(cause)}`, { cause });
   }
   openDatabase(paths.inbound, { role: "owner", schema: INBOUND_SCHEMA }).close();
-  openDatabase(paths.outbound, { role: "owner", schema: OUTBOUND_SCHEMA }).close();
   try {
-    for (const path of [paths.runnerLock, paths.inboundBell, paths.outboundBell]) {
-      Deno.writeFileSync(path, new Uint8Array(), { append: true, create: true });
-    }
-    if (options.shared) {
-      // Journals too: SQLite creates them with the mode the database file had then.
-      const files = [
-        paths.inbound,
-        paths.outbound,
-        `${paths.inbound}-journal`,
-        `${paths.outbound}-journal`,
-      ];
-      for (const path of [...files, paths.runnerLock, paths.inboundBell, paths.outboundBell]) {
-        try {
-          Deno.chmodSync(path, 0o666);
-        } catch (error) {
-          if (!(error instanceof Deno.errors.NotFound)) throw error;
-        }
-      }
-    }
+    Deno.writeFileSync(paths.inboundBell, new Uint8Array(), { append: true, create: true });
+    // SQLite creates the journal with the database file's mode.
+    for (const path of [paths.inbound, paths.inboundBell]) Deno.chmodSync(path, mode & 0o640);
   } catch (cause) {
     throw new QueueError(`Cannot prepare queue files in '${dir}': ${messageOf(cause)}`, { cause });
   }

@@ -1,5 +1,5 @@
 /**
- * The few libc calls the runner needs that Deno does not expose, loaded once
+ * The few libc calls waffle needs that Deno does not expose, loaded once
  * through FFI. Linux only; callers treat `undefined` as "not available".
  *
  * @module
@@ -9,11 +9,22 @@ const SYMBOLS = {
   prctl: { parameters: ["i32", "u64", "u64", "u64", "u64"], result: "i32" },
   waitpid: { parameters: ["i32", "buffer", "i32"], result: "i32" },
   open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
+  close: { parameters: ["i32"], result: "i32" },
   flock: { parameters: ["i32", "i32"], result: "i32" },
+  __errno_location: { parameters: [], result: "pointer" },
 } as const;
 
 /** The loaded libc symbols. */
 export type Libc = Deno.DynamicLibrary<typeof SYMBOLS>["symbols"];
+
+/** `open(2)` flags (Linux, every architecture Deno ships for). */
+export const O_RDONLY = 0;
+/** Fail with ELOOP instead of following a symlink in the last component. */
+export const O_NOFOLLOW = 0o400000;
+/** Do not block opening a FIFO with no writer (or a device). */
+export const O_NONBLOCK = 0o4000;
+/** Not inherited by child processes. */
+export const O_CLOEXEC = 0o2000000;
 
 let loaded: Libc | null | undefined;
 
@@ -31,4 +42,15 @@ export function libc(): Libc | undefined {
     }
   }
   return loaded ?? undefined;
+}
+
+/**
+ * The calling thread's `errno`, right after a failed call.
+ *
+ * @param lib The loaded libc.
+ * @returns The error number.
+ */
+export function errno(lib: Libc): number {
+  const pointer = lib.__errno_location();
+  return pointer === null ? 0 : new Deno.UnsafePointerView(pointer).getInt32();
 }
