@@ -11,6 +11,8 @@ const SYMBOLS = {
   open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
   close: { parameters: ["i32"], result: "i32" },
   flock: { parameters: ["i32", "i32"], result: "i32" },
+  fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
+  pread: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
   __errno_location: { parameters: [], result: "pointer" },
 } as const;
 

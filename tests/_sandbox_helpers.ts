@@ -165,7 +165,7 @@ export async function tempHome(docker: DockerClient, config?: HomeConfig): Promi
 export async function run(sandbox: Sandbox, request: string | SubmitOptions): Promise<Ran> {
   const id = await sandbox.submit(typeof request === "string" ? { shell: request } : request);
   const { result, stdout, stderr } = await sandbox.queue.collect(id, {
-    revive: () => sandbox.ensure(),
+    revive: (trouble) => sandbox.ensure(trouble),
   });
   await sandbox.queue.ack(id);
   return { result, stdout: text(stdout), stderr: text(stderr) };

@@ -17,13 +17,13 @@ import type { DockerClient } from "../lib/docker/mod.ts";
 import type { ContainerInspect } from "../lib/docker/types.ts";
 import { DockerError, UsageError } from "../lib/errors.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
-import { bind, containerSpec, hostCanChown, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
+import { bind, containerSpec, RUNNER_CAPS, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
 import { loadConfig } from "../lib/config/config.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { runCliProcess } from "./_helpers.ts";
-import { run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { dockerCli, run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 const MiB = 1024 * 1024;
 /** Variables the posture always sets; anything else in the container env came from the allowlist. */
@@ -35,7 +35,12 @@ const FIXED_ENV = [
   "NO_COLOR",
   "WAFFLE_PASS_ENV",
 ];
-const EXPECTED_UID = hostCanChown() ? SANDBOX_UID : Deno.uid();
+/** Every command runs as this uid, whoever the host is. */
+const EXPECTED_UID = SANDBOX_UID;
+/** The runner's private tmpfs (Deno's cache). */
+const RUNNER_TMPFS = { "/run/waffle": "rw,noexec,nosuid,nodev,size=128m,mode=0700" };
+/** CAP_DAC_READ_SEARCH (2), CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7). */
+const RUNNER_CAP_MASK = "00000000000000e4";
 
 async function inspect(docker: DockerClient, sandbox: Sandbox): Promise<ContainerInspect> {
   const id = sandbox.lastEnsure?.containerId;
@@ -108,7 +113,8 @@ Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks secur
   try {
     const key = sandboxKey("t", "u", { home });
     const paths = statePaths(home, key);
-    await Deno.mkdir(paths.queue, { recursive: true });
+    await Deno.mkdir(join(paths.queue, "inbound"), { recursive: true });
+    await Deno.mkdir(paths.outbound, { recursive: true });
     await Deno.mkdir(paths.workspace, { recursive: true });
     const config = loadConfig({ home });
     const spec = containerSpec(key, { config, imageId: "sha256:abc", paths });
@@ -120,11 +126,15 @@ Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks secur
     assert.equal(host.PidsLimit, 256);
     assert.equal(host.Privileged, false);
     assert.equal(host.Init, true);
-    assert.deepEqual(host.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}` });
-    assert.deepEqual(
-      spec.body.User,
-      `${EXPECTED_UID}:${hostCanChown() ? SANDBOX_UID : Deno.gid()}`,
-    );
+    assert.deepEqual(host.Tmpfs, {
+      "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}`,
+      ...RUNNER_TMPFS,
+    });
+    // The runner is the container's root with four capabilities; commands get none.
+    assert.equal(spec.body.User, "0:0");
+    assert.deepEqual(host.CapAdd, [...RUNNER_CAPS]);
+    assert.deepEqual(host.RestartPolicy, { Name: "no" });
+    assert.equal(host.AutoRemove, false);
     assert.equal(host.Binds, undefined);
     const same = containerSpec(key, { config, imageId: "sha256:abc", paths });
     assert.equal(same.postureHash, spec.postureHash);
@@ -165,9 +175,11 @@ liveTest(
           "awk '/^Uid:/ { print $2, $3, $4, $5 }' /proc/self/status",
         );
         assert.equal(uids, `${Array(4).fill(EXPECTED_UID).join(" ")}\n`);
-        assert.match(c.Config.User, new RegExp(`^${EXPECTED_UID}:`));
+        // The runner is uid 0 inside; commands never are, and have no extra groups.
+        assert.equal(c.Config.User, "0:0");
         assert.equal(host.Privileged, false);
         assert.equal((await runOk(sandbox, "id -u")).trim(), String(EXPECTED_UID));
+        assert.equal((await runOk(sandbox, "id -G")).trim(), String(EXPECTED_UID));
         assert.notEqual((await runOk(sandbox, "id -g")).trim(), "0");
       });
 
@@ -183,7 +195,12 @@ liveTest(
       });
 
       await t.step("/tmp is a bounded noexec tmpfs", async () => {
-        assert.deepEqual(host.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}` });
+        assert.deepEqual(host.Tmpfs, {
+          "/tmp": `rw,noexec,nosuid,nodev,size=${256 * MiB}`,
+          ...RUNNER_TMPFS,
+        });
+        const runnerDir = await run(sandbox, "ls /run/waffle");
+        assert.notEqual(runnerDir.result.exitCode, 0, "commands must not enter the runner's tmpfs");
         assert.equal(await runOk(sandbox, "echo ok > /tmp/w && cat /tmp/w"), "ok\n");
         const mount = (await runOk(sandbox, "awk '$2 == \"/tmp\"' /proc/mounts")).trim().split(" ");
         assert.equal(mount[2], "tmpfs");
@@ -203,13 +220,23 @@ liveTest(
         assert.equal(Number(df[1]), (256 * MiB) / 1024, `df: ${df.join(" ")}`);
       });
 
-      await t.step("all capabilities dropped", async () => {
+      await t.step("commands have no capabilities; the runner only its four", async () => {
         assert.deepEqual(host.CapDrop, ["ALL"]);
-        assert.deepEqual(host.CapAdd, []);
+        assert.deepEqual(
+          [...host.CapAdd].map((cap) => cap.replace(/^CAP_/, "")).sort(),
+          [...RUNNER_CAPS].sort(),
+        );
         const status = await runOk(sandbox, "cat /proc/self/status");
-        for (const field of ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"]) {
+        for (const field of ["CapEff", "CapPrm", "CapAmb", "CapInh"]) {
           assert.match(status, new RegExp(`^${field}:\\s+0000000000000000$`, "m"), field);
         }
+        // The bounding set only caps what could be regained; no-new-privileges
+        // (below) means nothing is.
+        assert.match(status, new RegExp(`^CapBnd:\\s+${RUNNER_CAP_MASK}$`, "m"));
+        // A command cannot signal the runner (another uid) nor docker-init.
+        const kill = await run(sandbox, "kill -0 1");
+        assert.notEqual(kill.result.exitCode, 0);
+        assert.match(kill.stderr, /not permitted/i);
       });
 
       await t.step("no-new-privileges", async () => {
@@ -255,33 +282,48 @@ liveTest(
         assert.doesNotMatch(ran.stdout, /docker\.sock/);
       });
 
-      await t.step("mounts: only /queue and /workspace writable, program read-only", async () => {
-        const writable = c.Mounts.filter((m) => m.RW).map((m) => m.Destination).sort();
-        assert.deepEqual(writable, ["/queue", "/workspace"]);
-        const byTarget = new Map(c.Mounts.map((m) => [m.Destination, m]));
-        assert.equal(byTarget.get("/queue")?.Source, sandbox.paths.queue);
-        assert.equal(byTarget.get("/workspace")?.Source, sandbox.paths.workspace);
-        for (const m of c.Mounts) {
-          if (!m.RW) assert.match(m.Destination, /^\/opt\/waffle\//, m.Destination);
-        }
-        assert.ok(
-          c.Mounts.some((m) => m.Destination.startsWith("/opt/waffle/")),
-          "program mounted",
-        );
-        for (const m of host.Mounts) {
-          if (m.Target === "/queue" || m.Target === "/workspace") {
-            assert.ok(m.Source!.startsWith(`${sandbox.paths.root}/`), m.Source);
-            assert.notEqual(m.ReadOnly, true);
-          } else assert.equal(m.ReadOnly, true, m.Target);
-        }
-        const mountinfo = await runOk(sandbox, "cat /proc/self/mountinfo");
-        assert.deepEqual(writableHostMounts(mountinfo), ["/queue", "/workspace"]);
-        for (const path of ["/opt/waffle/src/main.ts", "/opt/waffle/src/new-file"]) {
-          const ran = await run(sandbox, `touch ${path}`);
-          assert.notEqual(ran.result.exitCode, 0, path);
-        }
-        assert.equal(await runOk(sandbox, "echo w > /workspace/w && cat /workspace/w"), "w\n");
-      });
+      await t.step(
+        "mounts: only the runner's queue and /workspace writable, program read-only",
+        async () => {
+          const writable = c.Mounts.filter((m) => m.RW).map((m) => m.Destination).sort();
+          assert.deepEqual(writable, ["/queue/outbound", "/workspace"]);
+          const byTarget = new Map(c.Mounts.map((m) => [m.Destination, m]));
+          assert.equal(byTarget.get("/queue/outbound")?.Source, sandbox.paths.outbound);
+          assert.equal(
+            byTarget.get("/queue/inbound")?.Source,
+            join(sandbox.paths.queue, "inbound"),
+          );
+          assert.equal(byTarget.get("/queue/inbound")?.RW, false);
+          assert.equal(byTarget.get("/workspace")?.Source, sandbox.paths.workspace);
+          for (const m of c.Mounts) {
+            if (!m.RW && m.Destination !== "/queue/inbound") {
+              assert.match(m.Destination, /^\/opt\/waffle\//, m.Destination);
+            }
+          }
+          assert.ok(
+            c.Mounts.some((m) => m.Destination.startsWith("/opt/waffle/")),
+            "program mounted",
+          );
+          for (const m of host.Mounts) {
+            if (m.Target === "/queue/outbound" || m.Target === "/workspace") {
+              assert.ok(m.Source!.startsWith(`${sandbox.paths.root}/`), m.Source);
+              assert.notEqual(m.ReadOnly, true);
+            } else assert.equal(m.ReadOnly, true, m.Target);
+          }
+          const mountinfo = await runOk(sandbox, "cat /proc/self/mountinfo");
+          assert.deepEqual(writableHostMounts(mountinfo), ["/queue/outbound", "/workspace"]);
+          // Writable by the runner only: commands cannot even look into the queue.
+          for (const path of ["/queue/outbound/x", "/queue/inbound/x", "/queue/x"]) {
+            const ran = await run(sandbox, `touch ${path}`);
+            assert.notEqual(ran.result.exitCode, 0, path);
+          }
+          for (const path of ["/opt/waffle/src/main.ts", "/opt/waffle/src/new-file"]) {
+            const ran = await run(sandbox, `touch ${path}`);
+            assert.notEqual(ran.result.exitCode, 0, path);
+          }
+          assert.equal(await runOk(sandbox, "echo w > /workspace/w && cat /workspace/w"), "w\n");
+        },
+      );
 
       await t.step("no host environment reaches the container", async () => {
         assert.ok(!c.Config.Env.some((entry) => entry.includes(secret)), c.Config.Env.join(" "));
@@ -291,11 +333,14 @@ liveTest(
         assert.deepEqual(extra, [], "nothing beyond the fixed environment without an allowlist");
         const env = await runOk(sandbox, "env");
         assert.doesNotMatch(env, /WAFFLE_SECRET_TEST|leak-/);
+        // The runner's and docker-init's environments are not even readable by
+        // a command (another uid); read them as the container's root instead.
         const environ = await runOk(sandbox, ENVIRON_DUMP);
-        // docker-init (pid 1), the runner and this shell at least.
-        assert.ok((environ.match(/^== /gm) ?? []).length >= 3, environ);
-        assert.match(environ, /^== \/proc\/1\/environ$/m);
+        assert.doesNotMatch(environ, /^== \/proc\/1\/environ$/m);
         assert.doesNotMatch(environ, /WAFFLE_SECRET_TEST|leak-/);
+        const asRoot = await dockerCli(["exec", "-u", "0", c.Id, "/bin/sh", "-c", ENVIRON_DUMP]);
+        assert.match(asRoot.stdout, /^== \/proc\/1\/environ$/m);
+        assert.doesNotMatch(asRoot.stdout, /WAFFLE_SECRET_TEST|leak-/);
       });
 
       await t.step("cwd is validated: outside the workspace nothing runs", async () => {
@@ -350,7 +395,10 @@ liveTest(
       assert.equal(c.HostConfig.Memory, 256 * MiB);
       assert.equal(c.HostConfig.MemorySwap, 256 * MiB);
       assert.equal(c.HostConfig.NanoCpus, 5e8);
-      assert.deepEqual(c.HostConfig.Tmpfs, { "/tmp": `rw,noexec,nosuid,nodev,size=${24 * MiB}` });
+      assert.deepEqual(c.HostConfig.Tmpfs, {
+        "/tmp": `rw,noexec,nosuid,nodev,size=${24 * MiB}`,
+        ...RUNNER_TMPFS,
+      });
 
       // Inside: the kernel enforces what inspect says.
       assert.equal((await runOk(sandbox, cgroupRead("pids.max", "pids/pids.max"))).trim(), "64");

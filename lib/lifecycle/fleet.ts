@@ -12,6 +12,7 @@ import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.
 import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
 import { OUTBOUND_SCHEMA } from "../queue/schema.ts";
+import { MAX_OUTBOUND_BYTES } from "../queue/queue.ts";
 import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
@@ -48,6 +49,7 @@ function peekRunner<T>(root: string, read: Parameters<SandboxFile["read"]>[0]): 
   const file = new SandboxFile(`${stateLayout(root).outbound}/outbound.db`, {
     schema: OUTBOUND_SCHEMA,
     maxValueBytes: 16 * MAX_CHUNK_BYTES,
+    maxFileBytes: MAX_OUTBOUND_BYTES,
   });
   try {
     return file.read(read) as T;

@@ -8,7 +8,7 @@ import type { DatabaseSync } from "node:sqlite";
 import { z } from "zod";
 import { concat } from "../bytes.ts";
 import { ProtocolError, QueueError, RunnerError, SandboxFileError, UsageError } from "../errors.ts";
-import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
+import { messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import {
   idsWithOutboundRows,
@@ -30,6 +30,7 @@ import {
   type Heartbeat,
   HEARTBEAT_INTERVAL_MS,
   MAX_CHUNK_BYTES,
+  MAX_OUTPUT_CAP,
   MAX_STDIN_BYTES,
   type OutputChunk,
   type RequestState,
@@ -50,6 +51,11 @@ export const STALE_AFTER_MS = 3 * HEARTBEAT_INTERVAL_MS;
  * sandbox never stalls the event loop that serves the others.
  */
 export const LOCK_WAIT_MS = 10_000;
+/**
+ * Largest `outbound.db` the host reads (it copies the file to read it): both
+ * streams of one request at the largest output cap, and room for the rest.
+ */
+export const MAX_OUTBOUND_BYTES = 2 * MAX_OUTPUT_CAP + 16 * 1024 * 1024;
 /** How many times one wait restarts a runner before it gives up. */
 const MAX_REVIVALS = 3;
 
@@ -156,7 +162,6 @@ export class Queue {
   #caps = new Map<string, number>();
   #generation: string | undefined;
   #observed: { key: string; at: number; beat: Heartbeat } | undefined;
-  #busySince: number | undefined;
   #gcTimer: ReturnType<typeof setTimeout> | undefined;
 
   private constructor(paths: QueuePaths, options: QueueOpenOptions) {
@@ -166,6 +171,7 @@ export class Queue {
       schema: OUTBOUND_SCHEMA,
       // Sorted rows carry a whole chunk and more: room for that, never a huge value.
       maxValueBytes: 16 * Math.max(MAX_CHUNK_BYTES, MAX_RESULT_BYTES),
+      maxFileBytes: MAX_OUTBOUND_BYTES,
     });
     this.#bell = new Bell(paths.inboundBell);
     this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell, lockWaitMs: LOCK_WAIT_MS });
@@ -358,11 +364,19 @@ export class Queue {
     let beat: Heartbeat | undefined;
     try {
       beat = this.#outbound.read(readHeartbeat);
-      this.#busySince = undefined;
     } catch (error) {
       return this.#troubleOf(error);
     }
     const now = Date.now();
+    const busySince = this.#outbound.busySince;
+    if (busySince !== undefined && now - busySince >= LOCK_WAIT_MS) {
+      return {
+        state: "locked",
+        detail: `The sandbox holds a lock on '${this.paths.outbound}': no read for ${
+          Math.round((now - busySince) / 1000)
+        } s`,
+      };
+    }
     if (beat === undefined) {
       return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
     }
@@ -414,15 +428,12 @@ export class Queue {
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
-      const before = this.#outbound.inode;
-      let read:
-        | { version: number; result: ExecResult | undefined; chunks: OutputChunk[] }
-        | undefined;
+      const version = this.#outbound.version();
+      let read: { result: ExecResult | undefined; chunks: OutputChunk[] } | undefined;
       // A failed read leaves the cursor where it was: it advances on success only.
       const attempt = { ...cursor, seq: { ...cursor.seq }, bytes: { ...cursor.bytes } };
       try {
         read = this.#outbound.read((db) => {
-          const version = dataVersion(db);
           // Read the result first: the runner commits the last chunks with it,
           // so once the result is visible every chunk is too.
           const result = readResult(db, id);
@@ -434,18 +445,16 @@ export class Queue {
           ) {
             chunks.push(...page);
           }
-          return { version, result, chunks };
+          return { result, chunks };
         });
-        this.#busySince = undefined;
         Object.assign(cursor, attempt);
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
       yield* read?.chunks ?? [];
       if (read?.result !== undefined) return read.result;
-      const version = read?.version ?? -1;
       this.#refuseCollected(id);
-      await this.#changedSince(version, before, options);
+      await this.#changedSince(version, options);
     }
   }
 
@@ -461,21 +470,16 @@ export class Queue {
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
-      const before = this.#outbound.inode;
-      let read: { version: number; result: ExecResult | undefined } | undefined;
+      const version = this.#outbound.version();
+      let result: ExecResult | undefined;
       try {
-        read = this.#outbound.read((db) => ({
-          version: dataVersion(db),
-          result: readResult(db, id),
-        }));
-        this.#busySince = undefined;
+        result = this.#outbound.read((db) => readResult(db, id));
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
-      if (read?.result !== undefined) return read.result;
-      const version = read?.version ?? -1;
+      if (result !== undefined) return result;
       this.#refuseCollected(id);
-      await this.#changedSince(version, before, options);
+      await this.#changedSince(version, options);
     }
   }
 
@@ -609,10 +613,7 @@ export class Queue {
   // A bad row fails its request; a locked, missing or damaged file is the
   // runner's trouble, which the wait loop turns into a revival or an error.
   #rethrowForRequest(id: string, error: unknown): void {
-    if (error instanceof SandboxFileError) {
-      if (error.problem === "busy") this.#busySince ??= Date.now();
-      return;
-    }
+    if (error instanceof SandboxFileError) return;
     if (error instanceof ProtocolError) throw error;
     throw new ProtocolError(`Cannot read outbound.db for request '${id}': ${messageOf(error)}`, {
       cause: error,
@@ -630,17 +631,10 @@ export class Queue {
       return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
     }
     if (error.problem === "damaged") return { state: "damaged", detail: error.message };
-    this.#busySince ??= Date.now();
-    const held = Date.now() - this.#busySince;
-    if (held < LOCK_WAIT_MS) {
-      // A lock held briefly is the runner committing: judge by the last beat seen.
-      const beat = this.#observed?.beat;
-      return beat === undefined ? { state: "alive", detail: "alive" } : {
-        state: "alive",
-        detail: "alive",
-        beat,
-      };
-    }
+    // Locked before any copy was read: the runner is committing, or a
+    // sandbox holds the lock; judged by how long it lasts.
+    const held = Date.now() - (this.#outbound.busySince ?? Date.now());
+    if (held < LOCK_WAIT_MS) return { state: "none", detail: error.message };
     return {
       state: "locked",
       detail: `The sandbox holds a lock on '${this.paths.outbound}': no read for ${
@@ -685,21 +679,15 @@ export class Queue {
     }
   }
 
-  // Resolves once outbound.db changed after `version` was read (or the file
+  // Resolves once outbound.db changed after `version` was taken (or the file
   // was replaced), checking the runner on every wake (at least once per poll).
-  async #changedSince(version: number, inode: number, options: WaitOptions): Promise<void> {
+  async #changedSince(version: string, options: WaitOptions): Promise<void> {
     while (true) {
       if (options.signal?.aborted) {
         throw options.signal.reason ?? new DOMException("Aborted", "AbortError");
       }
       if (this.#closed.signal.aborted) throw new QueueError(`Queue '${this.paths.dir}' is closed`);
-      let changed = false;
-      try {
-        changed = this.#outbound.read(dataVersion) !== version || this.#outbound.inode !== inode;
-      } catch {
-        // Judged below, with the runner.
-      }
-      if (changed) {
+      if (this.#outbound.version() !== version) {
         await this.#syncGeneration().catch(() => {});
         return;
       }
@@ -738,7 +726,6 @@ export class Queue {
     this.#revivals.set(options, revivals);
     await options.revive(judged.state);
     this.#observed = undefined;
-    this.#busySince = undefined;
     await this.#syncGeneration().catch(() => {});
     return true;
   }

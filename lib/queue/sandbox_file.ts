@@ -1,37 +1,65 @@
 /**
- * The one place the host opens a SQLite file that the sandbox side can write
+ * The one place the host reads a SQLite file that the sandbox side can write
  * (`outbound.db`). Nothing the sandbox put there may make the host touch
- * another file, block, or run SQL of the sandbox's choosing:
+ * another file, block, or run SQL of the sandbox's choosing. So SQLite never
+ * opens the file at all:
  *
- * - The file is opened by this module with `O_NOFOLLOW | O_NONBLOCK` after an
- *   `lstat` that must show a regular file, and SQLite opens the magic link
- *   `/proc/self/fd/<n>` to that open file. So a symlink, FIFO, socket or
- *   device under the name is refused without being followed or blocked on,
- *   and SQLite looks for the journal at `/proc/self/fd/<n>-journal`, which
- *   cannot exist: a hot or crafted journal (whose super-journal name would
- *   make SQLite delete a file) is never opened, rolled back or deleted.
- * - The connection is read-only, `busy_timeout` 0 (the caller waits
- *   asynchronously), defensive, `trusted_schema=OFF`, with small limits on
- *   value and statement sizes, so an oversized value can never be
- *   materialised and schema text is bounded.
- * - The schema must equal waffle's exactly (checked in the same read
- *   transaction as every read, so it cannot change between check and use),
- *   and an authorizer refuses anything that would run inside a view or
- *   trigger and any table or function outside the protocol's.
+ * - This module opens it itself: an `lstat` that must show a regular file,
+ *   then `open(O_RDONLY | O_NOFOLLOW | O_NONBLOCK)`, so a symlink, FIFO,
+ *   socket or device under the name is refused without being followed or
+ *   blocked on. (SQLite would resolve even `/proc/self/fd/<n>` back to the
+ *   name and open `<name>-journal` by name: a FIFO there hangs any reader,
+ *   and a read-write reader rolls back a crafted journal whose super-journal
+ *   name makes SQLite delete a file of the sandbox's choosing.)
+ * - It copies the file while holding SQLite's shared lock (an open file
+ *   description lock on the same bytes SQLite uses, so the runner cannot
+ *   commit meanwhile and the copy is consistent), refuses a copy while a hot
+ *   journal says the file may be half-written, and bounds the size first.
+ * - The copy is loaded into an in-memory database: defensive,
+ *   `trusted_schema=OFF`, small value and statement limits, an authorizer
+ *   that refuses anything run inside a view or trigger and any function or
+ *   pragma outside short lists, and a schema that must equal waffle's
+ *   exactly. A copy is reused until the file's change counter moves.
  *
  * @module
  */
 import { DatabaseSync } from "node:sqlite";
 import { SandboxFileError } from "../errors.ts";
-import { errno, libc, O_CLOEXEC, O_NOFOLLOW, O_NONBLOCK, O_RDONLY } from "../libc.ts";
+import { errno, type Libc, libc, O_CLOEXEC, O_NOFOLLOW, O_NONBLOCK, O_RDONLY } from "../libc.ts";
 import { messageOf } from "./connection.ts";
 import { SCHEMA_VERSION } from "./protocol.ts";
 
 const ENOENT = 2;
 
+// SQLite's lock bytes (os_unix.c), which its connections lock with fcntl.
+const PENDING_BYTE = 0x40000000;
+const RESERVED_BYTE = PENDING_BYTE + 1;
+const SHARED_FIRST = PENDING_BYTE + 2;
+const SHARED_SIZE = 510;
+// Open file description locks: owned by our descriptor, not the process, so
+// they neither drop nor are dropped by SQLite connections of this process.
+const F_OFD_GETLK = 36;
+const F_OFD_SETLK = 37;
+const F_RDLCK = 0;
+const F_WRLCK = 1;
+const F_UNLCK = 2;
+
+// sqlite3_set_authorizer action codes and answers.
+const SQLITE_OK = 0;
+const SQLITE_DENY = 1;
+const SQLITE_PRAGMA = 19;
+const SQLITE_READ = 20;
+const SQLITE_SELECT = 21;
+const SQLITE_TRANSACTION = 22;
+const SQLITE_FUNCTION = 31;
+
+const FUNCTIONS = new Set(["typeof", "octet_length", "length", "count", "max", "min"]);
+const PRAGMAS = new Set(["schema_version", "user_version"]);
+
 // Present in Deno's node:sqlite (SQLite 3.53) but missing from its types.
 interface Hardenable {
   enableDefensive(on: boolean): void;
+  deserialize(data: Uint8Array): void;
   limits: Record<string, number>;
   setAuthorizer(
     callback: (
@@ -44,44 +72,35 @@ interface Hardenable {
   ): void;
 }
 
-// sqlite3_set_authorizer action codes and answers.
-const SQLITE_OK = 0;
-const SQLITE_DENY = 1;
-const SQLITE_PRAGMA = 19;
-const SQLITE_READ = 20;
-const SQLITE_SELECT = 21;
-const SQLITE_TRANSACTION = 22;
-const SQLITE_FUNCTION = 31;
-
-const FUNCTIONS = new Set(["typeof", "octet_length", "length", "count", "max", "min"]);
-const PRAGMAS = new Set(["schema_version", "data_version", "user_version"]);
-
 /** Options for {@linkcode SandboxFile}. */
 export interface SandboxFileOptions {
   /** The DDL the file must hold, exactly. */
   schema: string;
   /** Largest text or blob SQLite may materialise, in bytes. */
   maxValueBytes: number;
+  /** Largest file accepted, in bytes: a larger one is refused unread. */
+  maxFileBytes: number;
 }
 
 /**
  * A read-only, hostile-safe view of one SQLite file the sandbox can write.
- * Reopens by itself when the file under the name is replaced.
+ * Follows the file under the name when it is replaced.
  */
 export class SandboxFile {
-  /** The file's path (for messages and the inode check). */
+  /** The file's path (for messages). */
   readonly path: string;
   #options: SandboxFileOptions;
-  #db: DatabaseSync | undefined;
   #fd = -1;
   #ino = -1;
-  #schemaVersion = -1;
+  #db: DatabaseSync | undefined;
+  #key = "";
+  #busySince: number | undefined;
 
   /**
    * Prepares a reader; nothing is opened until the first read.
    *
    * @param path The file.
-   * @param options The exact schema and the value size limit.
+   * @param options The exact schema and the size limits.
    */
   constructor(path: string, options: SandboxFileOptions) {
     this.path = path;
@@ -89,105 +108,107 @@ export class SandboxFile {
   }
 
   /**
-   * Runs `read` inside one read transaction, after checking the schema in
-   * that same transaction.
+   * Since when (epoch ms) every attempt to copy the file met a lock or a hot
+   * journal, or undefined when the last attempt succeeded.
+   *
+   * @returns The time, or undefined.
+   */
+  get busySince(): number | undefined {
+    return this.#busySince;
+  }
+
+  /**
+   * Runs `read` on a consistent copy of the file, taken now (or reused while
+   * the file's change counter has not moved). While the file is locked, the
+   * last copy is read again: it is consistent, only older.
    *
    * @param read The reads; must be synchronous.
    * @returns What `read` returned.
    * @throws {SandboxFileError} `missing`, `busy` (try again later) or `damaged`.
    */
   read<T>(read: (db: DatabaseSync) => T): T {
-    const db = this.#connection();
+    const db = this.#snapshot();
     try {
-      db.exec("BEGIN");
-      const version = Number(first(db, "PRAGMA schema_version"));
-      if (version !== this.#schemaVersion) {
-        this.#checkSchema(db);
-        this.#schemaVersion = version;
-      }
-      const value = read(db);
-      db.exec("COMMIT");
-      return value;
+      return read(db);
     } catch (error) {
-      if (db.isTransaction) {
-        try {
-          db.exec("ROLLBACK");
-        } catch {
-          // A connection that cannot roll back a read is reopened next time.
-          this.close();
-        }
-      }
       throw classify(this.path, error);
     }
   }
 
   /**
-   * The inode currently open, or -1.
+   * A cheap fingerprint of the file's current content (inode and SQLite's
+   * change counter), without a lock or a copy: it changes when the runner
+   * commits or the file is replaced.
    *
-   * @returns The inode number.
+   * @returns The fingerprint; empty when the file cannot be looked at.
    */
-  get inode(): number {
-    return this.#ino;
+  version(): string {
+    try {
+      const info = Deno.lstatSync(this.path);
+      if (!info.isFile) return "";
+      if (info.ino !== this.#ino || this.#fd < 0) return `ino:${info.ino}`;
+      return `${info.ino}:${readCounter(this.#lib(), this.#fd)}`;
+    } catch {
+      return "";
+    }
   }
 
-  /** Closes the connection, then the descriptor that pins the file. */
+  /** Closes the copy and the descriptor. */
   close(): void {
-    try {
-      this.#db?.close();
-    } catch {
-      // Already closed.
-    }
-    this.#db = undefined;
-    // Closed only after SQLite's own descriptor: closing any descriptor of
-    // the file drops this process's POSIX locks on it.
+    this.#drop();
     if (this.#fd >= 0) libc()?.close(this.#fd);
     this.#fd = -1;
     this.#ino = -1;
-    this.#schemaVersion = -1;
   }
 
-  #connection(): DatabaseSync {
-    const current = lstatOrNull(this.path);
-    if (this.#db !== undefined && current?.ino === this.#ino) return this.#db;
-    this.close();
-    if (current === null) {
-      throw new SandboxFileError(`Queue file '${this.path}' does not exist`, {
-        problem: "missing",
-      });
-    }
-    if (!current.isFile) {
-      throw new SandboxFileError(`Queue file '${this.path}' is not a regular file`, {
-        problem: "damaged",
-      });
-    }
-    const lib = libc();
-    if (lib === undefined) {
-      throw new SandboxFileError(`Cannot open '${this.path}' safely: libc is not available`, {
-        problem: "damaged",
-      });
-    }
-    const fd = lib.open(
-      new TextEncoder().encode(`${this.path}\0`),
-      O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-      0,
-    );
-    if (fd < 0) {
-      const code = errno(lib);
-      throw new SandboxFileError(
-        `Cannot open queue file '${this.path}' (errno ${code})`,
-        { problem: code === ENOENT ? "missing" : "damaged" },
+  #snapshot(): DatabaseSync {
+    const lib = this.#lib();
+    const fd = this.#descriptor(lib);
+    const magic = `/proc/self/fd/${fd}`;
+    if (!shareLock(lib, fd)) {
+      return this.#busy(
+        new SandboxFileError(`Queue file '${this.path}' is locked`, {
+          problem: "busy",
+        }),
       );
     }
-    this.#fd = fd;
-    const magic = `/proc/self/fd/${fd}`;
+    let bytes: Uint8Array | undefined;
+    let key: string;
     try {
-      // Checked on the open file itself: the name may have changed since lstat.
-      const info = Deno.statSync(magic);
-      if (!info.isFile) throw new Error("not a regular file");
-      this.#ino = info.ino ?? -1;
-      const db = new DatabaseSync(magic, { readOnly: true, timeout: 0 });
-      this.#db = db;
-      const hardened = db as unknown as Hardenable;
+      if (hotJournal(lib, fd, `${this.path}-journal`)) {
+        return this.#busy(
+          new SandboxFileError(
+            `Queue file '${this.path}' has a hot journal: the runner must recover it`,
+            { problem: "busy" },
+          ),
+        );
+      }
+      // stat() on the magic link follows it to the open file; it opens nothing.
+      const size = Deno.statSync(magic).size;
+      if (size === 0 || size > this.#options.maxFileBytes) {
+        throw new SandboxFileError(
+          `Queue file '${this.path}' has ${size} bytes (at most ${this.#options.maxFileBytes})`,
+          { problem: "damaged" },
+        );
+      }
+      key = `${this.#ino}:${readCounter(lib, fd)}:${size}`;
+      if (key !== this.#key || this.#db === undefined) bytes = readAll(lib, fd, size);
+    } finally {
+      unlock(lib, fd, SHARED_FIRST, SHARED_SIZE);
+    }
+    this.#busySince = undefined;
+    if (bytes === undefined) return this.#db!;
+    this.#drop();
+    const db = this.#load(bytes);
+    this.#db = db;
+    this.#key = key;
+    return db;
+  }
+
+  #load(bytes: Uint8Array): DatabaseSync {
+    const db = new DatabaseSync(":memory:");
+    const hardened = db as unknown as Hardenable;
+    try {
       hardened.enableDefensive(true);
       db.exec("PRAGMA trusted_schema = OFF");
       const limits = hardened.limits;
@@ -200,28 +221,161 @@ export class SandboxFile {
       limits.attach = 0;
       limits.triggerDepth = 0;
       limits.likePatternLength = 64;
+      hardened.deserialize(bytes);
       hardened.setAuthorizer(authorize);
+      const version = Number(first(db, "PRAGMA user_version"));
+      if (version !== SCHEMA_VERSION) {
+        throw new SandboxFileError(
+          `Queue file '${this.path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
+          { problem: "damaged" },
+        );
+      }
+      if (!hasSchema(db, this.#options.schema)) {
+        throw new SandboxFileError(`Queue file '${this.path}' has a schema that is not waffle's`, {
+          problem: "damaged",
+        });
+      }
       return db;
     } catch (error) {
-      this.close();
+      db.close();
       throw classify(this.path, error);
     }
   }
 
-  #checkSchema(db: DatabaseSync): void {
-    const version = Number(first(db, "PRAGMA user_version"));
-    if (version !== SCHEMA_VERSION) {
-      throw new SandboxFileError(
-        `Queue file '${this.path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
-        { problem: "damaged" },
-      );
+  #descriptor(lib: Libc): number {
+    let info: Deno.FileInfo;
+    try {
+      info = Deno.lstatSync(this.path);
+    } catch (error) {
+      this.close();
+      if (error instanceof Deno.errors.NotFound) {
+        throw new SandboxFileError(`Queue file '${this.path}' does not exist`, {
+          problem: "missing",
+        });
+      }
+      throw new SandboxFileError(`Cannot inspect queue file '${this.path}': ${messageOf(error)}`, {
+        problem: "damaged",
+        cause: error,
+      });
     }
-    if (!hasSchema(db, this.#options.schema)) {
-      throw new SandboxFileError(`Queue file '${this.path}' has a schema that is not waffle's`, {
+    if (this.#fd >= 0 && info.ino === this.#ino) return this.#fd;
+    this.close();
+    if (!info.isFile) {
+      throw new SandboxFileError(`Queue file '${this.path}' is not a regular file`, {
         problem: "damaged",
       });
     }
+    const fd = lib.open(
+      new TextEncoder().encode(`${this.path}\0`),
+      O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+      0,
+    );
+    if (fd < 0) {
+      const code = errno(lib);
+      throw new SandboxFileError(`Cannot open queue file '${this.path}' (errno ${code})`, {
+        problem: code === ENOENT ? "missing" : "damaged",
+      });
+    }
+    // Checked on the open file itself: the name may have changed since lstat.
+    const opened = Deno.statSync(`/proc/self/fd/${fd}`);
+    if (!opened.isFile) {
+      lib.close(fd);
+      throw new SandboxFileError(`Queue file '${this.path}' is not a regular file`, {
+        problem: "damaged",
+      });
+    }
+    this.#fd = fd;
+    this.#ino = opened.ino ?? -1;
+    return fd;
   }
+
+  #busy(error: SandboxFileError): DatabaseSync {
+    this.#busySince ??= Date.now();
+    if (this.#db === undefined) throw error;
+    return this.#db;
+  }
+
+  #drop(): void {
+    try {
+      this.#db?.close();
+    } catch {
+      // Already closed.
+    }
+    this.#db = undefined;
+    this.#key = "";
+  }
+
+  #lib(): Libc {
+    const lib = libc();
+    if (lib === undefined) {
+      throw new SandboxFileError(`Cannot read '${this.path}' safely: libc is not available`, {
+        problem: "damaged",
+      });
+    }
+    return lib;
+  }
+}
+
+// A reader's SHARED lock as SQLite takes it: PENDING first (so a writer that
+// is waiting for readers to leave is not starved), then the shared range.
+function shareLock(lib: Libc, fd: number): boolean {
+  if (!setLock(lib, fd, F_RDLCK, PENDING_BYTE, 1)) return false;
+  const shared = setLock(lib, fd, F_RDLCK, SHARED_FIRST, SHARED_SIZE);
+  unlock(lib, fd, PENDING_BYTE, 1);
+  return shared;
+}
+
+function unlock(lib: Libc, fd: number, start: number, length: number): void {
+  setLock(lib, fd, F_UNLCK, start, length);
+}
+
+function setLock(lib: Libc, fd: number, type: number, start: number, length: number): boolean {
+  return lib.fcntl(fd, F_OFD_SETLK, flock(type, start, length)) === 0;
+}
+
+// A non-empty journal with nobody holding RESERVED was left by a writer that
+// died mid-commit: the file may be half-written until the runner rolls it
+// back. The journal is only looked at (lstat), never opened. With RESERVED
+// held, a writer is alive and, while we hold SHARED, cannot touch the file.
+function hotJournal(lib: Libc, fd: number, journal: string): boolean {
+  try {
+    const info = Deno.lstatSync(journal);
+    if (!info.isFile || info.size === 0) return false;
+  } catch {
+    return false;
+  }
+  const probe = flock(F_WRLCK, RESERVED_BYTE, 1);
+  if (lib.fcntl(fd, F_OFD_GETLK, probe) !== 0) return true;
+  return new DataView(probe.buffer).getInt16(0, true) === F_UNLCK;
+}
+
+// struct flock on 64-bit Linux: l_type, l_whence (shorts), l_start, l_len
+// (off_t), l_pid (0 for open file description locks).
+function flock(type: number, start: number, length: number): Uint8Array<ArrayBuffer> {
+  const bytes = new Uint8Array(32);
+  const view = new DataView(bytes.buffer);
+  view.setInt16(0, type, true);
+  view.setInt16(2, 0, true);
+  view.setBigInt64(8, BigInt(start), true);
+  view.setBigInt64(16, BigInt(length), true);
+  return bytes;
+}
+
+function readCounter(lib: Libc, fd: number): number {
+  const bytes = new Uint8Array(4);
+  if (Number(lib.pread(fd, bytes, 4n, 24n)) !== 4) return -1;
+  return new DataView(bytes.buffer).getUint32(0);
+}
+
+function readAll(lib: Libc, fd: number, size: number): Uint8Array {
+  const bytes = new Uint8Array(size);
+  let done = 0;
+  while (done < size) {
+    const got = Number(lib.pread(fd, bytes.subarray(done), BigInt(size - done), BigInt(done)));
+    if (got <= 0) break;
+    done += got;
+  }
+  return done === size ? bytes : bytes.subarray(0, done);
 }
 
 // Reads of the protocol's tables from plain SELECTs only: nothing inside a
@@ -249,12 +403,6 @@ function authorize(
   }
 }
 
-function memorySchema(ddl: string): DatabaseSync {
-  const db = new DatabaseSync(":memory:");
-  db.exec(ddl);
-  return db;
-}
-
 const expectedSchemas = new Map<string, string>();
 
 /**
@@ -268,7 +416,10 @@ const expectedSchemas = new Map<string, string>();
 export function hasSchema(db: DatabaseSync, ddl: string): boolean {
   let expected = expectedSchemas.get(ddl);
   if (expected === undefined) {
-    expected = describeSchema(memorySchema(ddl));
+    const memory = new DatabaseSync(":memory:");
+    memory.exec(ddl);
+    expected = describeSchema(memory);
+    memory.close();
     expectedSchemas.set(ddl, expected);
   }
   return describeSchema(db) === expected;
@@ -288,30 +439,11 @@ function first(db: DatabaseSync, sql: string): unknown {
   return row === undefined ? undefined : Object.values(row)[0];
 }
 
-function lstatOrNull(path: string): Deno.FileInfo | null {
-  try {
-    return Deno.lstatSync(path);
-  } catch (error) {
-    if (error instanceof Deno.errors.NotFound) return null;
-    throw new SandboxFileError(`Cannot inspect queue file '${path}': ${messageOf(error)}`, {
-      problem: "damaged",
-      cause: error,
-    });
-  }
-}
-
 function classify(path: string, error: unknown): unknown {
   if (error instanceof SandboxFileError) return error;
-  const message = messageOf(error);
-  if (/database (table )?is locked|SQLITE_BUSY/i.test(message)) {
-    return new SandboxFileError(`Queue file '${path}' is locked`, {
-      problem: "busy",
-      cause: error,
-    });
-  }
   // A ProtocolError (one bad row) belongs to its request, not to the file.
   if (error instanceof Error && error.name === "ProtocolError") return error;
-  return new SandboxFileError(`Queue file '${path}' is unusable: ${message}`, {
+  return new SandboxFileError(`Queue file '${path}' is unusable: ${messageOf(error)}`, {
     problem: "damaged",
     cause: error,
   });

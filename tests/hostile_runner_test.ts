@@ -1,0 +1,985 @@
+/**
+ * Hostile runner tests, live: attacks mounted from inside real sandbox
+ * containers against liveness (locks, FIFOs, hostile schema, a stopped
+ * runner, a heartbeat from the future, forged in-flight rows), cross-user
+ * isolation (another user's round trip in the same host process), the disk
+ * quota, and a host that is not root.
+ *
+ * The attacker is either a command (uid 10001, through a request or
+ * `asCommand`) or a compromised runner (the container's uid 0, through
+ * `asRunner`/`spawnAsRunner`). Victims are outside the container: the host
+ * process (bounded times), other users (their round trip), the host's disk.
+ *
+ * Timings are asserted only as generous bounds that express a property
+ * ("recovers within 25 s", "B's p50 within 2x of its own baseline"); every
+ * figure measured is printed with `console.log`.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import type { DockerClient } from "../lib/docker/mod.ts";
+import { libc } from "../lib/libc.ts";
+import { ensureContainer, type Ensured } from "../lib/lifecycle/ensure.ts";
+import { withLock } from "../lib/lifecycle/lock.ts";
+import { removeVolume } from "../lib/lifecycle/quota.ts";
+import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { ExecResult } from "../lib/queue/protocol.ts";
+import { LOCK_WAIT_MS, STALE_AFTER_MS } from "../lib/queue/queue.ts";
+import { liveTest } from "./_docker_gate.ts";
+import { alive, runCliProcess, waitFor } from "./_helpers.ts";
+import {
+  asCommand,
+  asRunner,
+  containerOf,
+  removeHomeVolumes,
+  runnerPid,
+  spawnAsRunner,
+  victimFile,
+  volumeSafeHome,
+} from "./_hostile_helpers.ts";
+import {
+  dockerCli,
+  homeContainers,
+  removeHomeContainers,
+  run,
+  runOk,
+  type TestHome,
+  uniqueUser,
+} from "./_sandbox_helpers.ts";
+
+// The host's safe reads of outbound.db load libc once per process; loaded
+// here, before any test, so the resource sanitizer does not blame the first one.
+libc();
+
+const MiB = 1024 ** 2;
+/** A wait that the host must end by itself (revive or a clear error). */
+const CALL_BOUND_MS = 30_000;
+/** The host's judgement of a stopped runner: STALE_AFTER_MS plus a restart, generously. */
+const STALE_BOUND_MS = 25_000;
+/** Fleet commands must answer within this while a sandbox holds its lock. */
+const CLI_BOUND_MS = 15_000;
+
+// deno-lint-ignore no-console -- measured figures go in the closing note
+const log = (...args: unknown[]): void => console.log(...args);
+
+// ---------------------------------------------------------------------------
+// Small helpers.
+
+interface Rtt {
+  p50: number;
+  p90: number;
+  max: number;
+  n: number;
+}
+
+function percentile(samples: number[], p: number): number {
+  const sorted = [...samples].sort((a, b) => a - b);
+  return sorted[Math.max(0, Math.ceil(p * sorted.length) - 1)] ?? NaN;
+}
+
+function summary(samples: number[]): Rtt {
+  return {
+    p50: percentile(samples, 0.5),
+    p90: percentile(samples, 0.9),
+    max: Math.max(...samples),
+    n: samples.length,
+  };
+}
+
+function fmt(ms: number): string {
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`;
+}
+
+/** B's round trip: `run(b, "true")`, `samples` times after `warmups` warm-ups. */
+async function roundTrips(sandbox: Sandbox, samples = 30, warmups = 3): Promise<Rtt> {
+  for (let i = 0; i < warmups; i++) await runOk(sandbox, "true");
+  const times: number[] = [];
+  for (let i = 0; i < samples; i++) {
+    const started = performance.now();
+    const ran = await run(sandbox, "true");
+    times.push(performance.now() - started);
+    assert.equal(ran.result.exitCode, 0, `'true' failed: ${JSON.stringify(ran.result)}`);
+  }
+  return summary(times);
+}
+
+function outcomeOf(result: ExecResult): string {
+  if (result.interrupted) return "interrupted";
+  if (result.exitCode !== null) return `exit ${result.exitCode}`;
+  if (result.signal !== null) return `signal ${result.signal}`;
+  return `error: ${result.error}`;
+}
+
+interface CallOutcome {
+  ms: number;
+  outcome: string;
+  result?: ExecResult;
+  stdout?: string;
+  error?: string;
+}
+
+/** One call of a sandbox (submit, collect with revive, ack), timed; never throws. */
+async function timedCall(sandbox: Sandbox, shell: string): Promise<CallOutcome> {
+  const started = performance.now();
+  try {
+    const ran = await run(sandbox, shell);
+    return {
+      ms: performance.now() - started,
+      outcome: outcomeOf(ran.result),
+      result: ran.result,
+      stdout: ran.stdout,
+    };
+  } catch (error) {
+    const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+    return { ms: performance.now() - started, outcome: `error: ${message}`, error: message };
+  }
+}
+
+/** Asserts that a call ended with a result, or with a clear one-line error. */
+function assertEnded(what: string, call: CallOutcome): void {
+  if (call.error !== undefined) {
+    assert.ok(
+      call.error.trim() !== "" && !call.error.trim().includes("\n"),
+      `${what}: the error is not one clear line: ${JSON.stringify(call.error)}`,
+    );
+  } else {
+    assert.ok(call.result !== undefined, `${what}: neither a result nor an error`);
+  }
+  assert.ok(
+    call.ms < CALL_BOUND_MS,
+    `${what}: took ${fmt(call.ms)} (bound ${CALL_BOUND_MS / 1000} s): ${call.outcome}`,
+  );
+}
+
+async function startedAt(docker: DockerClient, id: string): Promise<string> {
+  const container = await docker.inspectContainer(id);
+  assert.ok(container !== null, `container ${id} exists`);
+  return container.State.StartedAt;
+}
+
+/** The CLI from source, timed. */
+async function timedCli(
+  home: TestHome,
+  args: string[],
+): Promise<{ code: number; stdout: string; stderr: string; ms: number }> {
+  const started = performance.now();
+  const out = await home.cli(args);
+  return { ...out, ms: performance.now() - started };
+}
+
+/**
+ * Prints the runner's pid inside its container, found by its command line
+ * (the bracket keeps grep from matching itself).
+ */
+const FIND_RUNNER = `runner=""
+for p in /proc/[0-9]*; do
+  if tr '\\000' ' ' < "$p/cmdline" 2>/dev/null | grep -q ' [r]unner --queue'; then runner="\${p#/proc/}"; fi
+done
+echo "runner=$runner"`;
+
+/** What a command tries against the runner: kill init, stop and kill the runner. */
+const SIGNAL_RUNNER = `${FIND_RUNNER}
+kill -9 1; echo "init=$?"
+kill -STOP "$runner"; echo "stop=$?"
+kill -9 "$runner"; echo "kill=$?"
+grep CapEff /proc/self/status`;
+
+function field(stdout: string, name: string): string | undefined {
+  return stdout.split("\n").find((line) => line.startsWith(`${name}=`))?.slice(name.length + 1);
+}
+
+// ---------------------------------------------------------------------------
+// 1. One user cannot slow another.
+
+/** Takes an EXCLUSIVE lock on outbound.db as the runner's uid and holds it (at most 90 s). */
+const LOCK_SCRIPT = `
+import { DatabaseSync } from "node:sqlite";
+const db = new DatabaseSync("/queue/outbound/outbound.db");
+db.exec("PRAGMA busy_timeout = 10000");
+db.exec("BEGIN EXCLUSIVE");
+console.log("locked");
+setTimeout(() => Deno.exit(0), 90_000);
+`;
+
+/** Replaces the heartbeat table with a view over an endless recursive CTE. */
+const ENDLESS_VIEW_SCRIPT = `
+import { DatabaseSync } from "node:sqlite";
+const db = new DatabaseSync("/queue/outbound/outbound.db");
+db.exec("PRAGMA busy_timeout = 10000");
+db.exec(\`BEGIN IMMEDIATE;
+DROP TABLE heartbeat;
+CREATE VIEW heartbeat AS
+  WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)
+  SELECT 1 AS id, 'forged' AS runner_id, 'forged' AS boot_id, n AS seq, n AS time,
+         'running' AS state, NULL AS idle_since FROM r;
+COMMIT;\`);
+console.log(JSON.stringify(db.prepare("SELECT type FROM sqlite_schema WHERE name = 'heartbeat'").get()));
+`;
+
+interface Attack {
+  name: string;
+  /** Puts the attack in place on A; returns what undoes the test's side of it. */
+  mount(a: Sandbox): Promise<{ inPlace(): boolean; release(): Promise<void> }>;
+  /** Run the fleet CLI while this attack is in place. */
+  fleetCli?: boolean;
+}
+
+const ATTACKS: Attack[] = [
+  {
+    name: "EXCLUSIVE lock on outbound.db",
+    fleetCli: true,
+    mount: async (a) => {
+      const holder = await spawnAsRunner(containerOf(a), LOCK_SCRIPT, "locked");
+      return {
+        inPlace: () => !holder.exited,
+        release: async () => void (await holder.stop()),
+      };
+    },
+  },
+  {
+    name: "outbound.db replaced by a FIFO",
+    mount: async (a) => {
+      const out = await dockerCli([
+        "exec",
+        "-u",
+        "0",
+        containerOf(a),
+        "sh",
+        "-c",
+        "rm -f /queue/outbound/outbound.db /queue/outbound/outbound.db-journal && " +
+        "mkfifo -m 600 /queue/outbound/outbound.db",
+      ]);
+      assert.equal(out.code, 0, `mkfifo as the runner failed: ${out.stderr}`);
+      const fifo = join(a.paths.outbound, "outbound.db");
+      assert.ok(Deno.lstatSync(fifo).isFifo, "outbound.db is a FIFO now");
+      return {
+        inPlace: () => {
+          try {
+            return Deno.lstatSync(fifo).isFifo === true;
+          } catch {
+            return false;
+          }
+        },
+        release: () => Promise.resolve(),
+      };
+    },
+  },
+  {
+    name: "heartbeat = endless recursive view",
+    mount: async (a) => {
+      const out = await asRunner(containerOf(a), ENDLESS_VIEW_SCRIPT);
+      assert.equal(out.code, 0, `the view could not be planted: ${out.stderr}`);
+      assert.match(out.stdout, /"type":"view"/);
+      return {
+        inPlace: () => a.queue.liveness().state === "damaged",
+        release: () => Promise.resolve(),
+      };
+    },
+  },
+];
+
+liveTest(
+  "1. one user cannot slow another: B's round trip while A's sandbox locks, FIFOs and poisons its queue",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("slow-a"));
+    const b = home.open(uniqueUser("slow-b"));
+    await Promise.all([runOk(a, "true"), runOk(b, "true")]);
+    const bContainer = containerOf(b);
+    const bStarted = await startedAt(docker, bContainer);
+
+    const baseline = await roundTrips(b);
+    log(
+      `B baseline: p50 ${fmt(baseline.p50)}, p90 ${fmt(baseline.p90)}, max ${
+        fmt(baseline.max)
+      } (n=${baseline.n})`,
+    );
+
+    const rows: string[][] = [];
+    const failures: string[] = [];
+    for (const attack of ATTACKS) {
+      const mounted = await attack.mount(a);
+      const aCall = timedCall(a, "echo a-call");
+      let aDone = false;
+      void aCall.then(() => (aDone = true));
+      const under = await roundTrips(b);
+      const stillInPlace = mounted.inPlace() && !aDone;
+      log(
+        `[${attack.name}] B under attack: p50 ${fmt(under.p50)}, p90 ${fmt(under.p90)}, max ${
+          fmt(under.max)
+        } (n=${under.n}); attack still in place after sampling: ${stillInPlace}`,
+      );
+
+      if (attack.fleetCli) {
+        const [ps, sweep, doctor] = await Promise.all([
+          timedCli(home, ["ps"]),
+          timedCli(home, ["sweep", "--idle-seconds", "100000"]),
+          timedCli(home, ["doctor", "--json"]),
+        ]);
+        const lockHeld = mounted.inPlace();
+        let report: { ok: boolean; checks: { name: string; ok: boolean; detail: string }[] } = {
+          ok: false,
+          checks: [],
+        };
+        try {
+          report = JSON.parse(doctor.stdout);
+        } catch {
+          failures.push(`doctor --json printed no JSON: ${doctor.stdout}${doctor.stderr}`);
+        }
+        log(
+          `[${attack.name}] fleet CLI: ps ${fmt(ps.ms)} (exit ${ps.code}), sweep ${
+            fmt(sweep.ms)
+          } (exit ${sweep.code}), doctor ${fmt(doctor.ms)} (exit ${doctor.code}, ${
+            report.checks.filter((c) => !c.ok).map((c) => `${c.name}: ${c.detail}`).join("; ") ||
+            "all rows ok"
+          }); lock still held when they finished: ${lockHeld}`,
+        );
+        for (const [name, out] of [["ps", ps], ["sweep", sweep], ["doctor", doctor]] as const) {
+          assert.ok(out.ms < CLI_BOUND_MS, `waffle ${name} took ${fmt(out.ms)} under the lock`);
+          assert.equal(out.code, 0, `waffle ${name} exited ${out.code}: ${out.stderr}`);
+        }
+        assert.ok(
+          lockHeld,
+          "the lock was released before the fleet CLI finished: not a test of it",
+        );
+      }
+
+      const aOutcome = await aCall;
+      log(
+        `[${attack.name}] A's concurrent call: ${aOutcome.outcome} after ${fmt(aOutcome.ms)} ` +
+          `(host bounds: LOCK_WAIT_MS ${LOCK_WAIT_MS} ms, STALE_AFTER_MS ${STALE_AFTER_MS} ms)`,
+      );
+      await mounted.release();
+      assertEnded(`A's call under '${attack.name}'`, aOutcome);
+      assert.equal(await runOk(a, "echo ok"), "ok\n", `A works again after '${attack.name}'`);
+
+      const ratio = under.p50 / baseline.p50;
+      rows.push([
+        attack.name,
+        fmt(baseline.p50),
+        fmt(under.p50),
+        ratio.toFixed(2),
+        fmt(aOutcome.ms),
+        aOutcome.outcome,
+      ]);
+      assert.ok(stillInPlace, `'${attack.name}' was gone before B's samples were done`);
+      if (ratio > 2) {
+        failures.push(
+          `B's p50 under '${attack.name}' is ${fmt(under.p50)}, ${ratio.toFixed(2)}x its baseline ${
+            fmt(baseline.p50)
+          }`,
+        );
+      }
+    }
+
+    const header = [
+      "attack",
+      "B p50 baseline",
+      "B p50 under attack",
+      "ratio",
+      "A call",
+      "A outcome",
+    ];
+    const table = [header, ...rows];
+    const widths = header.map((_, i) => Math.max(...table.map((row) => row[i]!.length)));
+    log(table.map((row) => row.map((cell, i) => cell.padEnd(widths[i]!)).join(" | ")).join("\n"));
+
+    // B was never touched by what happened to A.
+    assert.equal(containerOf(b), bContainer, "B's container is the same");
+    assert.equal(await startedAt(docker, bContainer), bStarted, "B's container was not restarted");
+    assert.deepEqual(failures, []);
+  },
+);
+
+// ---------------------------------------------------------------------------
+// 2. Liveness is the host's judgement.
+
+liveTest(
+  "2a. a runner SIGSTOPped from the host: the wait returns interrupted, the container restarts, the command is gone",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("stop-host"));
+    await runOk(a, "true");
+    const container = containerOf(a);
+    const pidBefore = await runnerPid(container);
+    const startedBefore = await startedAt(docker, container);
+
+    const pidFile = join(a.paths.workspace, "pid");
+    const id = await a.submit({ shell: "echo $$ > /workspace/pid; sleep 1000" });
+    await waitFor(() => {
+      try {
+        return Deno.readTextFileSync(pidFile).trim() !== "";
+      } catch {
+        return false;
+      }
+    }, { timeoutMs: 20_000, what: "the command to start" });
+    const top = await dockerCli(["top", container, "-o", "pid,args"]);
+    const sleepLine = top.stdout.split("\n").find((line) => line.includes("sleep 1000"));
+    assert.ok(sleepLine !== undefined, `sleep runs: ${top.stdout}`);
+    const sleepHostPid = Number(sleepLine.trim().split(/\s+/)[0]);
+
+    Deno.kill(pidBefore, "SIGSTOP");
+    const stoppedAt = performance.now();
+    try {
+      const { result } = await a.queue.collect(id, { revive: (trouble) => a.ensure(trouble) });
+      const ms = performance.now() - stoppedAt;
+      await a.queue.ack(id);
+      log(
+        `SIGSTOP from the host: wait returned '${outcomeOf(result)}' after ${fmt(ms)} ` +
+          `(STALE_AFTER_MS ${STALE_AFTER_MS} ms)`,
+      );
+      assert.equal(result.interrupted, true, JSON.stringify(result));
+      assert.ok(ms < STALE_BOUND_MS, `the host took ${fmt(ms)} to call the runner dead`);
+    } finally {
+      try {
+        Deno.kill(pidBefore, "SIGCONT");
+      } catch {
+        // Gone with the container, as it should be.
+      }
+    }
+    assert.equal(containerOf(a), container, "the same container was restarted");
+    const pidAfter = await runnerPid(container);
+    assert.notEqual(pidAfter, pidBefore, "a new runner process");
+    assert.equal(alive(pidBefore), false, "the stopped runner is dead");
+    assert.notEqual(await startedAt(docker, container), startedBefore, "StartedAt changed");
+    const after = await dockerCli(["top", container, "-o", "pid,args"]);
+    assert.ok(!after.stdout.includes("sleep 1000"), `the sleep survived: ${after.stdout}`);
+    assert.equal(alive(sleepHostPid), false, "the sleep's host pid is gone");
+    assert.equal(await runOk(a, "echo ok"), "ok\n");
+  },
+);
+
+liveTest(
+  "2b. a command cannot kill or stop the runner (EPERM) and the sandbox keeps serving",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("kill-runner"));
+    await runOk(a, "true");
+    const container = containerOf(a);
+    const pidBefore = await runnerPid(container);
+    const startedBefore = await startedAt(docker, container);
+    const bootBefore = a.queue.heartbeat()?.bootId;
+
+    for (
+      const [how, attempt] of [
+        ["a request", () => run(a, SIGNAL_RUNNER)],
+        ["a leftover process (asCommand)", () => asCommand(container, SIGNAL_RUNNER)],
+      ] as const
+    ) {
+      const out = await attempt();
+      const stdout = out.stdout;
+      log(
+        `${how}: ${stdout.trim().split("\n").join(", ")}; stderr: ${
+          out.stderr.trim().split("\n").join(" / ")
+        }`,
+      );
+      const runner = field(stdout, "runner");
+      assert.ok(runner !== undefined && /^\d+$/.test(runner), `${how} found the runner: ${stdout}`);
+      for (const name of ["init", "stop", "kill"]) {
+        assert.notEqual(field(stdout, name), "0", `${how}: '${name}' succeeded`);
+      }
+      assert.match(out.stderr, /not permitted/i, `${how}: EPERM`);
+      assert.match(stdout, /CapEff:\s+0000000000000000/, `${how}: the command has no capabilities`);
+    }
+    // kill(-1) signals everything the caller may signal (Linux spares the
+    // caller): its own background child dies, the runner does not.
+    const everything = await run(
+      a,
+      'sleep 100 & kill -9 -1; echo "kill=$?"; wait $!; echo "bg=$?"',
+    );
+    log(
+      `kill -9 -1: ${outcomeOf(everything.result)}, ${
+        everything.stdout.trim().split("\n").join(", ")
+      }`,
+    );
+    assert.equal(
+      field(everything.stdout, "bg"),
+      "137",
+      "kill -9 -1 reached the command's own child",
+    );
+    assert.equal(await runnerPid(container), pidBefore, "the runner is the same process");
+    assert.equal(
+      await startedAt(docker, container),
+      startedBefore,
+      "the container never restarted",
+    );
+    assert.equal(a.queue.heartbeat()?.bootId, bootBefore, "same runner boot");
+    assert.equal(a.queue.liveness().state, "alive");
+    assert.equal(await runOk(a, "echo still serving"), "still serving\n");
+  },
+);
+
+/** Rewrites the heartbeat's time a year ahead, same boot id and seq, until killed (at most 60 s). */
+const FUTURE_HEARTBEAT_SCRIPT = `
+import { DatabaseSync } from "node:sqlite";
+const db = new DatabaseSync("/queue/outbound/outbound.db");
+db.exec("PRAGMA busy_timeout = 1000");
+const YEAR = 365 * 24 * 3600 * 1000;
+const forge = db.prepare("UPDATE heartbeat SET time = ? WHERE id = 1");
+let ready = false;
+const until = Date.now() + 60_000;
+while (Date.now() < until) {
+  try {
+    forge.run(Date.now() + YEAR);
+    if (!ready) console.log("forging");
+    ready = true;
+  } catch (error) {
+    console.error(String(error));
+  }
+  await new Promise((resolve) => setTimeout(resolve, 200));
+}
+`;
+
+/** A command's attempt to forge a changing heartbeat with a real SQLite client. */
+const COMMAND_FORGE_SCRIPT = `
+ls /queue/outbound > /dev/null; echo "ls=$?"
+: >> /queue/outbound/outbound.db; echo "append=$?"
+DENO_DIR=/workspace/.deno /opt/waffle/deno eval '
+import { DatabaseSync } from "node:sqlite";
+try {
+  const db = new DatabaseSync("/queue/outbound/outbound.db");
+  db.exec("UPDATE heartbeat SET seq = seq + 1, time = time + 1");
+  console.log("sqlite=FORGED");
+} catch (error) {
+  console.log("sqlite=denied: " + (error instanceof Error ? error.message : String(error)));
+}'`;
+
+liveTest(
+  "2c. a heartbeat from the future does not keep a stopped runner alive; a command cannot write one at all",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("future"));
+    await runOk(a, "true");
+    const container = containerOf(a);
+    const bootBefore = a.queue.heartbeat()?.bootId;
+    assert.ok(bootBefore !== undefined);
+
+    // A command (uid 10001) cannot even open the runner's directory.
+    const forged = await run(a, COMMAND_FORGE_SCRIPT);
+    log(`command forging a heartbeat: ${forged.stdout.trim().split("\n").join(", ")}`);
+    assert.notEqual(field(forged.stdout, "ls"), "0", "the command listed /queue/outbound");
+    assert.notEqual(field(forged.stdout, "append"), "0", "the command opened outbound.db");
+    assert.match(forged.stderr, /Permission denied/);
+    const sqlite = field(forged.stdout, "sqlite");
+    assert.ok(sqlite !== undefined, `the SQLite attempt ran: ${forged.stdout}${forged.stderr}`);
+    assert.match(sqlite, /^denied: .*(unable to open|permission|readonly)/i);
+    assert.equal(a.queue.heartbeat()?.bootId, bootBefore);
+
+    // The runner's uid stops the runner and keeps rewriting its beat a year ahead.
+    const pidFile = join(a.paths.workspace, "pid");
+    const id = await a.submit({ shell: "echo $$ > /workspace/pid; sleep 1000" });
+    await waitFor(() => {
+      try {
+        return Deno.readTextFileSync(pidFile).trim() !== "";
+      } catch {
+        return false;
+      }
+    }, { timeoutMs: 20_000, what: "the command to start" });
+    const found = await dockerCli(["exec", "-u", "0", container, "sh", "-c", FIND_RUNNER]);
+    const inner = field(found.stdout, "runner");
+    assert.ok(inner !== undefined && /^\d+$/.test(inner), `runner pid inside: ${found.stdout}`);
+    const stop = await dockerCli(["exec", "-u", "0", container, "kill", "-STOP", inner]);
+    assert.equal(stop.code, 0, `kill -STOP as the runner's uid: ${stop.stderr}`);
+    const stoppedAt = performance.now();
+    await using forger = await spawnAsRunner(container, FUTURE_HEARTBEAT_SCRIPT, "forging");
+
+    const collected = a.queue.collect(id, { revive: (trouble) => a.ensure(trouble) });
+    // The host reads the forged beat (a year ahead) and still calls the runner dead.
+    let sawFuture = 0;
+    const watch = (async () => {
+      while (!forger.exited && performance.now() - stoppedAt < STALE_BOUND_MS) {
+        const beat = a.queue.liveness().beat;
+        if (beat !== undefined && beat.bootId === bootBefore) {
+          sawFuture = Math.max(sawFuture, beat.time - Date.now());
+        }
+        await new Promise((resolve) => setTimeout(resolve, 250));
+      }
+    })();
+    const { result } = await collected;
+    const ms = performance.now() - stoppedAt;
+    await watch;
+    await a.queue.ack(id);
+    log(
+      `heartbeat from the future (${(sawFuture / 86_400_000).toFixed(0)} days ahead, same seq): ` +
+        `wait returned '${outcomeOf(result)}' after ${fmt(ms)}; forger output: ${
+          forger.output().trim().slice(0, 200)
+        }`,
+    );
+    assert.ok(sawFuture > 300 * 86_400_000, "the host read the forged future time");
+    assert.equal(result.interrupted, true, JSON.stringify(result));
+    assert.ok(ms < STALE_BOUND_MS, `the host took ${fmt(ms)} to call the runner dead`);
+    const beat = a.queue.heartbeat();
+    assert.ok(beat !== undefined && beat.bootId !== bootBefore, "a new runner beats");
+    assert.equal(await runOk(a, "echo ok"), "ok\n");
+  },
+);
+
+/** How long 2d lets the forged in-flight row delay a recycle (the library's default is 60 s). */
+const GRACE_MS = 8_000;
+const FULL_GRACE = Deno.env.get("WAFFLE_HOSTILE_FULL_GRACE") === "1";
+
+liveTest(
+  "2d. a forged in-flight row delays a recycle by at most the drain grace",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const user = uniqueUser("forged-busy");
+    const a = home.open(user);
+    await runOk(a, "true");
+    const container = containerOf(a);
+    const forgedId = `forged-${crypto.randomUUID()}`;
+    const planted = await asRunner(
+      container,
+      `import { DatabaseSync } from "node:sqlite";
+       const db = new DatabaseSync("/queue/outbound/outbound.db");
+       db.exec("PRAGMA busy_timeout = 10000");
+       const now = Date.now();
+       db.prepare("INSERT INTO states (request_id, state, boot_id, accepted_at, started_at) VALUES (?, 'started', 'forged', ?, ?)").run(${
+        JSON.stringify(forgedId)
+      }, now, now);`,
+    );
+    assert.equal(planted.code, 0, planted.stderr);
+    assert.ok(a.queue.inFlight().includes(forgedId), "the host sees the forged row in flight");
+
+    // Another posture (pidsLimit): the next ensure must recycle the container.
+    const recycled = home.open(user, { config: { pidsLimit: 300 } });
+    const started = performance.now();
+    let ensured: Ensured;
+    if (FULL_GRACE) {
+      await recycled.ensure();
+      ensured = recycled.lastEnsure!;
+    } else {
+      ensured = await withLock(recycled.paths.lock, () =>
+        ensureContainer(docker, recycled.key, {
+          config: recycled.config,
+          paths: recycled.paths,
+          queue: recycled.queue,
+          drainTimeoutMs: GRACE_MS,
+        }));
+    }
+    const ms = performance.now() - started;
+    const grace = FULL_GRACE ? 60_000 : GRACE_MS;
+    log(
+      `forged in-flight row: recycle ${ensured.action} after ${fmt(ms)} (drain grace ${
+        grace / 1000
+      } s${
+        FULL_GRACE ? ", the default, through sandbox.ensure()" : ", through ensureContainer()"
+      }); forged row still listed after the recycle: ${
+        recycled.queue.inFlight().includes(forgedId)
+      }`,
+    );
+    assert.equal(ensured.action, "recreated");
+    assert.notEqual(ensured.containerId, container);
+    assert.ok(ms < grace + 15_000, `the recycle took ${fmt(ms)} with a ${grace / 1000} s grace`);
+    assert.equal((await runOk(recycled, "cat /sys/fs/cgroup/pids.max")).trim(), "300");
+  },
+);
+
+liveTest(
+  "2e. a forged in-flight row does not exempt a sandbox from sweep's running cap",
+  async (docker) => {
+    await using home = await volumeSafeHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("cap-a"));
+    const b = home.open(uniqueUser("cap-b"));
+    await Promise.all([runOk(a, "true"), runOk(b, "true")]);
+    const planted = await asRunner(
+      containerOf(a),
+      `import { DatabaseSync } from "node:sqlite";
+       const db = new DatabaseSync("/queue/outbound/outbound.db");
+       db.exec("PRAGMA busy_timeout = 10000");
+       db.prepare("INSERT INTO states (request_id, state, boot_id, accepted_at, started_at) VALUES ('forged-cap', 'started', 'forged', 0, 0)").run();`,
+    );
+    assert.equal(planted.code, 0, planted.stderr);
+    const out = await home.cli(["sweep", "--max-running", "1", "--idle-seconds", "0", "--json"]);
+    assert.equal(out.code, 0, out.stderr);
+    const actions = (JSON.parse(out.stdout) as {
+      actions: { user: string; action: string; reason: string }[];
+    }).actions.filter((action) => action.user === a.key.user || action.user === b.key.user);
+    const running = (await homeContainers(docker, home.home)).filter((c) => c.State === "running");
+    log(
+      `sweep --max-running 1 with a forged in-flight row in A: ${
+        actions.map((x) => `${x.user}: ${x.action} (${x.reason})`).join("; ")
+      }; running afterwards: ${running.length}`,
+    );
+    assert.ok(
+      running.length <= 1,
+      `${running.length} containers still run under a cap of 1: a row the sandbox wrote ` +
+        "(for a request the host never submitted) exempts it from the cap",
+    );
+  },
+);
+
+// ---------------------------------------------------------------------------
+// 3. Disk quota.
+
+function dfAvail(path: string): number {
+  const out = new Deno.Command("df", { args: ["-B1", "--output=avail", path] }).outputSync();
+  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+  return Number(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1));
+}
+
+async function sh(program: string, args: string[]): Promise<{ code: number; output: string }> {
+  const out = await new Deno.Command(program, { args, stdout: "piped", stderr: "piped" }).output();
+  const decoder = new TextDecoder();
+  return { code: out.code, output: decoder.decode(out.stdout) + decoder.decode(out.stderr) };
+}
+
+const QUOTA = 256 * MiB;
+/**
+ * What the host may lose beyond the quota: the host's own half of the state
+ * (inbound.db and its journal, the bell, the lock file) outside the volume;
+ * a few hundred KiB on a tmpfs that counts 4 KiB pages. The volume image is
+ * sparse and exactly QUOTA bytes long, so it cannot hold more.
+ */
+const QUOTA_SLACK = 1 * MiB;
+
+liveTest(
+  "3. disk quota: 1 GiB written into /workspace gets ENOSPC, the result arrives, the host loses at most the quota",
+  async (docker) => {
+    // A filesystem of its own for this home, so the free-space figure is this
+    // sandbox's alone (other tests on the machine write to /tmp meanwhile).
+    const base = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-quota-fs-" }));
+    const mounted = await sh("mount", ["-t", "tmpfs", "-o", "size=1536m,mode=0700", "tmpfs", base]);
+    assert.equal(mounted.code, 0, mounted.output);
+    const home = join(base, "home");
+    await Deno.mkdir(home, { mode: 0o700 });
+    let sandbox: Sandbox | undefined;
+    await using victim = await victimFile();
+    try {
+      const before = dfAvail(home);
+      sandbox = openSandbox(uniqueUser("quota"), {
+        config: { home, quotaBytes: QUOTA, idleSeconds: 600 },
+        docker,
+      });
+      await runOk(sandbox, "true");
+      assert.ok(sandbox.volume?.enforced, `quota not enforced: ${sandbox.volume?.reason}`);
+      const afterStart = dfAvail(home);
+
+      const started = performance.now();
+      const filled = await run(sandbox, "head -c 1073741824 /dev/zero > /workspace/big");
+      const fillMs = performance.now() - started;
+      const afterFill = dfAvail(home);
+      const bigBytes = Deno.statSync(join(sandbox.paths.workspace, "big")).size;
+      const image = Deno.statSync(join(sandbox.paths.root, "volume.img"));
+      const drop = before - afterFill;
+      log(
+        `disk quota ${QUOTA / MiB} MiB: write of 1 GiB ended '${outcomeOf(filled.result)}' after ${
+          fmt(fillMs)
+        } with stderr '${filled.stderr.trim()}'; /workspace/big ${
+          (bigBytes / MiB).toFixed(1)
+        } MiB; ` +
+          `host free space dropped ${(drop / MiB).toFixed(1)} MiB (start ${
+            ((before - afterStart) / MiB).toFixed(1)
+          } MiB); volume.img ${(image.size / MiB).toFixed(0)} MiB long, ${
+            ((image.blocks ?? 0) * 512 / MiB).toFixed(1)
+          } MiB allocated`,
+      );
+      assert.notEqual(filled.result.exitCode, 0, "the write succeeded past the quota");
+      assert.equal(filled.result.interrupted, false, JSON.stringify(filled.result));
+      assert.match(filled.stderr, /No space left/);
+      assert.ok(bigBytes < QUOTA, `the command wrote ${bigBytes} bytes`);
+      assert.ok(
+        drop <= QUOTA + QUOTA_SLACK,
+        `host free space dropped ${drop} bytes, more than the quota ${QUOTA} + ${QUOTA_SLACK}`,
+      );
+
+      assert.equal(await runOk(sandbox, "rm /workspace/big; echo ok"), "ok\n");
+      const afterRm = dfAvail(home);
+      log(
+        `after 'rm /workspace/big': host free space ${
+          ((before - afterRm) / MiB).toFixed(1)
+        } MiB below the start`,
+      );
+      victim.check();
+    } finally {
+      sandbox?.close();
+      await removeHomeContainers(docker, home);
+      if (sandbox !== undefined) await removeVolume(sandbox.paths.root);
+      const unmounted = await sh("umount", [base]);
+      if (unmounted.code !== 0) await sh("umount", ["-l", base]);
+      await Deno.remove(base, { recursive: true }).catch(() => {});
+    }
+  },
+);
+
+liveTest("3b. waffle doctor reports the disk quota", async (docker) => {
+  await using home = await volumeSafeHome(docker, { quotaBytes: QUOTA });
+  const out = await runCliProcess(["doctor", "--json"], { env: { WAFFLE_HOME: home.home } });
+  const report = JSON.parse(out.stdout) as {
+    ok: boolean;
+    checks: { name: string; ok: boolean; detail: string }[];
+  };
+  log(
+    `doctor rows: ${report.checks.map((c) => `${c.ok ? "ok" : "FAIL"} ${c.name}`).join("; ")}`,
+  );
+  const row = report.checks.find((check) => /quota|disk/i.test(check.name));
+  assert.ok(row !== undefined, "doctor has no row about the disk quota");
+  log(`doctor's disk quota row: ${JSON.stringify(row)}`);
+  assert.ok(row.ok, `doctor's disk quota row fails: ${row.detail}`);
+  assert.match(row.detail, /enforced/i);
+});
+
+// ---------------------------------------------------------------------------
+// 4. A non-root host.
+
+const NONROOT_USER = "waffle-nonroot";
+
+async function ensureNonrootUser(): Promise<{ uid: number; gid: number; created: boolean }> {
+  let created = false;
+  if ((await sh("id", ["-u", NONROOT_USER])).code !== 0) {
+    const add = await sh("useradd", [
+      "--system",
+      "--no-create-home",
+      "--shell",
+      "/usr/sbin/nologin",
+      "-G",
+      "docker",
+      NONROOT_USER,
+    ]);
+    assert.equal(add.code, 0, add.output);
+    created = true;
+  }
+  const groups = (await sh("id", ["-Gn", NONROOT_USER])).output.trim().split(/\s+/);
+  if (!groups.includes("docker")) {
+    const mod = await sh("usermod", ["-aG", "docker", NONROOT_USER]);
+    assert.equal(mod.code, 0, mod.output);
+  }
+  const uid = Number((await sh("id", ["-u", NONROOT_USER])).output.trim());
+  const gid = Number((await sh("id", ["-g", NONROOT_USER])).output.trim());
+  return { uid, gid, created };
+}
+
+liveTest("4. a non-root host (docker group) is as safe as a root host", async (docker) => {
+  assert.equal(Deno.uid(), 0, "this test creates a user and switches to it: run it as root");
+  const who = await ensureNonrootUser();
+  const root = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-nonroot-" }));
+  await Deno.chown(root, who.uid, who.gid);
+  await Deno.chmod(root, 0o700);
+  const home = join(root, "home");
+  const repo = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+  const cli = async (
+    args: string[],
+  ): Promise<{ code: number; stdout: string; stderr: string }> => {
+    const out = await new Deno.Command("setpriv", {
+      args: [
+        `--reuid=${who.uid}`,
+        `--regid=${who.gid}`,
+        "--init-groups",
+        "--",
+        Deno.execPath(),
+        "run",
+        "--allow-all",
+        "--quiet",
+        "--no-prompt",
+        "--cached-only",
+        "--node-modules-dir=manual",
+        "--config",
+        join(repo, "deno.json"),
+        join(repo, "main.ts"),
+        ...args,
+      ],
+      clearEnv: true,
+      env: {
+        PATH: "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        HOME: root,
+        DENO_DIR: join(root, "deno"),
+        DENO_NO_UPDATE_CHECK: "1",
+        NO_COLOR: "1",
+        WAFFLE_HOME: home,
+        WAFFLE_IDLE_SECONDS: "600",
+      },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const decoder = new TextDecoder();
+    return {
+      code: out.code,
+      stdout: decoder.decode(out.stdout),
+      stderr: decoder.decode(out.stderr),
+    };
+  };
+  const user = uniqueUser("nonroot");
+  const exec = (...command: string[]): ReturnType<typeof cli> =>
+    cli(["exec", "--user", user, "--", ...command]);
+  try {
+    log(
+      `non-root host: ${NONROOT_USER} uid ${who.uid} gid ${who.gid} (created now: ${who.created})`,
+    );
+
+    const uid = await exec("id", "-u");
+    log(
+      `waffle exec -- id -u as ${NONROOT_USER}: exit ${uid.code}, stdout '${uid.stdout.trim()}', stderr '${uid.stderr.trim()}'`,
+    );
+    assert.equal(uid.code, 0, `waffle exec as a non-root host failed: ${uid.stderr}`);
+    assert.equal(uid.stdout.trim(), "10001");
+    assert.notEqual(Number(uid.stdout.trim()), who.uid);
+
+    const id = await exec("id");
+    log(`command identity: ${id.stdout.trim()}`);
+    assert.equal(id.code, 0, id.stderr);
+    assert.match(id.stdout, /^uid=10001\b.* gid=10001\b/);
+    assert.doesNotMatch(
+      id.stdout,
+      new RegExp(`\\b${who.gid}\\b`),
+      "the command has the host's group",
+    );
+
+    const [container] = await homeContainers(docker, home);
+    assert.ok(container !== undefined, "the sandbox's container exists");
+    const pid = await runnerPid(container.Id);
+    const status = await Deno.readTextFile(`/proc/${pid}/status`);
+    const runnerUid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+    const runnerGroups = /^Groups:\s*(.*)$/m.exec(status)?.[1]?.trim() ?? "";
+    log(`container runner: host uid ${runnerUid}, groups '${runnerGroups}'`);
+    assert.notEqual(runnerUid, who.uid, "the runner runs as the host user's uid");
+
+    const inbound = await exec(
+      "sh",
+      "-c",
+      "ls /queue/inbound; cat /queue/inbound/inbound.db > /dev/null",
+    );
+    log(`command reading /queue/inbound: exit ${inbound.code}, stderr '${inbound.stderr.trim()}'`);
+    assert.notEqual(inbound.code, 0, "the command read /queue/inbound");
+    assert.match(inbound.stderr, /Permission denied/);
+
+    const outbound = await exec(
+      "sh",
+      "-c",
+      "touch /queue/outbound/planted; echo x >> /queue/outbound/outbound.db",
+    );
+    log(
+      `command writing /queue/outbound: exit ${outbound.code}, stderr '${outbound.stderr.trim()}'`,
+    );
+    assert.notEqual(outbound.code, 0, "the command wrote into /queue/outbound");
+    assert.match(outbound.stderr, /Permission denied/);
+
+    const result = await cli([
+      "exec",
+      "--user",
+      user,
+      "--json",
+      "--",
+      "sh",
+      "-c",
+      "echo out; echo err >&2; exit 7",
+    ]);
+    const parsed = JSON.parse(result.stdout) as {
+      exitCode: number;
+      stdout: string;
+      stderr: string;
+    };
+    log(
+      `waffle exec --json as ${NONROOT_USER}: exit ${result.code}, ${
+        result.stdout.trim().slice(0, 200)
+      }`,
+    );
+    assert.equal(result.code, 7);
+    assert.equal(parsed.exitCode, 7);
+    assert.equal(parsed.stdout, "out\n");
+    assert.equal(parsed.stderr, "err\n");
+  } finally {
+    await removeHomeContainers(docker, home);
+    await removeHomeVolumes(home);
+    await Deno.remove(root, { recursive: true }).catch(() => {});
+  }
+});
