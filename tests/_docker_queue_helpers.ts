@@ -18,6 +18,7 @@ import type { DockerClient } from "../lib/docker/mod.ts";
 import { BUSY_TIMEOUT_MS } from "../lib/queue/connection.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { removeHomeVolumes } from "./_sandbox_helpers.ts";
 
 /**
  * Runs `fn` with a fresh sandbox of a unique user in a temporary
@@ -61,6 +62,9 @@ export async function withSandbox<T>(
       problems.push(`removing container ${sandbox.key.containerName}: ${messageOf(error)}`);
     }
   }
+  await removeHomeVolumes(home).catch((error) =>
+    problems.push(`removing volumes of ${home}: ${messageOf(error)}`)
+  );
   await Deno.remove(home, { recursive: true }).catch((error) =>
     problems.push(`removing ${home}: ${messageOf(error)}`)
   );

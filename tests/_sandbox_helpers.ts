@@ -11,6 +11,7 @@ import type { SandboxConfig } from "../lib/config/config.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import type { ContainerSummary } from "../lib/docker/types.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
+import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import type { SubmitOptions } from "../lib/queue/queue.ts";
@@ -146,6 +147,7 @@ export async function tempHome(docker: DockerClient, config?: HomeConfig): Promi
       }
       try {
         await removeHomeContainers(docker, home);
+        await removeHomeVolumes(home);
       } finally {
         await Deno.remove(home, { recursive: true }).catch(() => {});
       }
@@ -215,4 +217,20 @@ export async function dockerCli(
   }
   const out = await child.output();
   return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+/**
+ * Unmounts and deletes the disk-quota volume of every sandbox under a home
+ * (after its containers are gone), so the home can be removed.
+ *
+ * @param home The waffle home.
+ */
+export async function removeHomeVolumes(home: string): Promise<void> {
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(`${home}/sandboxes`)];
+  } catch {
+    return;
+  }
+  for (const entry of entries) await removeVolume(`${home}/sandboxes/${entry.name}`);
 }

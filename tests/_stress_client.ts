@@ -19,7 +19,7 @@ import { fileURLToPath } from "node:url";
 import { isBusyError, openDatabase } from "../lib/queue/connection.ts";
 import type { Heartbeat } from "../lib/queue/protocol.ts";
 import { Queue, type SubmitOptions } from "../lib/queue/queue.ts";
-import { queuePaths } from "../lib/queue/schema.ts";
+import { type QueuePaths, queuePaths } from "../lib/queue/schema.ts";
 
 const encoder = new TextEncoder();
 
@@ -256,8 +256,8 @@ export interface QueueCounts {
  * @param queueDir The queue directory.
  * @returns Row counts.
  */
-export function queueCounts(queueDir: string): QueueCounts {
-  const paths = queuePaths(queueDir);
+export function queueCounts(queue: string | QueuePaths): QueueCounts {
+  const paths = typeof queue === "string" ? queuePaths(queue) : queue;
   const inbound = openDatabase(paths.inbound, { role: "reader" });
   const outbound = openDatabase(paths.outbound, { role: "reader" });
   try {
@@ -278,8 +278,8 @@ export function queueCounts(queueDir: string): QueueCounts {
 }
 
 /**
- * `PRAGMA integrity_check` of one queue file, through a fresh reader
- * connection (which also rolls back a hot journal left by a killed writer).
+ * `PRAGMA integrity_check` of one queue file, through a fresh read-only
+ * connection (which refuses a file with a hot journal: its owner recovers it).
  *
  * @param path A queue file.
  * @returns "ok", or the problems SQLite found.
@@ -300,9 +300,36 @@ export function integrityCheck(path: string): string {
  * @param queueDir The queue directory.
  * @returns The result per file.
  */
-export function integrityOfQueue(queueDir: string): { inbound: string; outbound: string } {
-  const paths = queuePaths(queueDir);
+export function integrityOfQueue(
+  queue: string | QueuePaths,
+): { inbound: string; outbound: string } {
+  const paths = typeof queue === "string" ? queuePaths(queue) : queue;
   return { inbound: integrityCheck(paths.inbound), outbound: integrityCheck(paths.outbound) };
+}
+
+/**
+ * `integrityCheck` of a queue file as its owner would find it after
+ * recovery, run on a copy (file and journal) so the real files stay as they
+ * are: the owner's read-write connection rolls a hot journal back first.
+ *
+ * @param path A queue file.
+ * @returns "ok", or the problems SQLite found.
+ */
+export function recoveredIntegrity(path: string): string {
+  const dir = Deno.makeTempDirSync({ prefix: "waffle-recover-" });
+  try {
+    const copy = `${dir}/copy.db`;
+    Deno.copyFileSync(path, copy);
+    try {
+      Deno.copyFileSync(`${path}-journal`, `${copy}-journal`);
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    }
+    openDatabase(copy, { role: "owner" }).close();
+    return integrityCheck(copy);
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
 }
 
 /**
@@ -311,8 +338,8 @@ export function integrityOfQueue(queueDir: string): { inbound: string; outbound:
  * @param queueDir The queue directory.
  * @returns Bytes per file.
  */
-export function queueFileSizes(queueDir: string): { inbound: number; outbound: number } {
-  const paths = queuePaths(queueDir);
+export function queueFileSizes(queue: string | QueuePaths): { inbound: number; outbound: number } {
+  const paths = typeof queue === "string" ? queuePaths(queue) : queue;
   return {
     inbound: Deno.statSync(paths.inbound).size,
     outbound: Deno.statSync(paths.outbound).size,

@@ -20,7 +20,6 @@ import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
 import { BUSY_TIMEOUT_MS } from "../lib/queue/connection.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 import { Queue } from "../lib/queue/queue.ts";
-import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
 import {
   type ExclusiveLock,
@@ -36,9 +35,11 @@ import { delay, MAX_HEARTBEAT_GAP_MS, text, waitFor } from "./_helpers.ts";
 import {
   envNumber,
   HeartbeatObserver,
+  integrityCheck,
   integrityOfQueue,
   newSummary,
   queueCounts,
+  recoveredIntegrity,
   stressLoop,
   type StressSummary,
 } from "./_stress_client.ts";
@@ -63,10 +64,15 @@ liveTest(
       // Counted from the first heartbeat: ensure returned once it was seen.
       const started = Date.now();
       const deadline = started + seconds * 1000;
-      const observerQueue = Queue.open(sandbox.paths.queue);
+      const observerQueue = Queue.open(sandbox.paths.queue, {
+        outboundDir: sandbox.paths.outbound,
+      });
       const observer = new HeartbeatObserver(observerQueue);
       observer.start(100);
-      const queues = Array.from({ length: SUBMITTERS }, () => Queue.open(sandbox.paths.queue));
+      const queues = Array.from(
+        { length: SUBMITTERS },
+        () => Queue.open(sandbox.paths.queue, { outboundDir: sandbox.paths.outbound }),
+      );
       const summaries: StressSummary[] = queues.map(() => newSummary());
       let beats: ReturnType<HeartbeatObserver["stop"]>;
       let elapsed: number;
@@ -79,7 +85,7 @@ liveTest(
         const gcQueue = queues[0]!;
         await waitFor(async () => {
           await gcQueue.gc();
-          const counts = queueCounts(sandbox.paths.queue);
+          const counts = queueCounts(sandbox.queue.paths);
           return counts.requests === 0 && counts.results === 0;
         }, { timeoutMs: 30_000, what: "acknowledged rows to be collected" });
       } finally {
@@ -87,7 +93,7 @@ liveTest(
         for (const queue of queues) queue.close();
         observerQueue.close();
       }
-      const integrity = integrityOfQueue(sandbox.paths.queue);
+      const integrity = integrityOfQueue(sandbox.queue.paths);
       const still = await docker.inspectContainer(containerId);
 
       const sum = (pick: (s: StressSummary) => number): number =>
@@ -135,7 +141,7 @@ liveTest(
     await withSandbox(docker, "kill", {}, async (sandbox) => {
       await sandbox.ensure();
       const containerId = sandbox.lastEnsure?.containerId ?? "";
-      const paths = queuePaths(sandbox.paths.queue);
+      const paths = sandbox.queue.paths;
       const go = join(sandbox.paths.workspace, "go");
       const marker = join(sandbox.paths.workspace, "marker.log");
       // Waits for the host's go, appends one line, prints. Never re-run: one line, always.
@@ -175,9 +181,20 @@ liveTest(
         inbound: sizeOf(`${paths.inbound}-journal`),
         outbound: sizeOf(`${paths.outbound}-journal`),
       };
-      const integrityAfterKill = integrityOfQueue(sandbox.paths.queue);
-      // Before any restart the host sees a started request without a result.
+      const journalAfterKill = Deno.readFileSync(`${paths.outbound}-journal`);
+      // Both files as their owners will recover them (on copies: the host
+      // never rolls back the runner's journal).
+      const integrityAfterKill = {
+        inbound: integrityCheck(paths.inbound),
+        outbound: recoveredIntegrity(paths.outbound),
+      };
+      // Before any restart the host sees a started request without a result,
+      // reading around the hot journal without touching it.
       const stateAfterKill = sandbox.queue.state(id).state;
+      const journalUntouched = equalBytes(
+        Deno.readFileSync(`${paths.outbound}-journal`),
+        journalAfterKill,
+      );
 
       await sandbox.ensure();
       const ensured = sandbox.lastEnsure;
@@ -187,7 +204,7 @@ liveTest(
       const next = await sandbox.submit({ shell: "wc -l < marker.log" });
       const nextResult = await sandbox.queue.collect(next);
       const lines = await linesOf(marker);
-      const integrityAtEnd = integrityOfQueue(sandbox.paths.queue);
+      const integrityAtEnd = integrityOfQueue(sandbox.queue.paths);
       console.log(
         `docker kill mid-write: command ${commandGone}; runner main thread ${blocked.describe}; ` +
           `results under our lock ${resultsUnderLock}; ` +
@@ -217,6 +234,7 @@ liveTest(
       assert.equal(killed?.State.ExitCode, 137, "not killed by SIGKILL");
       assert.deepEqual(integrityAfterKill, OK);
       assert.equal(stateAfterKill, "started");
+      assert.ok(journalUntouched, "the host touched the runner's journal");
       assert.equal(ensured?.action, "started", "ensure should restart the same container");
       assert.equal(ensured?.containerId, containerId);
       assert.equal(after.state, "done");
@@ -238,7 +256,7 @@ liveTest(
     await withSandbox(docker, "longlock", {}, async (sandbox) => {
       await sandbox.ensure();
       const bootId = sandbox.queue.heartbeat()?.bootId;
-      const paths = queuePaths(sandbox.paths.queue);
+      const paths = sandbox.queue.paths;
       const go = join(sandbox.paths.workspace, "go");
       const marker = join(sandbox.paths.workspace, "marker.log");
       // Output over ~1 s, in many flushes, all of them while the lock is held.
@@ -271,7 +289,7 @@ liveTest(
       const collected = await withTimeout(sandbox.queue.collect(id), 60_000, "the result");
       const beat = sandbox.queue.heartbeat();
       const lines = await linesOf(marker);
-      const integrity = integrityOfQueue(sandbox.paths.queue);
+      const integrity = integrityOfQueue(sandbox.queue.paths);
       const expected = (prefix: string): string =>
         Array.from({ length: 20 }, (_, i) => `${prefix}-${i}\n`).join("");
       console.log(
@@ -318,7 +336,9 @@ liveTest(
       const sampler = new PidsSampler(docker, containerId, cgroupDir);
       sampler.start();
       // The runner keeps its heartbeat while the container has no pid to spare.
-      const observerQueue = Queue.open(sandbox.paths.queue);
+      const observerQueue = Queue.open(sandbox.paths.queue, {
+        outboundDir: sandbox.paths.outbound,
+      });
       const observer = new HeartbeatObserver(observerQueue);
       observer.start(100);
       const bootId = sandbox.queue.heartbeat()?.bootId;
@@ -616,4 +636,8 @@ async function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Pr
   } finally {
     clearTimeout(timer);
   }
+}
+
+function equalBytes(a: Uint8Array, b: Uint8Array): boolean {
+  return a.byteLength === b.byteLength && a.every((byte, i) => byte === b[i]);
 }

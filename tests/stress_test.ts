@@ -77,11 +77,15 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
 
   // Everything was acknowledged: GC until both files are empty of requests.
   const gcQueue = queues[0]!;
+  let lastCounts: unknown;
   await waitFor(async () => {
     await gcQueue.gc();
     const counts = queueCounts(q.queueDir);
+    lastCounts = counts;
     return counts.requests === 0 && counts.results === 0;
-  }, { timeoutMs: 30_000, what: "acknowledged rows to be collected" });
+  }, { timeoutMs: 30_000, what: "acknowledged rows to be collected" }).catch((error) => {
+    throw new Error(`${error.message}: ${JSON.stringify(lastCounts)}`);
+  });
   const beats = observer.stop();
   for (const queue of queues) queue.close();
   observerQueue.close();

@@ -51,7 +51,12 @@ export class GroupCommit {
     this.#db = db;
     this.#bell = options.bell;
     this.#lockWaitMs = options.lockWaitMs;
+    this.#busyTimeout = Number(
+      Object.values(db.prepare("PRAGMA busy_timeout").get() as Record<string, unknown>)[0],
+    );
   }
+
+  #busyTimeout: number;
 
   /**
    * Queues a write for the next shared transaction.
@@ -100,6 +105,9 @@ export class GroupCommit {
             errors.set(index, error);
           }
         });
+        // COMMIT waits for the other side's readers to leave: never on this
+        // thread when the other side may hold its lock for good.
+        if (this.#lockWaitMs !== undefined) this.#db.exec("PRAGMA busy_timeout = 0");
       });
       this.commits++;
       this.#busySince = undefined;
@@ -108,6 +116,10 @@ export class GroupCommit {
       if (this.#retryLater(batch, error, final)) return;
       for (const item of batch) item.reject(error);
       return;
+    } finally {
+      if (this.#lockWaitMs !== undefined) {
+        this.#db.exec(`PRAGMA busy_timeout = ${this.#busyTimeout}`);
+      }
     }
     batch.forEach((item, index) => {
       if (errors.has(index)) item.reject(errors.get(index));

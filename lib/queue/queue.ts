@@ -166,7 +166,10 @@ export class Queue {
 
   private constructor(paths: QueuePaths, options: QueueOpenOptions) {
     this.paths = paths;
-    this.#inbound = openDatabase(paths.inbound, { role: "owner", busyTimeoutMs: 0 });
+    // Only other host processes (trusted, for a commit's length) can hold a
+    // write lock on inbound.db; the runner's read lock blocks only commits,
+    // which GroupCommit retries asynchronously.
+    this.#inbound = openDatabase(paths.inbound, { role: "owner", busyTimeoutMs: 1000 });
     this.#outbound = new SandboxFile(paths.outbound, {
       schema: OUTBOUND_SCHEMA,
       // Sorted rows carry a whole chunk and more: room for that, never a huge value.

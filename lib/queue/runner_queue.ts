@@ -97,7 +97,14 @@ export class RunnerQueue {
    * @returns Whether inbound.db changed.
    */
   inboundChanged(): boolean {
-    const version = dataVersion(this.#inbound);
+    let version: number;
+    try {
+      version = dataVersion(this.#inbound);
+    } catch {
+      // Unreadable for now (the host died mid-commit and has not rolled its
+      // journal back yet): report a change, so the caller reads and retries.
+      return true;
+    }
     if (version === this.#inboundVersion) return false;
     this.#inboundVersion = version;
     return true;

@@ -31,6 +31,9 @@ import { SCHEMA_VERSION } from "./protocol.ts";
 
 const ENOENT = 2;
 
+// Loaded with the module, not on a first read in the middle of other work.
+libc();
+
 // SQLite's lock bytes (os_unix.c), which its connections lock with fcntl.
 const PENDING_BYTE = 0x40000000;
 const RESERVED_BYTE = PENDING_BYTE + 1;
