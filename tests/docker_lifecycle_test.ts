@@ -17,6 +17,7 @@ import { selfCommand } from "../lib/config/self.ts";
 import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
+import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import {
@@ -377,6 +378,8 @@ liveTest(
     const orphan = home.open(uniqueUser("orphan"));
     await runOk(orphan, "true");
     const orphanId = orphan.lastEnsure!.containerId;
+    // An operator deleting the state: the quota volume first (it is mounted).
+    await removeVolume(orphan.paths.root);
     await Deno.remove(orphan.paths.root, { recursive: true });
     // Idle for more than a second, by the runner's own heartbeat.
     await waitFor(() => {

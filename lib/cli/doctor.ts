@@ -9,24 +9,36 @@ import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";
 import { parse } from "./args.ts";
+import { loadConfig } from "../config/config.ts";
+import { quotaSupport } from "../lifecycle/quota.ts";
 import type { CliIo } from "./io.ts";
 
 /** One check's outcome. */
 export interface DoctorRow {
+  /** What was checked. */
   name: string;
+  /** False when the check failed (doctor then exits 1). */
   ok: boolean;
+  /** True for a passing check that found something the operator should know. */
+  warning: boolean;
+  /** How long the check took. */
   ms: number;
+  /** One line: what was found, or why it failed. */
   detail: string;
 }
 
+/** What a passing check reports: a detail line, or one marked as a warning. */
+export type CheckOutcome = string | { detail: string; warning: true };
+
 /** A named check; returns a detail line or throws the reason. */
-export type DoctorCheck = { name: string; run: () => Promise<string> };
+export type DoctorCheck = { name: string; run: () => Promise<CheckOutcome> };
 
 /** Help text of `waffle doctor`. */
 export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker]
 
 Checks the queue round trip on the host filesystem, reports the host's
-fs.protected_* sysctls (waffle relies on none of them) and, unless
+fs.protected_* sysctls (waffle relies on none of them), whether each
+sandbox's disk quota can be enforced (a WARN row when not) and, unless
 --no-docker, the Docker daemon, the runner image, and a sandbox container
 start with a bind-mount write/read round trip. Exit status 0 when every check
 passes, 1 otherwise.
@@ -44,18 +56,26 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
   const checks: DoctorCheck[] = [
     { name: "queue round trip (host fs)", run: queueRoundTrip },
     { name: "host sysctls", run: hostSysctls },
+    { name: "disk quota", run: diskQuota },
     ...(parsed.values["no-docker"] ? [] : dockerChecks()),
   ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {
     const started = performance.now();
     try {
-      const detail = await check.run();
-      rows.push({ name: check.name, ok: true, ms: performance.now() - started, detail });
+      const outcome = await check.run();
+      rows.push({
+        name: check.name,
+        ok: true,
+        warning: typeof outcome !== "string",
+        ms: performance.now() - started,
+        detail: typeof outcome === "string" ? outcome : outcome.detail,
+      });
     } catch (error) {
       rows.push({
         name: check.name,
         ok: false,
+        warning: false,
         ms: performance.now() - started,
         detail: messageOf(error),
       });
@@ -63,7 +83,7 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
     if (!parsed.values.json) {
       const row = rows.at(-1)!;
       await io.stdout(
-        `${row.ok ? "ok  " : "FAIL"}  ${row.name.padEnd(34)} ${
+        `${row.ok ? (row.warning ? "WARN" : "ok  ") : "FAIL"}  ${row.name.padEnd(34)} ${
           row.ms.toFixed(1).padStart(8)
         } ms  ${row.detail}\n`,
       );
@@ -93,6 +113,22 @@ async function queueRoundTrip(): Promise<string> {
     backend.close();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+}
+
+// Whether this host can bound each sandbox's disk; a warning (not a failure)
+// when it cannot, since everything else still works.
+function diskQuota(): Promise<CheckOutcome> {
+  const support = quotaSupport();
+  const quota = loadConfig().quotaBytes;
+  if (!support.supported) {
+    return Promise.resolve({
+      detail: `not enforced: ${support.reason}; a sandbox can fill the host's disk`,
+      warning: true,
+    });
+  }
+  return Promise.resolve(
+    `${quota} bytes per sandbox (loop-mounted ext4 volume, nosuid,nodev)`,
+  );
 }
 
 // The link and file protections of the host kernel that `host sysctls` reports.
