@@ -97,7 +97,7 @@ heading "host backend (runs on this machine, NOT a sandbox; queue in $queue)"
 run 0 "${waffle[@]}" exec "${host[@]}" -- echo "hello from waffle"
 run 3 "${waffle[@]}" exec "${host[@]}" -- sh -c 'echo "to stdout"; echo "to stderr" >&2; exit 3'
 run 127 "${waffle[@]}" exec "${host[@]}" -- no-such-command
-run_stdin 0 $'one\ntwo\nthree\n' "${waffle[@]}" exec "${host[@]}" -- wc -l
+run_stdin 0 $'one\ntwo\nthree\n' "${waffle[@]}" exec "${host[@]}" -i -- wc -l
 run 0 "${waffle[@]}" exec "${host[@]}" --env GREETING=hi -- env
 run 7 "${waffle[@]}" exec "${host[@]}" --json -- sh -c 'echo out; echo err >&2; exit 7'
 run 124 "${waffle[@]}" exec "${host[@]}" --timeout 1 -- sleep 30
@@ -129,6 +129,8 @@ if ((probe_status == 0)); then
   run 0 "${waffle[@]}" exec "${docker[@]}" -- cat note.txt
   run 0 "${waffle[@]}" exec "${docker[@]}" --json -- uname -a
   run 124 "${waffle[@]}" exec "${docker[@]}" --timeout 1 -- sleep 30
+  # shellcheck disable=SC2016 # expanded by the sandbox's shell
+  run 0 "${waffle[@]}" exec "${docker[@]}" -- sh -c 'kill -STOP 1 2>/dev/null || echo "a command cannot signal the runner"; ls /queue/outbound 2>/dev/null || echo "nor look into the queue"'
 else
   printf '[exit %s]\n' "$probe_status"
   sed 's/^/  | /' "$work/docker-probe.log" | tail -n 20
