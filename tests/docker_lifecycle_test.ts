@@ -16,7 +16,8 @@ import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
 import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
-import { LABELS } from "../lib/lifecycle/posture.ts";
+import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
+import { resolveImage } from "../lib/lifecycle/ensure.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
@@ -599,5 +600,39 @@ liveTest(
     const owner =
       (await docker.inspectContainer(b.lastEnsure!.containerId))!.Config.Labels[LABELS.state];
     assert.equal(owner, b.paths.root);
+  },
+);
+
+liveTest(
+  "adoption compares the inspected config, not only the posture label",
+  async (docker) => {
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const sandbox = home.open(uniqueUser("drift"));
+    await sandbox.ensure();
+    const first = sandbox.lastEnsure!.containerId;
+    // A container under the sandbox's name carrying today's labels (posture
+    // hash included) but a looser config, as a copied label would.
+    const imageId = await resolveImage(docker, sandbox.config.image);
+    const spec = containerSpec(sandbox.key, {
+      config: sandbox.config,
+      imageId,
+      paths: sandbox.paths,
+    });
+    await docker.removeContainer(first, { force: true });
+    const forged = await docker.createContainer(spec.name, {
+      ...spec.body,
+      HostConfig: { ...spec.body.HostConfig, PidsLimit: 4096, CapAdd: ["SYS_ADMIN"] },
+    });
+    assert.equal(
+      (await docker.inspectContainer(forged))!.Config.Labels[LABELS.posture],
+      spec.postureHash,
+    );
+    assert.equal(await runOk(sandbox, "echo ok"), "ok\n");
+    const ensured = sandbox.lastEnsure!;
+    assert.equal(ensured.action, "recreated");
+    assert.notEqual(ensured.containerId, forged);
+    const now = (await docker.inspectContainer(ensured.containerId))!;
+    assert.equal(now.HostConfig.PidsLimit, sandbox.config.pidsLimit);
+    assert.ok(!now.HostConfig.CapAdd.some((cap) => /SYS_ADMIN/.test(cap)));
   },
 );

@@ -25,7 +25,7 @@ import { withLock } from "../lib/lifecycle/lock.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
-import { LOCK_WAIT_MS, STALE_AFTER_MS } from "../lib/queue/queue.ts";
+import { LOCK_WAIT_MS, type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/queue.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { alive, runCliProcess, waitFor } from "./_helpers.ts";
 import {
@@ -120,16 +120,28 @@ interface CallOutcome {
   error?: string;
 }
 
-/** One call of a sandbox (submit, collect with revive, ack), timed; never throws. */
+/**
+ * One call of a sandbox (submit, collect reviving as `run` does, ack), timed,
+ * with the troubles its revivals were called for; never throws.
+ */
 async function timedCall(sandbox: Sandbox, shell: string): Promise<CallOutcome> {
   const started = performance.now();
+  const troubles: string[] = [];
+  const revive = (trouble: RunnerTrouble): Promise<void> => {
+    troubles.push(`${trouble}@${fmt(performance.now() - started)}`);
+    return sandbox.ensure(trouble);
+  };
   try {
-    const ran = await run(sandbox, shell);
+    const id = await sandbox.submit({ shell });
+    const { result, stdout } = await sandbox.queue.collect(id, { revive });
+    await sandbox.queue.ack(id);
     return {
       ms: performance.now() - started,
-      outcome: outcomeOf(ran.result),
-      result: ran.result,
-      stdout: ran.stdout,
+      outcome: `${outcomeOf(result)}${
+        troubles.length > 0 ? ` (revived: ${troubles.join(", ")})` : ""
+      }`,
+      result,
+      stdout: new TextDecoder().decode(stdout),
     };
   } catch (error) {
     const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);

@@ -10,7 +10,8 @@ import { Queue } from "../lib/queue/queue.ts";
 import { RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { initQueue, queuePaths } from "../lib/queue/schema.ts";
 import { ProtocolError, QueueError, RunnerError, UsageError } from "../lib/errors.ts";
-import { startRunner, tempQueue, text } from "./_helpers.ts";
+import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
+import { spawnClient } from "./_stress_client.ts";
 
 // The SQLite file change counter (header bytes 24..27) moves on every write
 // transaction in rollback-journal mode: it proves who wrote a file.
@@ -339,4 +340,94 @@ Deno.test("initQueue() is idempotent and keeps existing rows", async () => {
   const again = Queue.open(q.queueDir, { create: true });
   assert.equal(again.state(id).state, "queued");
   again.close();
+});
+
+Deno.test("RunnerQueue.recover() never skips a request committed while it reads", async () => {
+  await using q = await tempQueue();
+  // Another process submits as fast as it can while this one recovers again and again.
+  const writer = spawnClient(["writer", q.queueDir, "race", "1"]);
+  const seen = new Set<string>();
+  let horizon = 0; // every request up to here was committed before a finished read
+  try {
+    const deadline = Date.now() + 2000;
+    while (Date.now() < deadline) {
+      const runner = RunnerQueue.open(q.queueDir);
+      const recovery = runner.recover();
+      // Whatever recover() did not report must come after its cursor.
+      for (const request of [...recovery.pending, ...runner.newRequests()]) {
+        seen.add(request.id);
+        horizon = Math.max(horizon, request.seq);
+      }
+      runner.close();
+      await delay(5);
+    }
+  } finally {
+    writer.kill("SIGKILL");
+    await writer.status;
+    await writer.stdout.cancel();
+  }
+  const runner = RunnerQueue.open(q.queueDir);
+  const recovery = runner.recover();
+  runner.close();
+  const all = recovery.pending.filter((request) => request.seq <= horizon);
+  assert.ok(all.length > 10, `the writer committed only ${all.length} requests`);
+  // Every request of the final recovery up to the horizon was seen by an
+  // earlier recover() or the newRequests() right after it: none fell
+  // between a read and the cursor.
+  const missed = all.filter((request) => !seen.has(request.id));
+  assert.deepEqual(missed.map((request) => request.seq), [], `of ${all.length} requests`);
+});
+
+Deno.test("Queue.ack() collects the inbound rows by itself (library users never call gc)", async () => {
+  await using q = await tempQueue();
+  await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const queue = Queue.open(q.queueDir);
+  const paths = queuePaths(q.queueDir);
+  for (let i = 0; i < 5; i++) {
+    const id = await queue.submit({ argv: ["true"] });
+    await queue.collect(id);
+    await queue.ack(id);
+  }
+  const count = (): number => {
+    const db = new DatabaseSync(paths.inbound, { readOnly: true });
+    try {
+      return (db.prepare("SELECT count(*) AS n FROM requests").get() as { n: number }).n;
+    } finally {
+      db.close();
+    }
+  };
+  await waitFor(() => count() === 0, { timeoutMs: 10_000, what: "inbound rows to be collected" });
+  queue.close();
+});
+
+Deno.test("a runner that cannot write its results stops, and the host's wait ends", async () => {
+  await using q = await tempQueue();
+  // The runner's directory on a tiny filesystem the test then fills.
+  const outbound = queuePaths(q.queueDir).outboundDir;
+  await Deno.remove(outbound, { recursive: true });
+  await Deno.mkdir(outbound);
+  const mount = await new Deno.Command("mount", {
+    args: ["-t", "tmpfs", "-o", "size=1m", "tmpfs", outbound],
+  }).output();
+  if (mount.code !== 0) throw new Error(`mount failed: ${text(mount.stderr)}`);
+  try {
+    await using runner = await startRunner(q.queueDir, { workspace: q.workspace });
+    const queue = Queue.open(q.queueDir);
+    const id = await queue.submit({ argv: ["sh", "-c", "head -c 2000000 /dev/zero"] });
+    // Fill what is left, so neither output nor the result fits.
+    await new Deno.Command("sh", {
+      args: ["-c", `head -c 2000000 /dev/zero > '${outbound}/filler'`],
+    }).output();
+    const started = Date.now();
+    await assert.rejects(
+      queue.wait(id),
+      (e: unknown) => e instanceof RunnerError && /exited|stopped beating/.test(e.message),
+    );
+    assert.ok(Date.now() - started < 30_000, "the wait must be bounded");
+    const status = await runner.child.status;
+    assert.equal(status.code, 70, "the runner stops with EX_SOFTWARE when it cannot write");
+    queue.close();
+  } finally {
+    await new Deno.Command("umount", { args: ["-l", outbound] }).output();
+  }
 });
