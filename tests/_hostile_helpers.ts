@@ -110,16 +110,7 @@ export async function runnerPid(containerId: string): Promise<number> {
 }
 
 // ---------------------------------------------------------------------------
-// Runner-side background attacks and volume-safe homes (hostile_runner_test.ts).
-
-import type { DockerClient } from "../lib/docker/mod.ts";
-import { removeVolume } from "../lib/lifecycle/quota.ts";
-import {
-  type HomeConfig,
-  removeHomeContainers,
-  tempHome,
-  type TestHome,
-} from "./_sandbox_helpers.ts";
+// Runner-side background attacks (hostile_runner_test.ts).
 
 /** A process started inside a container that keeps running while the test goes on. */
 export interface BackgroundAttack {
@@ -217,49 +208,5 @@ export async function spawnAsRunner(
     },
     stop,
     [Symbol.asyncDispose]: async () => void (await stop()),
-  };
-}
-
-/**
- * Unmounts and deletes the disk-quota volume of every sandbox under a waffle
- * home (after its containers are gone), so no loop device outlives a test.
- *
- * @param home The waffle home.
- */
-export async function removeHomeVolumes(home: string): Promise<void> {
-  let entries: Deno.DirEntry[] = [];
-  try {
-    entries = [...Deno.readDirSync(join(home, "sandboxes"))];
-  } catch {
-    return;
-  }
-  for (const entry of entries) {
-    if (entry.isDirectory) await removeVolume(join(home, "sandboxes", entry.name));
-  }
-}
-
-/**
- * {@linkcode tempHome}, whose disposal also removes the sandboxes' volumes:
- * containers first (they pin the volume), then every loop mount, then the home.
- *
- * @param docker The client.
- * @param config Written to `config.json` when given.
- * @returns The home.
- */
-export async function volumeSafeHome(
-  docker: DockerClient,
-  config?: HomeConfig,
-): Promise<TestHome> {
-  const home = await tempHome(docker, config);
-  return {
-    ...home,
-    async [Symbol.asyncDispose](): Promise<void> {
-      try {
-        await removeHomeContainers(docker, home.home);
-        await removeHomeVolumes(home.home);
-      } finally {
-        await home[Symbol.asyncDispose]();
-      }
-    },
   };
 }

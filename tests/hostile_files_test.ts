@@ -48,7 +48,7 @@ const HEAL_BOUND_MS = 15_000;
 /** A host read that meets a hostile file returns within this: anything longer is a stall. */
 const READ_BOUND_MS = 1000;
 /** Child processes (CLI, library calls) are killed after this: a hang fails, never freezes. */
-const CHILD_LIMIT_MS = 30_000;
+const CHILD_LIMIT_MS = 20_000;
 
 // ---------------------------------------------------------------------------
 // Homes whose volumes never outlive the test.
@@ -761,19 +761,43 @@ liveTest(
         },
       );
 
-      await t.step("outbound.db hard-linked under other names: the host carries on", async () => {
+      await t.step("outbound.db hard-linked under another name: the host carries on", async () => {
         await attack(
           container,
-          `Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db.other");
-           Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db-wal");`,
+          `Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db.other");`,
         );
         const read = await measured(() => sandbox.queue.liveness());
         assert.equal(read.value?.state, "alive", JSON.stringify(read.value));
         const took = await measured(() => runOk(sandbox, "echo linked-ok"));
-        console.log(`outbound.db with 3 links: liveness ${fmt(read.ms)}, run() ${fmt(took.ms)}`);
+        console.log(
+          `outbound.db with a second link: liveness ${fmt(read.ms)}, run() ${fmt(took.ms)}`,
+        );
         assert.equal(took.value, "linked-ok\n", String(took.error));
         assert.ok(took.ms < 5000, `run() took ${fmt(took.ms)}`);
       });
+
+      await t.step(
+        "outbound.db hard-linked as its own -wal: the runner spoils its own file, the host heals",
+        async () => {
+          await runOk(sandbox, "echo kept > /workspace/kept");
+          await attack(
+            container,
+            `Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db-wal");`,
+          );
+          const took = await measured(() => run(sandbox, "cat /workspace/kept"));
+          console.log(
+            `outbound.db as its own -wal: run() ${fmt(took.ms)}: ${
+              took.error === undefined ? JSON.stringify(took.value?.result) : String(took.error)
+            }`,
+          );
+          assert.equal(took.error, undefined, String(took.error));
+          const result = took.value!.result;
+          // The call either ran or came back interrupted; never ran twice.
+          if (result.exitCode !== 0) assertInterrupted(result, "-wal link");
+          assert.ok(took.ms < HEAL_BOUND_MS, `run() took ${fmt(took.ms)}`);
+          assert.equal(await runOk(sandbox, "cat /workspace/kept"), "kept\n");
+        },
+      );
 
       await t.step("outbound.db hard-linked as its own journal: the queue heals", async () => {
         await runOk(sandbox, "echo kept > /workspace/kept");
@@ -852,7 +876,9 @@ liveTest(
         {
           label: "socket under outbound.db",
           name: "outbound.db",
-          make: `Deno.listen({ transport: "unix", path }).close();`,
+          // Bound under another name and renamed: exiting without close keeps the file.
+          make: `Deno.listen({ transport: "unix", path: path + ".tmp" });
+                 Deno.renameSync(path + ".tmp", path);`,
           via: "library",
         },
         {
@@ -875,7 +901,8 @@ liveTest(
              try { Deno.renameSync(path, path + ".aside"); } catch { /* absent */ }
              ${make}
              const info = Deno.lstatSync(path);
-             if (info.isFile || info.isSymlink) throw new Error("not a special file");`,
+             if (info.isFile || info.isSymlink) throw new Error("not a special file");
+             Deno.exit(0);`,
           );
           const probe = await libraryWithin(home, user, { probeMs: 1000 }, 10_000);
           console.log(
@@ -916,6 +943,39 @@ liveTest(
           assert.equal(await runOk(sandbox, "cat /workspace/kept"), "kept\n");
         });
       }
+
+      await t.step(
+        "FIFO swapped under outbound.bell while waffle exec waits: it still exits in bounded time",
+        async () => {
+          const user = uniqueUser("hf-bell");
+          const sandbox = home.open(user);
+          await sandbox.ensure();
+          await runOk(sandbox, "echo kept > /workspace/kept");
+          // The host watches the bell while it waits; the runner keeps ringing
+          // the old bell (its open descriptor) after the name is swapped.
+          const exec = cliWithin(home, [
+            "exec",
+            "--user",
+            user,
+            "--",
+            "sh",
+            "-c",
+            "sleep 3; cat /workspace/kept",
+          ]);
+          await delay(1500);
+          await attack(
+            containerOf(sandbox),
+            `Deno.renameSync("/queue/outbound/outbound.bell", "/queue/outbound/outbound.bell.aside");
+             await new Deno.Command("mkfifo", { args: ["/queue/outbound/outbound.bell"] }).output();`,
+          );
+          const cli = await exec;
+          console.log(`FIFO under outbound.bell: waffle exec ${describeChild(cli)}`);
+          assert.equal(cli.killed, false, `waffle exec hung: ${describeChild(cli)}`);
+          assert.equal(cli.code, 0, describeChild(cli));
+          assert.equal(cli.stdout, "kept\n");
+          assert.ok(cli.ms < HEAL_BOUND_MS, `waffle exec took ${fmt(cli.ms)}`);
+        },
+      );
     } finally {
       assertUntouched([victim], spy, "special files");
       spy.close();

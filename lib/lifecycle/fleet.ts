@@ -7,17 +7,21 @@
  */
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import { UsageError } from "../errors.ts";
+import { QueueError, UsageError } from "../errors.ts";
+import { messageOf } from "../queue/connection.ts";
 import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.ts";
 import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
 import { OUTBOUND_SCHEMA } from "../queue/schema.ts";
-import { MAX_OUTBOUND_BYTES } from "../queue/queue.ts";
+import { MAX_OUTBOUND_BYTES, submittedAndOpen } from "../queue/queue.ts";
+import { openDatabase } from "../queue/connection.ts";
+import { queuePaths } from "../queue/schema.ts";
+import type { DatabaseSync } from "node:sqlite";
 import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
-import { containerSpec, LABELS } from "./posture.ts";
+import { containerSpec, hostCanChown, LABELS, SANDBOX_UID } from "./posture.ts";
 import { stateExists } from "./state_dir.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
@@ -219,7 +223,18 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
 }
 
 function inFlight(root: string): number {
-  return peekRunner<string[]>(root, readInFlight)?.length ?? 0;
+  const ids = peekRunner<string[]>(root, readInFlight) ?? [];
+  if (ids.length === 0) return 0;
+  let inbound: DatabaseSync | undefined;
+  try {
+    inbound = openDatabase(queuePaths(stateLayout(root).queue).inbound, { role: "reader" });
+    return submittedAndOpen(inbound, ids).length;
+  } catch {
+    // Cannot check now: never stop what may be busy.
+    return ids.length;
+  } finally {
+    inbound?.close();
+  }
 }
 
 /**
@@ -264,11 +279,29 @@ export async function removeSandbox(
   return await withLock(paths.lock, async () => {
     // The name may be held by the same (tenant, user) of another WAFFLE_HOME: leave that one.
     const container = await docker.inspectContainer(key.containerName);
-    const removed = container !== null && ownedBy(container, paths.root) &&
-      await docker.removeContainer(container.Id, { force: true });
+    const ours = container !== null && ownedBy(container, paths.root);
+    if (options.purge && ours && !hostCanChown()) {
+      // A host that is not root cannot delete what commands wrote (uid
+      // SANDBOX_UID): empty the workspace as that uid, inside the container.
+      if (!container.State.Running) await docker.startContainer(container.Id);
+      await docker.exec(container.Id, [
+        "/bin/sh",
+        "-c",
+        "chmod -R u+rwX /workspace; find /workspace -mindepth 1 -maxdepth 1 -exec rm -rf {} +",
+      ], { user: `${SANDBOX_UID}:${SANDBOX_UID}`, timeoutMs: 60_000 });
+    }
+    const removed = ours && await docker.removeContainer(container.Id, { force: true });
     if (options.purge) {
       await removeVolume(paths.root);
-      await Deno.remove(paths.root, { recursive: true }).catch(() => {});
+      try {
+        await Deno.remove(paths.root, { recursive: true });
+      } catch (error) {
+        if (!(error instanceof Deno.errors.NotFound)) {
+          throw new QueueError(`Cannot purge sandbox state '${paths.root}': ${messageOf(error)}`, {
+            cause: error,
+          });
+        }
+      }
     }
     return removed;
   });

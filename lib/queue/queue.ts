@@ -402,17 +402,20 @@ export class Queue {
   }
 
   /**
-   * Requests the runner has started and not finished (from any host).
-   * Untrusted: use only to decide how long to wait, within a bound.
+   * Requests the runner has started and not finished (from any host), among
+   * those a host submitted here and still waits for: a row the runner made
+   * up for another id counts for nothing.
    *
    * @returns Their ids; empty when the runner is idle or unreadable.
    */
   inFlight(): string[] {
+    let ids: string[];
     try {
-      return this.#outbound.read(readInFlight);
+      ids = this.#outbound.read(readInFlight);
     } catch {
       return [];
     }
+    return submittedAndOpen(this.#inbound, ids);
   }
 
   /**
@@ -763,6 +766,25 @@ export class Queue {
     }
     this.#watcher = new ChangeWatcher([this.paths.outboundBell], { pollMs: this.#pollMs });
   }
+}
+
+/**
+ * The ids among `ids` that a host submitted to this queue and has neither
+ * acknowledged nor given up on: the sandbox's claims about what is in
+ * flight, checked against the host's own record.
+ *
+ * @param inbound A connection to the queue's `inbound.db`.
+ * @param ids Ids the runner reports.
+ * @returns The ones the host knows as open.
+ */
+export function submittedAndOpen(inbound: DatabaseSync, ids: string[]): string[] {
+  const open = statement(
+    inbound,
+    `SELECT 1 AS hit FROM requests r WHERE r.id = ?
+       AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
+       AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`,
+  );
+  return ids.filter((id) => open.get(id) !== undefined);
 }
 
 function buildPayload(options: SubmitOptions): ExecPayload {
