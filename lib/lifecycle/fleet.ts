@@ -8,14 +8,12 @@
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
 import { QueueError, UsageError } from "../errors.ts";
-import { messageOf } from "../queue/connection.ts";
+import { messageOf, openDatabase } from "../queue/connection.ts";
 import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.ts";
 import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
-import { OUTBOUND_SCHEMA } from "../queue/schema.ts";
+import { OUTBOUND_SCHEMA, queuePaths } from "../queue/schema.ts";
 import { MAX_OUTBOUND_BYTES, submittedAndOpen } from "../queue/queue.ts";
-import { openDatabase } from "../queue/connection.ts";
-import { queuePaths } from "../queue/schema.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
