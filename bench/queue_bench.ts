@@ -19,6 +19,7 @@
  *
  * @module
  */
+import { queuePaths } from "../lib/queue/schema.ts";
 import { join } from "node:path";
 import type { DatabaseSync } from "node:sqlite";
 import { openDatabase, transaction } from "../lib/queue/connection.ts";
@@ -357,8 +358,9 @@ export async function measureThroughput(
   const budgetMs = context.seconds * 1000;
   const latencies: number[] = [];
   const hostCommitsBefore = queue.commits;
-  const inboundBefore = changeCounter(join(queueDir, "inbound.db"));
-  const outboundBefore = changeCounter(join(queueDir, "outbound.db"));
+  const paths = queuePaths(queueDir);
+  const inboundBefore = changeCounter(paths.inbound);
+  const outboundBefore = changeCounter(paths.outbound);
   const cpuBefore = cpuSample(live.runnerPid);
   const start = now();
   const deadline = start + budgetMs;
@@ -374,8 +376,8 @@ export async function measureThroughput(
   const completed = latencies.length;
   context.progress.done(name, `${completed} requests in ${(elapsed / 1000).toFixed(1)} s`);
   const hostCommits = queue.commits - hostCommitsBefore;
-  const inboundCommits = changeCounter(join(queueDir, "inbound.db")) - inboundBefore;
-  const outboundCommits = changeCounter(join(queueDir, "outbound.db")) - outboundBefore;
+  const inboundCommits = changeCounter(paths.inbound) - inboundBefore;
+  const outboundCommits = changeCounter(paths.outbound) - outboundBefore;
   await queue.gc();
   const perRequest = (count: number): number => completed === 0 ? Number.NaN : count / completed;
   return summarize(name, latencies, {

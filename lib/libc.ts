@@ -13,6 +13,12 @@ const SYMBOLS = {
   flock: { parameters: ["i32", "i32"], result: "i32" },
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
   pread: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
+  read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+  inotify_init1: { parameters: ["i32"], result: "i32" },
+  inotify_add_watch: { parameters: ["i32", "buffer", "u32"], result: "i32" },
+  inotify_rm_watch: { parameters: ["i32", "i32"], result: "i32" },
+  // On a thread of its own: waiting for an event never blocks the event loop.
+  poll: { parameters: ["buffer", "u64", "i32"], result: "i32", nonblocking: true },
   __errno_location: { parameters: [], result: "pointer" },
 } as const;
 

@@ -8,6 +8,7 @@
  */
 import { RunnerError } from "../lib/errors.ts";
 import { libc, O_CLOEXEC, O_NOFOLLOW } from "../lib/libc.ts";
+import { setAsideUnlessRegular } from "../lib/queue/runner_queue.ts";
 
 const O_RDWR = 2;
 const O_CREAT = 0o100;
@@ -24,7 +25,9 @@ const LOCK_NB = 4;
 export function acquireRunnerLock(path: string): void {
   const c = libc();
   if (c === undefined) throw new RunnerError("Cannot lock the queue: libc is not available here");
-  // The runner's own directory: it creates the file (never through a link).
+  // The runner's own directory: it creates the file (never through a link),
+  // and sets aside whatever else a previous occupant left under the name.
+  setAsideUnlessRegular(path, { anyLinks: true });
   const fd = c.open(
     new TextEncoder().encode(`${path}\0`),
     O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,

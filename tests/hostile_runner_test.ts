@@ -28,22 +28,16 @@ import type { ExecResult } from "../lib/queue/protocol.ts";
 import { LOCK_WAIT_MS, type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/queue.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { alive, runCliProcess, waitFor } from "./_helpers.ts";
-import {
-  asCommand,
-  asRunner,
-  containerOf,
-  runnerPid,
-  spawnAsRunner,
-} from "./_hostile_helpers.ts";
+import { asCommand, asRunner, containerOf, runnerPid, spawnAsRunner } from "./_hostile_helpers.ts";
 import {
   dockerCli,
   type HomeConfig,
-  removeHomeVolumes,
-  tempHome,
   homeContainers,
   removeHomeContainers,
+  removeHomeVolumes,
   run,
   runOk,
+  tempHome,
   type TestHome,
   uniqueUser,
 } from "./_sandbox_helpers.ts";

@@ -38,7 +38,7 @@ export interface EnsureOptions {
   paths: StatePaths;
   /** The host side of this sandbox's queue (to watch the heartbeat). */
   queue: Queue;
-  /** How long to wait for the first heartbeat. Default 60 s. */
+  /** How long to wait for the first heartbeat. Default 20 s. */
   readyTimeoutMs?: number;
   /**
    * How long a recycle waits for in-flight requests to finish. Default 60 s.
@@ -145,7 +145,7 @@ export async function ensureContainer(
     } else if (container.State.Running) {
       await docker.waitContainer(container.Id, { timeoutMs: 10_000 }).catch(() => {});
     }
-    if (trouble === "damaged") resetOutbound(paths);
+    if (trouble === "damaged") await resetOutbound(paths);
     container = await docker.inspectContainer(container.Id);
   }
   if (container === null) {
@@ -165,8 +165,7 @@ export async function ensureContainer(
       }
       id = adopted.Id;
     }
-    await docker.startContainer(id);
-    await waitReady(docker, id, { queue, before, timeoutMs: options.readyTimeoutMs });
+    await startReady(docker, id, { ...options, before });
     await queue.syncGeneration();
     return { containerId: id, imageId, action };
   }
@@ -191,11 +190,10 @@ export async function ensureContainer(
       await docker.killContainer(container!.Id).catch(() => {});
       await docker.waitContainer(container!.Id, { timeoutMs: 10_000 }).catch(() => {});
     });
-    if (judged.state === "damaged") resetOutbound(paths);
+    if (judged.state === "damaged") await resetOutbound(paths);
   }
   const before = queue.heartbeat()?.bootId;
-  await docker.startContainer(container.Id);
-  await waitReady(docker, container.Id, { queue, before, timeoutMs: options.readyTimeoutMs });
+  await startReady(docker, container.Id, { ...options, before });
   await queue.syncGeneration();
   return { containerId: container.Id, imageId, action: "started" };
 }
@@ -247,6 +245,28 @@ function refuseForeign(
   );
 }
 
+// Starts the container and waits for its runner. A runner that stops during
+// start may have met names in its directory it cannot use (a compromised
+// runner's leftovers): the directory is replaced once and the start retried.
+async function startReady(
+  docker: DockerClient,
+  id: string,
+  options: EnsureOptions & { before: string | undefined },
+): Promise<void> {
+  const ready = { queue: options.queue, before: options.before, timeoutMs: options.readyTimeoutMs };
+  await docker.startContainer(id);
+  try {
+    await waitReady(docker, id, ready);
+  } catch (error) {
+    if (!(error instanceof RunnerError)) throw error;
+    await docker.killContainer(id).catch(() => {});
+    await docker.waitContainer(id, { timeoutMs: 10_000 }).catch(() => {});
+    await resetOutbound(options.paths);
+    await docker.startContainer(id);
+    await waitReady(docker, id, ready);
+  }
+}
+
 // Waits for a fresh heartbeat from a runner booted after `before` (any
 // runner when `before` is undefined).
 async function waitReady(
@@ -254,7 +274,7 @@ async function waitReady(
   id: string,
   options: { queue: Queue; before: string | undefined; timeoutMs: number | undefined },
 ): Promise<void> {
-  const deadline = Date.now() + (options.timeoutMs ?? 60_000);
+  const deadline = Date.now() + (options.timeoutMs ?? 20_000);
   let checks = 0;
   while (Date.now() < deadline) {
     const judged = options.queue.liveness();
@@ -275,7 +295,7 @@ async function waitReady(
   }
   throw new RunnerError(
     `Runner in container '${id.slice(0, 12)}' sent no heartbeat within ${
-      Math.round((options.timeoutMs ?? 60_000) / 1000)
+      Math.round((options.timeoutMs ?? 20_000) / 1000)
     } s`,
   );
 }

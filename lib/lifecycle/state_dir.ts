@@ -89,9 +89,10 @@ export async function prepareState(
  * must be stopped: it mounts the directory by its path when it starts.
  *
  * @param paths The sandbox's state paths.
+ * @returns Once the empty directory is in place.
  * @throws {QueueError} When the directory cannot be replaced.
  */
-export function resetOutbound(paths: StatePaths): void {
+export async function resetOutbound(paths: StatePaths): Promise<void> {
   const aside = `${paths.outbound}.damaged-${Date.now()}`;
   try {
     Deno.renameSync(paths.outbound, aside);
@@ -102,9 +103,10 @@ export function resetOutbound(paths: StatePaths): void {
       });
     }
   }
-  // Rust's remove_dir_all (behind Deno.remove) never follows symlinks.
+  // Rust's remove_dir_all (behind Deno.remove) never follows symlinks. Off
+  // the event loop: the directory may hold every inode of the volume.
   try {
-    Deno.removeSync(aside, { recursive: true });
+    await Deno.remove(aside, { recursive: true });
   } catch {
     // Left for the next reset or `rm --purge`; the fresh directory is what matters.
   }

@@ -35,7 +35,7 @@ import {
   type OutputChunk,
   type RequestState,
 } from "./protocol.ts";
-import { SandboxFile } from "./sandbox_file.ts";
+import { SandboxFile, SMALL_FILE_BYTES } from "./sandbox_file.ts";
 import { initQueue, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
 
@@ -52,10 +52,12 @@ export const STALE_AFTER_MS = 3 * HEARTBEAT_INTERVAL_MS;
  */
 export const LOCK_WAIT_MS = 10_000;
 /**
- * Largest `outbound.db` the host reads (it copies the file to read it): both
- * streams of one request at the largest output cap, and room for the rest.
+ * Largest `outbound.db` anyone reads without knowing the requests (it is
+ * copied to be read): both streams of one request at the largest output cap,
+ * and room for the rest. A queue's own host allows what its open requests
+ * asked for instead (see `Queue`).
  */
-export const MAX_OUTBOUND_BYTES = 2 * MAX_OUTPUT_CAP + 16 * 1024 * 1024;
+export const MAX_OUTBOUND_BYTES = 2 * MAX_OUTPUT_CAP + SMALL_FILE_BYTES;
 /** How many times one wait restarts a runner before it gives up. */
 const MAX_REVIVALS = 3;
 
@@ -154,8 +156,7 @@ export class Queue {
   #outbound: SandboxFile;
   #commits: GroupCommit;
   #bell: Bell;
-  #watcher: ChangeWatcher | undefined;
-  #pollMs: number;
+  #watcher: ChangeWatcher;
   #listeners = new Set<() => void>();
   #pumping = false;
   #closed = new AbortController();
@@ -174,11 +175,11 @@ export class Queue {
       schema: OUTBOUND_SCHEMA,
       // Sorted rows carry a whole chunk and more: room for that, never a huge value.
       maxValueBytes: 16 * Math.max(MAX_CHUNK_BYTES, MAX_RESULT_BYTES),
-      maxFileBytes: MAX_OUTBOUND_BYTES,
+      maxFileBytes: () => this.#outboundAllowance(),
     });
     this.#bell = new Bell(paths.inboundBell);
     this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell, lockWaitMs: LOCK_WAIT_MS });
-    this.#pollMs = options.pollMs ?? 100;
+    this.#watcher = new ChangeWatcher([paths.outboundBell], { pollMs: options.pollMs ?? 100 });
   }
 
   /**
@@ -431,6 +432,7 @@ export class Queue {
     this.#requireRequest(id);
     const cursor = newCursor();
     const cap = this.#capOf(id);
+    const budget = { revivals: 0 };
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
@@ -460,7 +462,7 @@ export class Queue {
       yield* read?.chunks ?? [];
       if (read?.result !== undefined) return read.result;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options);
+      await this.#changedSince(version, options, budget);
     }
   }
 
@@ -473,6 +475,7 @@ export class Queue {
    */
   async wait(id: string, options: WaitOptions = {}): Promise<ExecResult> {
     this.#requireRequest(id);
+    const budget = { revivals: 0 };
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
@@ -485,7 +488,7 @@ export class Queue {
       }
       if (result !== undefined) return result;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options);
+      await this.#changedSince(version, options, budget);
     }
   }
 
@@ -526,7 +529,7 @@ export class Queue {
     this.#closed.abort();
     clearTimeout(this.#gcTimer);
     this.#commits.flush(true);
-    this.#watcher?.close();
+    this.#watcher.close();
     this.#bell.close();
     this.#inbound.close();
     this.#outbound.close();
@@ -579,6 +582,18 @@ export class Queue {
       ).run(generation);
     });
     this.#generation = generation;
+  }
+
+  // What the runner may legitimately hold: both streams of every open
+  // request at its cap, plus room for the rest. A larger file is refused
+  // unread, so a sandbox cannot make this host copy more than it asked for.
+  #outboundAllowance(): number {
+    const row = statement(
+      this.#inbound,
+      `SELECT coalesce(sum(coalesce(json_extract(payload, '$.outputCap'), ?)), 0) AS caps
+         FROM requests r WHERE NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)`,
+    ).get(DEFAULT_OUTPUT_CAP) as { caps: number };
+    return Math.min(SMALL_FILE_BYTES + 2 * row.caps, MAX_OUTBOUND_BYTES);
   }
 
   #lostResult(id: string): ExecResult | undefined {
@@ -687,7 +702,11 @@ export class Queue {
 
   // Resolves once outbound.db changed after `version` was taken (or the file
   // was replaced), checking the runner on every wake (at least once per poll).
-  async #changedSince(version: string, options: WaitOptions): Promise<void> {
+  async #changedSince(
+    version: string,
+    options: WaitOptions,
+    budget: { revivals: number },
+  ): Promise<void> {
     while (true) {
       if (options.signal?.aborted) {
         throw options.signal.reason ?? new DOMException("Aborted", "AbortError");
@@ -697,7 +716,7 @@ export class Queue {
         await this.#syncGeneration().catch(() => {});
         return;
       }
-      if (await this.#checkRunner(options)) return;
+      if (await this.#checkRunner(options, budget)) return;
       await new Promise<void>((resolve) => {
         const listener = (): void => {
           this.#listeners.delete(listener);
@@ -713,7 +732,7 @@ export class Queue {
 
   #lastCheck = 0;
   // True when the runner was revived (the caller reads again at once).
-  async #checkRunner(options: WaitOptions): Promise<boolean> {
+  async #checkRunner(options: WaitOptions, budget: { revivals: number }): Promise<boolean> {
     const now = Date.now();
     if (now - this.#lastCheck < 250) return false;
     this.#lastCheck = now;
@@ -725,11 +744,9 @@ export class Queue {
       throw new RunnerError(judged.detail);
     }
     // Bounded: a sandbox that breaks its runner on every start fails the wait.
-    const revivals = (this.#revivals.get(options) ?? 0) + 1;
-    if (revivals > MAX_REVIVALS) {
+    if (++budget.revivals > MAX_REVIVALS) {
       throw new RunnerError(`${judged.detail} (after ${MAX_REVIVALS} restarts)`);
     }
-    this.#revivals.set(options, revivals);
     await options.revive(judged.state);
     this.#observed = undefined;
     await this.#syncGeneration().catch(() => {});
@@ -737,7 +754,6 @@ export class Queue {
   }
 
   #openedAt = Date.now();
-  #revivals = new WeakMap<WaitOptions, number>();
 
   // One loop wakes every waiter on each change, however many wait.
   async #pump(): Promise<void> {
@@ -745,26 +761,12 @@ export class Queue {
     this.#pumping = true;
     try {
       while (this.#listeners.size > 0 && !this.#closed.signal.aborted) {
-        this.#watch();
-        await (this.#watcher?.wait(this.#closed.signal) ??
-          new Promise((resolve) => setTimeout(resolve, this.#pollMs)));
+        await this.#watcher.wait(this.#closed.signal);
         for (const listener of [...this.#listeners]) listener();
       }
     } finally {
       this.#pumping = false;
     }
-  }
-
-  // The runner's bell is watched only while it is a regular file: a name the
-  // sandbox turned into a symlink is not followed (the poll still works).
-  #watch(): void {
-    if (this.#watcher !== undefined) return;
-    try {
-      if (!Deno.lstatSync(this.paths.outboundBell).isFile) return;
-    } catch {
-      return;
-    }
-    this.#watcher = new ChangeWatcher([this.paths.outboundBell], { pollMs: this.#pollMs });
   }
 }
 

@@ -62,6 +62,7 @@ export class RunnerQueue {
     this.#outbound = openOutbound(paths.outbound);
     try {
       this.#inbound = openDatabase(paths.inbound, { role: "reader" });
+      setAsideUnlessRegular(paths.outboundBell);
       Deno.writeFileSync(paths.outboundBell, new Uint8Array(), { append: true, create: true });
     } catch (error) {
       this.#outbound.close();
@@ -353,6 +354,13 @@ const ELIGIBLE = `SELECT seq, id, tool_use_id, payload FROM requests r
 // Opens (creating with a fresh generation) the runner's own file. One that is
 // not a usable waffle outbound file is renamed aside, never repaired.
 function openOutbound(path: string): DatabaseSync {
+  // SQLite opens these by name: a link, FIFO or socket there (or a second
+  // link to the database) would make every start fail or hang. WAL files are
+  // never waffle's.
+  setAsideUnlessRegular(`${path}-journal`);
+  for (const suffix of ["-wal", "-shm"]) {
+    setAsideUnlessRegular(`${path}${suffix}`, { always: true });
+  }
   const schema = `${OUTBOUND_SCHEMA}
     INSERT INTO meta (id, generation, max_started_seq) VALUES (1, '${crypto.randomUUID()}', 0);`;
   try {
@@ -374,6 +382,30 @@ function openOutbound(path: string): DatabaseSync {
     }
   }
   return openDatabase(path, { role: "owner", schema });
+}
+
+/**
+ * Renames a name in the runner's own directory out of the way unless it is
+ * a regular file with one link (or `anyLinks`), so that opening it by name
+ * can neither follow a link nor block on a FIFO. Nothing is deleted.
+ *
+ * @param path A file in the runner's directory.
+ * @param options `always`: set aside whatever is there; `anyLinks`: a
+ *   regular file with several links is fine.
+ */
+export function setAsideUnlessRegular(
+  path: string,
+  options: { always?: boolean; anyLinks?: boolean } = {},
+): void {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.lstatSync(path);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return;
+    throw error;
+  }
+  if (!options.always && info.isFile && (options.anyLinks || info.nlink === 1)) return;
+  Deno.renameSync(path, `${path}.damaged-${Date.now()}`);
 }
 
 /**

@@ -31,6 +31,12 @@ import { SCHEMA_VERSION } from "./protocol.ts";
 
 const ENOENT = 2;
 
+/** Tries further apart than this do not count as one long lock. */
+const BUSY_GAP_MS = 1000;
+
+/** Files up to this size are always read; above it, the caller's limit decides. */
+export const SMALL_FILE_BYTES = 16 * 1024 * 1024;
+
 // Loaded with the module, not on a first read in the middle of other work.
 libc();
 
@@ -81,8 +87,11 @@ export interface SandboxFileOptions {
   schema: string;
   /** Largest text or blob SQLite may materialise, in bytes. */
   maxValueBytes: number;
-  /** Largest file accepted, in bytes: a larger one is refused unread. */
-  maxFileBytes: number;
+  /**
+   * Largest file accepted, in bytes: a larger one is refused unread. A
+   * function is asked only for a file above {@linkcode SMALL_FILE_BYTES}.
+   */
+  maxFileBytes: number | (() => number);
 }
 
 /**
@@ -98,6 +107,7 @@ export class SandboxFile {
   #db: DatabaseSync | undefined;
   #key = "";
   #busySince: number | undefined;
+  #lastBusy = 0;
 
   /**
    * Prepares a reader; nothing is opened until the first read.
@@ -188,9 +198,11 @@ export class SandboxFile {
       }
       // stat() on the magic link follows it to the open file; it opens nothing.
       const size = Deno.statSync(magic).size;
-      if (size === 0 || size > this.#options.maxFileBytes) {
+      const limit = this.#options.maxFileBytes;
+      const max = typeof limit === "number" ? limit : size > SMALL_FILE_BYTES ? limit() : size;
+      if (size === 0 || size > max) {
         throw new SandboxFileError(
-          `Queue file '${this.path}' has ${size} bytes (at most ${this.#options.maxFileBytes})`,
+          `Queue file '${this.path}' has ${size} bytes (at most ${max})`,
           { problem: "damaged" },
         );
       }
@@ -293,7 +305,12 @@ export class SandboxFile {
   }
 
   #busy(error: SandboxFileError): DatabaseSync {
-    this.#busySince ??= Date.now();
+    const now = Date.now();
+    // A lock seen now after a long quiet spell is a new one, not the old one
+    // still held: "busy since" counts only tries that keep meeting it.
+    if (now - this.#lastBusy > BUSY_GAP_MS) this.#busySince = now;
+    this.#busySince ??= now;
+    this.#lastBusy = now;
     if (this.#db === undefined) throw error;
     return this.#db;
   }

@@ -1,27 +1,39 @@
 /**
  * Wakes a queue side when the other side committed: each side rings a
  * doorbell file (`inbound.bell`, `outbound.bell`) after every commit, and the
- * other side watches it with `Deno.watchFs` (inotify follows bind mounts on
- * Linux), plus a short fallback poll for mounts that drop events (Docker
- * Desktop's VirtioFS). The caller then checks `PRAGMA data_version`.
+ * other side watches for it with inotify, plus a short fallback poll for
+ * mounts that drop events (Docker Desktop's VirtioFS). The caller then checks
+ * whether the data changed.
  *
- * Why a doorbell and not the database file itself: inotify reports the
- * database file's modification while the writer is still inside its commit,
- * so the woken reader runs into the write lock and SQLite's busy handler
- * sleeps at least a millisecond (and its read lock then delays the writer's
- * next commit). The bell rings only after COMMIT returned.
+ * Why a doorbell and not the database file: inotify reports the database
+ * file's writes while the writer is still inside its commit; the bell rings
+ * only after COMMIT returned.
  *
- * Never watch the database files or the queue directory itself: Deno's
- * watcher opens and closes each file it reports on, and closing any handle to
- * a file drops every POSIX lock the process holds on it, so SQLite's own
- * locks in this process would silently vanish (seen as inconsistent reads).
+ * Why inotify through FFI, on the bell's directory, and not `Deno.watchFs`:
+ * Deno's watcher opens the watched name on every event (following a symlink,
+ * blocking on a FIFO), and the other side can replace that name at will. A
+ * watch on the directory, filtered by name, opens nothing; and closing a
+ * handle to a database file would drop this process's POSIX locks on it.
  *
  * @module
  */
+import { basename, dirname } from "node:path";
+import { errno, type Libc, libc } from "../libc.ts";
 import { QueueError } from "../errors.ts";
 
 /** Default fallback poll interval. */
 export const DEFAULT_POLL_MS = 100;
+
+const IN_NONBLOCK = 0o4000;
+const IN_CLOEXEC = 0o2000000;
+const IN_MODIFY = 0x2;
+const IN_CLOSE_WRITE = 0x8;
+const IN_MOVED_TO = 0x80;
+const IN_CREATE = 0x100;
+const IN_ONLYDIR = 0x01000000;
+const IN_DONT_FOLLOW = 0x02000000;
+const POLLIN = 1;
+const EAGAIN = 11;
 
 /** Options for {@linkcode ChangeWatcher}. */
 export interface ChangeWatcherOptions {
@@ -30,77 +42,136 @@ export interface ChangeWatcherOptions {
 }
 
 /**
- * Resolves `wait()` on the next change event of the watched files or after
- * the poll interval, whichever comes first. Events that arrive between two
- * waits are remembered, so none is lost.
+ * Resolves `wait()` on the next change of the watched files or after the poll
+ * interval, whichever comes first. Events that arrive between two waits are
+ * remembered, so none is lost.
  */
 export class ChangeWatcher {
-  #watcher: Deno.FsWatcher | undefined;
-  #pending = false;
-  #wake: (() => void) | undefined;
   #pollMs: number;
+  #lib: Libc | undefined;
+  #fd = -1;
+  #dirs = new Map<string, { ino: number; names: Set<string> }>();
+  #pending = false;
+  #buffer = new Uint8Array(4096);
+  #polling: Promise<void> | undefined;
 
   /**
-   * Starts watching; falls back to polling alone when the files cannot be watched.
+   * Starts watching; falls back to polling alone when inotify is not there.
    *
    * @param paths Files to watch: the other side's doorbell.
    * @param options Poll interval.
    */
   constructor(paths: string[], options: ChangeWatcherOptions = {}) {
     this.#pollMs = options.pollMs ?? DEFAULT_POLL_MS;
-    try {
-      this.#watcher = Deno.watchFs(paths, { recursive: false });
-      this.#pump(this.#watcher);
-    } catch {
-      // No change events here: the fallback poll alone keeps the queue moving.
-      this.#watcher = undefined;
+    this.#lib = libc();
+    for (const path of paths) {
+      const dir = dirname(path);
+      const entry = this.#dirs.get(dir) ?? { ino: -1, names: new Set<string>() };
+      entry.names.add(basename(path));
+      this.#dirs.set(dir, entry);
     }
-  }
-
-  async #pump(watcher: Deno.FsWatcher): Promise<void> {
-    try {
-      for await (const event of watcher) {
-        if (event.kind === "access") continue;
-        this.#pending = true;
-        this.#wake?.();
-      }
-    } catch {
-      // Watcher closed or the platform dropped it: polling continues.
-    }
+    if (this.#lib !== undefined) this.#fd = this.#lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    // Without inotify the fallback poll alone keeps the queue moving.
+    this.#rewatch();
   }
 
   /**
    * Waits for a change (or the poll interval).
    *
-   * @param signal Aborting resolves the wait early.
+   * @param signal Aborting resolves the wait early (within a poll interval).
    */
   wait(signal?: AbortSignal): Promise<void> {
-    if (this.#pending || signal?.aborted) {
-      this.#pending = false;
-      return Promise.resolve();
-    }
+    if (this.#drain() || signal?.aborted) return Promise.resolve();
     return new Promise((resolve) => {
-      const done = (): void => {
+      let done = false;
+      const finish = (): void => {
+        if (done) return;
+        done = true;
         clearTimeout(timer);
-        signal?.removeEventListener("abort", done);
-        this.#wake = undefined;
-        this.#pending = false;
+        signal?.removeEventListener("abort", finish);
         resolve();
       };
-      const timer = setTimeout(done, this.#pollMs);
-      signal?.addEventListener("abort", done, { once: true });
-      this.#wake = done;
+      const timer = setTimeout(() => {
+        this.#rewatch();
+        finish();
+      }, this.#pollMs);
+      signal?.addEventListener("abort", finish, { once: true });
+      const listen = async (): Promise<void> => {
+        while (!done && this.#fd >= 0) {
+          await this.#pollOnce();
+          if (this.#drain()) finish();
+        }
+      };
+      void listen();
     });
+  }
+
+  // One poll(2) in flight at a time, on FFI's own thread, in short slices so
+  // a closed watcher lets go of it soon.
+  #pollOnce(): Promise<void> {
+    if (this.#polling !== undefined) return this.#polling;
+    if (this.#lib === undefined || this.#fd < 0) return Promise.resolve();
+    const fds = new Uint8Array(8);
+    const view = new DataView(fds.buffer);
+    view.setInt32(0, this.#fd, true);
+    view.setInt16(4, POLLIN, true);
+    this.#polling = this.#lib.poll(fds, 1n, 50).then(() => {
+      this.#polling = undefined;
+    });
+    return this.#polling;
   }
 
   /** Stops watching. */
   close(): void {
-    try {
-      this.#watcher?.close();
-    } catch {
-      // Already closed.
+    if (this.#fd >= 0) this.#lib?.close(this.#fd);
+    this.#fd = -1;
+  }
+
+  // Reads every queued event; true when one names a watched file.
+  #drain(): boolean {
+    if (this.#pending) {
+      this.#pending = false;
+      return true;
     }
-    this.#wake?.();
+    if (this.#fd < 0 || this.#lib === undefined) return false;
+    let hit = false;
+    while (true) {
+      const got = Number(this.#lib.read(this.#fd, this.#buffer, BigInt(this.#buffer.length)));
+      if (got <= 0) {
+        if (got < 0 && errno(this.#lib) !== EAGAIN) this.close();
+        return hit;
+      }
+      const view = new DataView(this.#buffer.buffer, 0, got);
+      for (let offset = 0; offset + 16 <= got;) {
+        const length = view.getUint32(offset + 12, true);
+        const raw = this.#buffer.subarray(offset + 16, offset + 16 + length);
+        const end = raw.indexOf(0);
+        const name = new TextDecoder().decode(end < 0 ? raw : raw.subarray(0, end));
+        for (const entry of this.#dirs.values()) if (entry.names.has(name)) hit = true;
+        offset += 16 + length;
+      }
+    }
+  }
+
+  // (Re)adds a watch on each directory whose inode changed (a replaced
+  // directory keeps its old watch silent otherwise).
+  #rewatch(): void {
+    if (this.#fd < 0 || this.#lib === undefined) return;
+    for (const [dir, entry] of this.#dirs) {
+      let ino: number;
+      try {
+        ino = Deno.lstatSync(dir).ino ?? -1;
+      } catch {
+        continue;
+      }
+      if (ino === entry.ino) continue;
+      const mask = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR |
+        IN_DONT_FOLLOW;
+      if (this.#lib.inotify_add_watch(this.#fd, new TextEncoder().encode(`${dir}\0`), mask) >= 0) {
+        entry.ino = ino;
+        this.#pending = true; // anything may have happened before the watch
+      }
+    }
   }
 }
 
