@@ -11,6 +11,8 @@ const SYMBOLS = {
   open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
   close: { parameters: ["i32"], result: "i32" },
   flock: { parameters: ["i32", "i32"], result: "i32" },
+  fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
+  fchmod: { parameters: ["i32", "u32"], result: "i32" },
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
   pread: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
   read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
@@ -25,10 +27,15 @@ const SYMBOLS = {
 /** The loaded libc symbols. */
 export type Libc = Deno.DynamicLibrary<typeof SYMBOLS>["symbols"];
 
-/** `open(2)` flags (Linux, every architecture Deno ships for). */
+// open(2) flags differ between architectures: arm64 uses the generic values.
+const ARM = Deno.build.arch === "aarch64";
+
+/** `open(2)` flags (Linux, x86_64 and aarch64). */
 export const O_RDONLY = 0;
 /** Fail with ELOOP instead of following a symlink in the last component. */
-export const O_NOFOLLOW = 0o400000;
+export const O_NOFOLLOW = ARM ? 0o100000 : 0o400000;
+/** Fail unless the path is a directory. */
+export const O_DIRECTORY = ARM ? 0o40000 : 0o200000;
 /** Do not block opening a FIFO with no writer (or a device). */
 export const O_NONBLOCK = 0o4000;
 /** Not inherited by child processes. */

@@ -101,7 +101,7 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
     assert.equal(base.body.Labels?.[LABELS.image], "sha256:aa");
     assert.equal(base.body.HostConfig?.NetworkMode, "none");
     assert.deepEqual(base.body.HostConfig?.CapDrop, ["ALL"]);
-    assert.deepEqual(base.body.HostConfig?.CapAdd, ["SETUID", "SETGID", "KILL", "DAC_READ_SEARCH"]);
+    assert.deepEqual(base.body.HostConfig?.CapAdd, ["SETUID", "SETGID", "KILL"]);
     assert.equal(base.body.User, "0:0");
     assert.ok(base.body.Cmd?.join(" ").includes(`--command-user ${SANDBOX_UID}:${SANDBOX_UID}`));
     assert.equal(base.body.HostConfig?.ReadonlyRootfs, true);
@@ -173,8 +173,8 @@ Deno.test("prepareState() lays out the state with one writer per directory", asy
     // The runner's: uid 0 inside, never the commands' uid.
     assert.equal(mode(paths.outbound), 0o700);
     assert.equal(owner(paths.outbound), 0);
-    // The commands': the only directory uid 10001 can write.
-    assert.equal(mode(paths.workspace), 0o700);
+    // The commands': the only directory uid 10001 can write (the runner may only walk in).
+    assert.equal(mode(paths.workspace), 0o711);
     assert.equal(owner(paths.workspace), SANDBOX_UID);
     if (volume.enforced) assert.equal(volume.mountPoint, await Deno.realPath(paths.volume));
   } finally {

@@ -246,24 +246,24 @@ function refuseForeign(
 }
 
 // Starts the container and waits for its runner. A runner that stops during
-// start may have met names in its directory it cannot use (a compromised
-// runner's leftovers): the directory is replaced once and the start retried.
+// start is given a second start; then its directory, which may hold names it
+// cannot use (a compromised runner's leftovers), is replaced for a third.
 async function startReady(
   docker: DockerClient,
   id: string,
   options: EnsureOptions & { before: string | undefined },
 ): Promise<void> {
   const ready = { queue: options.queue, before: options.before, timeoutMs: options.readyTimeoutMs };
-  await docker.startContainer(id);
-  try {
-    await waitReady(docker, id, ready);
-  } catch (error) {
-    if (!(error instanceof RunnerError)) throw error;
+  for (let attempt = 1;; attempt++) {
+    await docker.startContainer(id);
+    try {
+      return await waitReady(docker, id, ready);
+    } catch (error) {
+      if (!(error instanceof RunnerError) || attempt === 3) throw error;
+    }
     await docker.killContainer(id).catch(() => {});
     await docker.waitContainer(id, { timeoutMs: 10_000 }).catch(() => {});
-    await resetOutbound(options.paths);
-    await docker.startContainer(id);
-    await waitReady(docker, id, ready);
+    if (attempt === 2) await resetOutbound(options.paths);
   }
 }
 

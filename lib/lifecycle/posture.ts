@@ -20,12 +20,14 @@ export const SANDBOX_UID = 10001;
 
 /**
  * What the runner may do beyond an unprivileged process: switch a command to
- * {@linkcode SANDBOX_UID} (SETUID, SETGID), signal its tree (KILL), and look
- * into the command's workspace to check a working directory (DAC_READ_SEARCH).
- * The runner runs as the container's uid 0 with only these; a command loses
- * them all when it drops to its own uid, and `no-new-privileges` keeps it so.
+ * {@linkcode SANDBOX_UID} (SETUID, SETGID) and signal its tree (KILL). The
+ * runner runs as the container's uid 0 with only these; a command loses them
+ * all when it drops to its own uid, and `no-new-privileges` keeps it so.
+ * Never DAC_READ_SEARCH: with it Docker's seccomp profile allows
+ * `open_by_handle_at`, which walks out of any bind mount to the whole host
+ * filesystem.
  */
-export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL", "DAC_READ_SEARCH"] as const;
+export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL"] as const;
 
 /** Where the runner's program is mounted inside the container. */
 const PROGRAM_DIR = "/opt/waffle";

@@ -26,6 +26,7 @@ import { initQueue } from "../queue/schema.ts";
 import type { StatePaths } from "./identity.ts";
 import { hostCanChown, SANDBOX_UID } from "./posture.ts";
 import { ensureVolume, type VolumeStatus } from "./quota.ts";
+import { errno, libc, O_CLOEXEC, O_DIRECTORY, O_NOFOLLOW, O_RDONLY } from "../libc.ts";
 
 /** Options for {@linkcode prepareState}. */
 export interface PrepareStateOptions {
@@ -70,9 +71,11 @@ export async function prepareState(
   const volume = await ensureVolume(paths.root, { bytes: options.quotaBytes });
   try {
     ownDirectory(paths.outbound, root ? { mode: 0o700 } : { mode: 0o2770 });
+    // 0711: the runner (uid 0 without DAC capabilities) walks into it to
+    // check a request's working directory; only commands list or write it.
     ownDirectory(
       paths.workspace,
-      root ? { mode: 0o700, owner: SANDBOX_UID } : { mode: 0o777 },
+      root ? { mode: 0o711, owner: SANDBOX_UID } : { mode: 0o777 },
     );
   } catch (cause) {
     throw new QueueError(`Cannot create sandbox state '${paths.root}': ${messageOf(cause)}`, {
@@ -114,18 +117,34 @@ export async function resetOutbound(paths: StatePaths): Promise<void> {
 }
 
 // Creates a directory (if missing) with an exact mode and, as root, owner.
-// The parent is the host's, so the name cannot be a planted link; lstat
-// checks anyway, since a replaced volume could hold anything.
+// The parent is the host's, but the mode and owner are set through a
+// descriptor opened with O_NOFOLLOW | O_DIRECTORY all the same: a name
+// swapped for a link between a check and a chmod by name would hand any host
+// path to the sandbox.
 function ownDirectory(path: string, options: { mode: number; owner?: number }): void {
   try {
-    const info = Deno.lstatSync(path);
-    if (!info.isDirectory) throw new QueueError(`'${path}' is not a directory`);
-  } catch (error) {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
     Deno.mkdirSync(path, { mode: 0o700 });
+  } catch (error) {
+    if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
   }
-  if (options.owner !== undefined) Deno.chownSync(path, options.owner, options.owner);
-  Deno.chmodSync(path, options.mode);
+  const lib = libc();
+  if (lib === undefined) throw new QueueError(`Cannot set up '${path}': libc is not available`);
+  const fd = lib.open(
+    new TextEncoder().encode(`${path}\0`),
+    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+    0,
+  );
+  if (fd < 0) throw new QueueError(`'${path}' is not a directory (errno ${errno(lib)})`);
+  try {
+    if (options.owner !== undefined && lib.fchown(fd, options.owner, options.owner) !== 0) {
+      throw new QueueError(`Cannot hand '${path}' to uid ${options.owner} (errno ${errno(lib)})`);
+    }
+    if (lib.fchmod(fd, options.mode) !== 0) {
+      throw new QueueError(`Cannot set the mode of '${path}' (errno ${errno(lib)})`);
+    }
+  } finally {
+    lib.close(fd);
+  }
 }
 
 /**

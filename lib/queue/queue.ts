@@ -707,6 +707,13 @@ export class Queue {
     options: WaitOptions,
     budget: { revivals: number },
   ): Promise<void> {
+    // The last read served an older copy (copies are rate-limited): read
+    // again when the next one is due.
+    const due = this.#outbound.deferredUntil;
+    if (due !== undefined) {
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, due - Date.now())));
+      return;
+    }
     while (true) {
       if (options.signal?.aborted) {
         throw options.signal.reason ?? new DOMException("Aborted", "AbortError");

@@ -61,7 +61,7 @@ export class RunnerQueue {
     this.paths = paths;
     this.#outbound = openOutbound(paths.outbound);
     try {
-      this.#inbound = openDatabase(paths.inbound, { role: "reader" });
+      this.#inbound = openInbound(paths.inbound);
       setAsideUnlessRegular(paths.outboundBell);
       Deno.writeFileSync(paths.outboundBell, new Uint8Array(), { append: true, create: true });
     } catch (error) {
@@ -341,6 +341,20 @@ export class RunnerQueue {
       }
       return request;
     });
+  }
+}
+
+// The host's file, read-only: a host that died mid-commit leaves a journal
+// only the next host rolls back, and a commit in flight can look like one for
+// a moment. Retried briefly; the runner's poll retries any later read.
+function openInbound(path: string): DatabaseSync {
+  for (let attempt = 1;; attempt++) {
+    try {
+      return openDatabase(path, { role: "reader" });
+    } catch (error) {
+      if (!(error instanceof QueueError) || attempt >= 20) throw error;
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50 * attempt);
+    }
   }
 }
 
