@@ -37,6 +37,7 @@ export {
   sweep,
   type SweepAction,
   type SweepOptions,
+  type VolumeStatus,
 } from "./lifecycle/mod.ts";
 /** The Engine API client the fleet functions take; its types live in `lib/docker/mod.ts`. */
 export { DockerClient } from "./docker/mod.ts";

@@ -13,11 +13,32 @@ export {
   incompatibility,
   resolveImage,
 } from "./ensure.ts";
-export { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
+export {
+  type SandboxKey,
+  sandboxKey,
+  stateLayout,
+  type StatePaths,
+  statePaths,
+} from "./identity.ts";
 export { withLock } from "./lock.ts";
-export { bind, type ContainerSpec, containerSpec, LABELS, SANDBOX_UID } from "./posture.ts";
+export {
+  bind,
+  type ContainerSpec,
+  containerSpec,
+  LABELS,
+  postureDrift,
+  RUNNER_CAPS,
+  SANDBOX_UID,
+} from "./posture.ts";
+export {
+  DEFAULT_QUOTA_BYTES,
+  ensureVolume,
+  quotaSupport,
+  removeVolume,
+  type VolumeStatus,
+} from "./quota.ts";
 export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
-export { prepareState, stateExists } from "./state_dir.ts";
+export { prepareState, type PrepareStateOptions, resetOutbound, stateExists } from "./state_dir.ts";
 export {
   listSandboxes,
   removeSandbox,

@@ -57,7 +57,7 @@ export const LOCK_WAIT_MS = 10_000;
  * and room for the rest. A queue's own host allows what its open requests
  * asked for instead (see `Queue`).
  */
-export const MAX_OUTBOUND_BYTES = 2 * MAX_OUTPUT_CAP + SMALL_FILE_BYTES;
+export const MAX_OUTBOUND_BYTES: number = 2 * MAX_OUTPUT_CAP + SMALL_FILE_BYTES;
 /** How many times one wait restarts a runner before it gives up. */
 const MAX_REVIVALS = 3;
 
