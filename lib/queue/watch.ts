@@ -9,15 +9,16 @@
  * file's writes while the writer is still inside its commit; the bell rings
  * only after COMMIT returned.
  *
- * Why inotify through FFI, on the bell's directory, and not `Deno.watchFs`:
+ * Why inotify through FFI, with `IN_DONT_FOLLOW`, and not `Deno.watchFs`:
  * Deno's watcher opens the watched name on every event (following a symlink,
- * blocking on a FIFO), and the other side can replace that name at will. A
- * watch on the directory, filtered by name, opens nothing; and closing a
- * handle to a database file would drop this process's POSIX locks on it.
+ * blocking on a FIFO), and the other side can replace that name at will. An
+ * inotify watch opens nothing: it watches the inode the name has when the
+ * watch is added (a link itself, never its target), and is added again when
+ * the name comes to point at another inode. (Closing a handle to a database
+ * file would also drop this process's POSIX locks on it.)
  *
  * @module
  */
-import { basename, dirname } from "node:path";
 import { errno, type Libc, libc } from "../libc.ts";
 import { QueueError } from "../errors.ts";
 
@@ -28,10 +29,9 @@ const IN_NONBLOCK = 0o4000;
 const IN_CLOEXEC = 0o2000000;
 const IN_MODIFY = 0x2;
 const IN_CLOSE_WRITE = 0x8;
-const IN_MOVED_TO = 0x80;
-const IN_CREATE = 0x100;
-const IN_ONLYDIR = 0x01000000;
 const IN_DONT_FOLLOW = 0x02000000;
+/** What ringing a bell (rewriting its byte) raises. */
+const RING = IN_MODIFY | IN_CLOSE_WRITE;
 const POLLIN = 1;
 const EAGAIN = 11;
 
@@ -50,7 +50,7 @@ export class ChangeWatcher {
   #pollMs: number;
   #lib: Libc | undefined;
   #fd = -1;
-  #dirs = new Map<string, { ino: number; names: Set<string> }>();
+  #files = new Map<string, number>();
   #pending = false;
   #buffer = new Uint8Array(4096);
   #polling: Promise<void> | undefined;
@@ -64,12 +64,7 @@ export class ChangeWatcher {
   constructor(paths: string[], options: ChangeWatcherOptions = {}) {
     this.#pollMs = options.pollMs ?? DEFAULT_POLL_MS;
     this.#lib = libc();
-    for (const path of paths) {
-      const dir = dirname(path);
-      const entry = this.#dirs.get(dir) ?? { ino: -1, names: new Set<string>() };
-      entry.names.add(basename(path));
-      this.#dirs.set(dir, entry);
-    }
+    for (const path of paths) this.#files.set(path, -1);
     if (this.#lib !== undefined) this.#fd = this.#lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     // Without inotify the fallback poll alone keeps the queue moving.
     this.#rewatch();
@@ -141,34 +136,26 @@ export class ChangeWatcher {
         if (got < 0 && errno(this.#lib) !== EAGAIN) this.close();
         return hit;
       }
-      const view = new DataView(this.#buffer.buffer, 0, got);
-      for (let offset = 0; offset + 16 <= got;) {
-        const length = view.getUint32(offset + 12, true);
-        const raw = this.#buffer.subarray(offset + 16, offset + 16 + length);
-        const end = raw.indexOf(0);
-        const name = new TextDecoder().decode(end < 0 ? raw : raw.subarray(0, end));
-        for (const entry of this.#dirs.values()) if (entry.names.has(name)) hit = true;
-        offset += 16 + length;
-      }
+      // Every watch is on a watched file: any event is a ring.
+      hit = true;
     }
   }
 
-  // (Re)adds a watch on each directory whose inode changed (a replaced
-  // directory keeps its old watch silent otherwise).
+  // (Re)adds a watch on each file whose name now points at another inode (a
+  // replaced file keeps its old watch silent otherwise).
   #rewatch(): void {
     if (this.#fd < 0 || this.#lib === undefined) return;
-    for (const [dir, entry] of this.#dirs) {
+    for (const [path, watched] of this.#files) {
       let ino: number;
       try {
-        ino = Deno.lstatSync(dir).ino ?? -1;
+        ino = Deno.lstatSync(path).ino ?? -1;
       } catch {
         continue;
       }
-      if (ino === entry.ino) continue;
-      const mask = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR |
-        IN_DONT_FOLLOW;
-      if (this.#lib.inotify_add_watch(this.#fd, new TextEncoder().encode(`${dir}\0`), mask) >= 0) {
-        entry.ino = ino;
+      if (ino === watched) continue;
+      const name = new TextEncoder().encode(`${path}\0`);
+      if (this.#lib.inotify_add_watch(this.#fd, name, RING | IN_DONT_FOLLOW) >= 0) {
+        this.#files.set(path, ino);
         this.#pending = true; // anything may have happened before the watch
       }
     }
