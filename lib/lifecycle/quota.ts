@@ -18,7 +18,6 @@
  */
 import { basename, join } from "node:path";
 import { QueueError, UsageError } from "../errors.ts";
-import { messageOf } from "../queue/connection.ts";
 
 /** Quota of a sandbox's writable volume when the config names none: 1 GiB. */
 export const DEFAULT_QUOTA_BYTES = 1024 ** 3;
@@ -475,6 +474,10 @@ async function run(program: Program, args: string[]): Promise<{ code: number; ou
 function which(program: Program): string | undefined {
   const dirs = [...(Deno.env.get("PATH") ?? "").split(":"), "/usr/sbin", "/sbin", "/usr/bin"];
   return dirs.filter((dir) => dir.startsWith("/")).map((dir) => join(dir, program)).find(exists);
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 async function isEmpty(dir: string): Promise<boolean> {
