@@ -476,6 +476,8 @@ function which(program: Program): string | undefined {
   return dirs.filter((dir) => dir.startsWith("/")).map((dir) => join(dir, program)).find(exists);
 }
 
+// Local, not the queue's: this module is also loaded alone (by a child
+// process of its tests) without the queue's dependencies.
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
