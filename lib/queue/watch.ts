@@ -76,6 +76,8 @@ export class ChangeWatcher {
    * @param signal Aborting resolves the wait early (within a poll interval).
    */
   wait(signal?: AbortSignal): Promise<void> {
+    // A bell created (or replaced) since the last wait is watched from now.
+    this.#rewatch();
     if (this.#drain() || signal?.aborted) return Promise.resolve();
     return new Promise((resolve) => {
       let done = false;
