@@ -25,7 +25,6 @@ import { dirname, join } from "node:path";
 import process from "node:process";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { selfCommand } from "../lib/config/self.ts";
-import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
@@ -35,7 +34,6 @@ import { delay, text, waitFor } from "./_helpers.ts";
 import { asCommand, asRunner, containerOf, type Victim, victimFile } from "./_hostile_helpers.ts";
 import {
   type HomeConfig,
-  removeHomeContainers,
   run,
   runOk,
   tempHome,
@@ -55,45 +53,16 @@ const CHILD_LIMIT_MS = 20_000;
 // Homes whose volumes never outlive the test.
 
 /**
- * {@linkcode tempHome} whose disposal closes the sandboxes, removes the
- * containers (they pin the volumes), unmounts every sandbox volume, and then
- * removes the home.
+ * {@linkcode tempHome} (whose disposal closes the sandboxes, removes the
+ * containers and unmounts every volume), checked afterwards for loop devices
+ * that outlived it.
  */
 async function hostileHome(docker: DockerClient, config: HomeConfig = {}): Promise<TestHome> {
   const home = await tempHome(docker, { idleSeconds: 600, ...config });
-  const opened: Sandbox[] = [];
   return {
-    home: home.home,
-    docker: home.docker,
-    open(user, options): Sandbox {
-      const sandbox = home.open(user, options);
-      opened.push(sandbox);
-      return sandbox;
-    },
-    cli: home.cli,
-    containers: home.containers,
+    ...home,
     async [Symbol.asyncDispose](): Promise<void> {
-      try {
-        for (const sandbox of opened) {
-          try {
-            sandbox.close();
-          } catch {
-            // Already closed.
-          }
-        }
-        await removeHomeContainers(docker, home.home);
-        let roots: string[] = [];
-        try {
-          roots = [...Deno.readDirSync(join(home.home, "sandboxes"))]
-            .filter((entry) => entry.isDirectory)
-            .map((entry) => join(home.home, "sandboxes", entry.name));
-        } catch {
-          // No sandbox was made.
-        }
-        for (const root of roots) await removeVolume(root);
-      } finally {
-        await home[Symbol.asyncDispose]();
-      }
+      await home[Symbol.asyncDispose]();
       const leaked = loopBackingFiles().filter((file) => file.startsWith(`${home.home}/`));
       assert.deepEqual(leaked, [], "loop devices outlived the test");
     },
