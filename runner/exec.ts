@@ -24,8 +24,11 @@ export interface ExecSpec {
   cwd: string;
   /** The complete environment (from `buildEnv()`); the runner's own is not inherited. */
   env: Record<string, string>;
-  /** Bytes written to stdin before it is closed; null means stdin is closed from the start. */
-  stdin: Uint8Array | null;
+  /**
+   * Bytes written to stdin before it is closed, or a stream piped into it
+   * (a session); null means stdin is closed from the start.
+   */
+  stdin: Uint8Array | ReadableStream<Uint8Array> | null;
   /** Run time limit in milliseconds, counted from start. */
   timeoutMs?: number | undefined;
   /** Most bytes forwarded per stream; the rest is counted and dropped. */
@@ -67,8 +70,9 @@ export interface RunOptions {
   /**
    * Receives output as it arrives, at most `MAX_CHUNK_BYTES` per call, in
    * order within each stream. The bytes are not reused by the caller side.
+   * A returned promise holds the stream's reading until it settles (backpressure).
    */
-  onOutput(stream: StreamName, data: Uint8Array): void;
+  onOutput(stream: StreamName, data: Uint8Array): void | Promise<void>;
   /** Abort with reason `"cancel"` or `"interrupt"` (any other reason counts as cancel). */
   signal?: AbortSignal | undefined;
   /** Time between SIGTERM and SIGKILL when killing the tree; default 500 ms. */
@@ -233,10 +237,10 @@ async function execute(
   };
 
   let forwarding = true;
-  const deliver = (stream: StreamName, data: Uint8Array): void => {
+  const deliver = (stream: StreamName, data: Uint8Array): void | Promise<void> => {
     if (!forwarding) return;
     try {
-      options.onOutput(stream, data);
+      return options.onOutput(stream, data);
     } catch (error) {
       forwarding = false;
       fail(`Output handler failed: ${messageOf(error)}`);
@@ -244,7 +248,11 @@ async function execute(
   };
   const stdout = startPump(child.stdout, spec.outputCap, (data) => deliver("stdout", data));
   const stderr = startPump(child.stderr, spec.outputCap, (data) => deliver("stderr", data));
-  const stdinDone = spec.stdin === null ? Promise.resolve() : writeStdin(child.stdin, spec.stdin);
+  const stdinDone = spec.stdin === null
+    ? Promise.resolve()
+    : spec.stdin instanceof ReadableStream
+    ? spec.stdin.pipeTo(child.stdin).catch(() => {})
+    : writeStdin(child.stdin, spec.stdin);
 
   let timer: ReturnType<typeof setTimeout> | undefined;
   if (spec.timeoutMs !== undefined) {
@@ -321,7 +329,7 @@ interface Pump {
 function startPump(
   stream: ReadableStream<Uint8Array>,
   cap: number,
-  forward: (data: Uint8Array) => void,
+  forward: (data: Uint8Array) => void | Promise<void>,
 ): Pump {
   const reader = stream.getReader();
   const stats: PumpStats = { total: 0, forwarded: 0, truncated: false };
@@ -335,7 +343,7 @@ function startPump(
         if (take < value.byteLength) stats.truncated = true;
         stats.forwarded += take;
         for (let offset = 0; offset < take; offset += MAX_CHUNK_BYTES) {
-          forward(value.subarray(offset, Math.min(take, offset + MAX_CHUNK_BYTES)));
+          await forward(value.subarray(offset, Math.min(take, offset + MAX_CHUNK_BYTES)));
         }
       }
     } catch {

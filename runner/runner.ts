@@ -24,6 +24,7 @@ import { logLine } from "./log.ts";
 import { acquireRunnerLock } from "./runner_lock.ts";
 import { enableSubreaper, reapOrphans } from "./subreaper.ts";
 import { spawnedPids } from "./exec.ts";
+import { SessionFeed } from "./session.ts";
 import { buildEnv, resolveCwd } from "./workspace.ts";
 
 /** Options for {@linkcode runRunner}. */
@@ -77,15 +78,21 @@ const BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
  * host passed into the container). Never the runner's whole environment.
  *
  * @param workspace The workspace root (HOME).
+ * @param options `passEnv: false` leaves out `WAFFLE_PASS_ENV` (sessions).
  * @returns The base environment.
  */
-export function commandBaseEnv(workspace: string): Record<string, string> {
+export function commandBaseEnv(
+  workspace: string,
+  options: { passEnv?: boolean } = {},
+): Record<string, string> {
   const env: Record<string, string> = {
     PATH: BASE_PATH,
     HOME: workspace,
     LANG: "C.UTF-8",
     TMPDIR: "/tmp",
   };
+  // A session (an MCP server) gets only what its request names.
+  if (options.passEnv === false) return env;
   for (const name of (Deno.env.get("WAFFLE_PASS_ENV") ?? "").split(",")) {
     const value = name === "" ? undefined : Deno.env.get(name);
     if (value !== undefined) env[name] = value;
@@ -96,6 +103,7 @@ export function commandBaseEnv(workspace: string): Record<string, string> {
 interface Running {
   request: InboundRequest;
   abort: AbortController;
+  feed?: SessionFeed;
 }
 
 /**
@@ -117,9 +125,12 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const idleExitMs = options.idleExitMs ?? 0;
   const workspace = Deno.realPathSync(options.workspace);
   const baseEnv = commandBaseEnv(workspace);
+  const sessionEnv = commandBaseEnv(workspace, { passEnv: false });
 
   const waiting: InboundRequest[] = [];
   const running = new Map<string, Running>();
+  // Sessions run beside the commands: neither ever waits for the other.
+  const sessions = new Map<string, Running>();
   const stop = new AbortController();
   let kick = new AbortController();
   let idleSince: number | null = Date.now();
@@ -151,7 +162,12 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       )
     ),
   );
-  waiting.push(...recovery.pending);
+  const queueOrStart = (requests: InboundRequest[]): void => {
+    for (const request of requests) {
+      if (request.payload?.session === undefined) waiting.push(request);
+      else void execute(request);
+    }
+  };
 
   // The first beat comes from this thread, so the host sees the runner as
   // soon as it serves; the worker (a second isolate, slower to boot) takes
@@ -228,19 +244,27 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   };
 
   const execute = async (request: InboundRequest): Promise<void> => {
+    const spec = request.payload?.session;
     const entry: Running = { request, abort: new AbortController() };
-    running.set(request.id, entry);
+    if (spec !== undefined) {
+      entry.feed = new SessionFeed(queue, { id: request.id, spec, abort: entry.abort });
+      entry.feed.poll();
+    }
+    const slots = spec === undefined ? running : sessions;
+    slots.set(request.id, entry);
     const release = (): void => {
-      if (running.delete(request.id)) kick.abort();
+      if (slots.delete(request.id)) kick.abort();
     };
     try {
       const { result, unsent } = await runOne(queue, request, {
         bootId,
         workspace,
-        baseEnv,
+        baseEnv: spec === undefined ? baseEnv : sessionEnv,
         abort: entry.abort.signal,
-        claimOrphans: concurrency === 1,
+        // An orphan may belong to a session's server: claim none while one runs.
+        claimOrphans: concurrency === 1 && sessions.size === 0,
         user: options.commandUser,
+        feed: entry.feed,
       });
       // The tree is dead: free the slot before the result is durable, so the
       // next request's "started" joins the result's commit (one fsync per
@@ -255,9 +279,11 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         resultOf(request.id, { error: `Could not record the start: ${messageOf(error)}` }),
       );
     } finally {
+      entry.feed?.stop();
       release();
     }
   };
+  queueOrStart(recovery.pending);
 
   const onWriteError = (what: string) => (error: unknown): void => {
     logLine(`cannot record ${what}: ${messageOf(error)}`);
@@ -269,14 +295,16 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     // The cursor moved past `fresh`: from here on nothing of it may be dropped.
     const valid = fresh.filter((request) => request.payload !== undefined);
     if (valid.length > 0) {
-      waiting.push(...valid);
+      queueOrStart(valid);
       queue.accept(valid.map((request) => request.id), bootId).catch(onWriteError("acceptance"));
     }
     for (const request of fresh.filter((r) => r.payload === undefined)) {
       void record(resultOf(request.id, { error: `Invalid request: ${request.invalid}` }));
     }
-    for (const id of queue.cancelled([...waiting.map((r) => r.id), ...running.keys()])) {
-      running.get(id)?.abort.abort("cancel");
+    for (const entry of sessions.values()) entry.feed?.poll();
+    const open = [...waiting.map((r) => r.id), ...running.keys(), ...sessions.keys()];
+    for (const id of queue.cancelled(open)) {
+      (running.get(id) ?? sessions.get(id))?.abort.abort("cancel");
       const index = waiting.findIndex((request) => request.id === id);
       if (index >= 0) {
         waiting.splice(index, 1);
@@ -310,7 +338,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         void execute(waiting.shift()!);
       }
       const now = Date.now();
-      setIdle(running.size === 0 && waiting.length === 0 ? (idleSince ?? now) : null);
+      const busy = running.size > 0 || waiting.length > 0 || sessions.size > 0;
+      setIdle(busy ? null : (idleSince ?? now));
       if (idleExitMs > 0 && idleSince !== null && now - idleSince >= idleExitMs) {
         // A last look, so a request committed just now is served, not stranded.
         if (queue.inboundChanged()) {
@@ -324,8 +353,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       await watcher.wait(kick.signal);
     }
   } finally {
-    for (const entry of running.values()) entry.abort.abort("interrupt");
-    while (running.size > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    for (const entry of [...running.values(), ...sessions.values()]) entry.abort.abort("interrupt");
+    while (running.size + sessions.size > 0) await new Promise((resolve) => setTimeout(resolve, 10));
     clearInterval(reaper);
     watcher.close();
     await stopWorker(heartbeat);
@@ -350,6 +379,8 @@ interface RunOneOptions {
   baseEnv: Record<string, string>;
   abort: AbortSignal;
   claimOrphans: boolean;
+  /** A session's stdin feed and output window. */
+  feed: SessionFeed | undefined;
 }
 
 // Validates, marks started (durably), runs, and returns the result with the
@@ -363,9 +394,13 @@ async function runOne(
   options: RunOneOptions,
 ): Promise<{ result: ExecResult; unsent: Chunk[] }> {
   const payload = request.payload!;
+  const feed = options.feed;
   let cwd: string;
   let env: Record<string, string>;
   try {
+    if (payload.session?.makeCwd && payload.cwd !== undefined) {
+      await makeDirectory(options.workspace, payload.cwd, options.user);
+    }
     cwd = resolveCwd(options.workspace, payload.cwd);
     env = buildEnv(options.baseEnv, { extra: payload.env, requestId: request.id });
   } catch (error) {
@@ -412,7 +447,8 @@ async function runOne(
       () => {
         writing = undefined;
         if (buffered.length > 0) {
-          timer ??= setTimeout(flush, bufferedBytes >= FLUSH_BYTES ? 0 : FLUSH_MS);
+          const now = bufferedBytes >= FLUSH_BYTES || feed !== undefined;
+          timer ??= setTimeout(flush, now ? 0 : FLUSH_MS);
         }
       },
       (error) => {
@@ -424,15 +460,19 @@ async function runOne(
       },
     );
   };
-  const onOutput = (stream: StreamName, data: Uint8Array): void => {
+  const onOutput = (stream: StreamName, data: Uint8Array): void | Promise<void> => {
     // exec.ts already splits at MAX_CHUNK_BYTES; this guards the protocol limit.
+    let admitted: Promise<void> | undefined;
     for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
       const piece = data.slice(offset, offset + MAX_CHUNK_BYTES);
-      buffered.push({ stream, seq: seq[stream]++, data: piece });
+      buffered.push({ stream, seq: seq[stream], data: piece });
+      admitted = feed?.admit(stream, seq[stream]++, piece.byteLength);
       bufferedBytes += piece.byteLength;
     }
-    if (bufferedBytes >= FLUSH_BYTES) flush();
+    // A session is a conversation: its output goes out at once, not batched.
+    if (bufferedBytes >= FLUSH_BYTES || feed !== undefined) flush();
     else timer ??= setTimeout(flush, FLUSH_MS);
+    return admitted;
   };
 
   const outcome: ExecOutcome = await runCommand({
@@ -440,9 +480,9 @@ async function runOne(
     argv: payload.argv,
     cwd,
     env,
-    stdin: payload.stdin === undefined ? null : fromBase64(payload.stdin),
+    stdin: feed?.stdin ?? (payload.stdin === undefined ? null : fromBase64(payload.stdin)),
     ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
-    outputCap: payload.outputCap ?? DEFAULT_OUTPUT_CAP,
+    outputCap: feed === undefined ? payload.outputCap ?? DEFAULT_OUTPUT_CAP : Infinity,
     user: options.user,
   }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
   // The output left over (and any a failed write gave back) goes with the result.
@@ -464,9 +504,33 @@ async function runOne(
     startedAt: outcome.startedAt,
     endedAt: outcome.endedAt,
     durationMs: Math.max(0, outcome.endedAt - outcome.startedAt),
-    error: outcome.error === null ? null : outcome.error.slice(0, 4096),
+    error: (feed?.endedBecause ?? outcome.error)?.slice(0, 4096) ?? null,
   };
   return { result, unsent: buffered };
+}
+
+// Creates a session's working directory as the command's user, so a link a
+// command planted in the workspace gives it nothing the command lacked.
+async function makeDirectory(
+  workspace: string,
+  cwd: string,
+  user: { uid: number; gid: number } | undefined,
+): Promise<void> {
+  // Outside the workspace: resolveCwd reports it.
+  if (cwd.startsWith("/") || cwd.split("/").includes("..")) return;
+  const made = await new Deno.Command("mkdir", {
+    args: ["-p", "--", cwd],
+    cwd: workspace,
+    clearEnv: true,
+    env: { PATH: BASE_PATH },
+    stdout: "null",
+    stderr: "piped",
+    ...(user === undefined ? {} : { uid: user.uid, gid: user.gid }),
+  }).output().catch((error) => ({ success: false, stderr: new TextEncoder().encode(messageOf(error)) }));
+  if (!made.success) {
+    const why = new TextDecoder().decode(made.stderr).trim().split("\n")[0];
+    throw new UsageError(`Cannot create working directory '${cwd}': ${why}`);
+  }
 }
 
 // Runs a write again while it fails on a lock held past busy_timeout (the

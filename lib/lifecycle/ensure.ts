@@ -306,7 +306,7 @@ async function waitReady(
 async function drain(queue: Queue, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline && queue.liveness().state === "alive") {
-    if (queue.inFlight().length === 0) return;
+    if (queue.inFlight({ sessions: false }).length === 0) return;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }

@@ -40,6 +40,8 @@ export interface OpenOptions {
    * stop the event loop for every user the process serves.
    */
   busyTimeoutMs?: number;
+  /** DDL that brings a file of an older schema version (the key) to this one; owner only. */
+  upgrades?: Readonly<Record<number, string>>;
 }
 
 /**
@@ -73,12 +75,14 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
       throw new QueueError(`Queue file '${path}' refused busy_timeout: got '${busy}'`);
     }
     let version = Number(pragma(db, "user_version"));
-    if (version === 0 && options.schema !== undefined) {
+    const upgrade = readOnly ? undefined : options.upgrades?.[version];
+    if ((version === 0 && options.schema !== undefined) || upgrade !== undefined) {
+      const ddl = version === 0 ? options.schema! : upgrade!;
       db.exec("BEGIN IMMEDIATE");
       try {
         // Re-read under the write lock: the other side may have just created it.
-        if (Number(pragma(db, "user_version")) === 0) {
-          db.exec(options.schema);
+        if (Number(pragma(db, "user_version")) === version) {
+          db.exec(ddl);
           db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
         }
         db.exec("COMMIT");

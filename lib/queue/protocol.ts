@@ -8,7 +8,7 @@
 import { z } from "zod";
 
 /** Bumped whenever either file's schema changes; stored in `PRAGMA user_version`. */
-export const SCHEMA_VERSION = 2;
+export const SCHEMA_VERSION = 3;
 
 /** Largest single output chunk a runner may write, in bytes. */
 export const MAX_CHUNK_BYTES = 64 * 1024;
@@ -20,6 +20,14 @@ export const MAX_OUTPUT_CAP = 64 * 1024 * 1024;
 export const MAX_STDIN_BYTES = 16 * 1024 * 1024;
 /** Largest error message accepted from the runner, in characters. */
 export const MAX_ERROR_CHARS = 4096;
+/** Largest piece of session input in one inbound row, in bytes. */
+export const MAX_INPUT_CHUNK_BYTES = 64 * 1024;
+/**
+ * Session output per stream the runner may have written and the host not yet
+ * read: past it the runner stops reading the server's pipe until the host's
+ * lease row says it caught up. It bounds `outbound.db` however long a session lives.
+ */
+export const SESSION_WINDOW_BYTES = 512 * 1024;
 /** Runner heartbeat interval. Hosts call a runner dead after twice this. */
 export const HEARTBEAT_INTERVAL_MS = 2000;
 
@@ -55,6 +63,12 @@ export const execPayloadSchema: z.ZodType<ExecPayload> = z.object({
   timeoutMs: z.number().int().positive().max(7 * 24 * 3600 * 1000).optional(),
   /** Per-stream output cap in bytes. */
   outputCap: z.number().int().positive().max(MAX_OUTPUT_CAP).optional(),
+  /** Present for a session: stdin streamed from `input` rows, output unbounded. */
+  session: z.object({
+    idleMs: z.number().int().positive().max(7 * 24 * 3600 * 1000),
+    leaseMs: z.number().int().min(1000).max(3600 * 1000),
+    makeCwd: z.boolean().optional(),
+  }).strict().optional(),
 });
 
 /** A validated `exec` payload. */
@@ -71,6 +85,23 @@ export interface ExecPayload {
   timeoutMs?: number | undefined;
   /** Per-stream output cap in bytes. */
   outputCap?: number | undefined;
+  /** Present for a session (see {@linkcode SessionSpec}). */
+  session?: SessionSpec | undefined;
+}
+
+/**
+ * A long-lived session: its stdin is streamed from the host's `input` rows
+ * (a NULL row ends it), its output is unbounded in total but at most
+ * {@linkcode SESSION_WINDOW_BYTES} unread per stream, and it ends when its
+ * lease stops being renewed, when it is idle, or when the host cancels it.
+ */
+export interface SessionSpec {
+  /** No input or output for this long ends the session. */
+  idleMs: number;
+  /** The host renews its lease row at least this often, or the session ends (runner's clock). */
+  leaseMs: number;
+  /** Create the working directory (inside the workspace) when missing. */
+  makeCwd?: boolean | undefined;
 }
 
 /**

@@ -33,10 +33,12 @@ import {
   MAX_OUTPUT_CAP,
   MAX_STDIN_BYTES,
   type OutputChunk,
+  MAX_INPUT_CHUNK_BYTES,
   type RequestState,
+  type SessionSpec,
 } from "./protocol.ts";
 import { SandboxFile, SMALL_FILE_BYTES } from "./sandbox_file.ts";
-import { initQueue, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
+import { INBOUND_UPGRADES, initQueue, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
 
 /**
@@ -92,6 +94,12 @@ export interface SubmitOptions {
   outputCap?: number;
   /** The caller's tool-use id: submitting the same one again returns the same request. */
   toolUseId?: string;
+  /**
+   * Makes the request a session: stdin is streamed with
+   * {@linkcode Queue.sendInput}, output is unbounded in total, and the host
+   * keeps it alive with {@linkcode Queue.renewLease}. Use `QueueSession`.
+   */
+  session?: SessionSpec;
 }
 
 /** Options for {@linkcode Queue.open}. */
@@ -170,7 +178,11 @@ export class Queue {
     // Only other host processes (trusted, for a commit's length) can hold a
     // write lock on inbound.db; the runner's read lock blocks only commits,
     // which GroupCommit retries asynchronously.
-    this.#inbound = openDatabase(paths.inbound, { role: "owner", busyTimeoutMs: 1000 });
+    this.#inbound = openDatabase(paths.inbound, {
+      role: "owner",
+      busyTimeoutMs: 1000,
+      upgrades: INBOUND_UPGRADES,
+    });
     this.#outbound = new SandboxFile(paths.outbound, {
       schema: OUTBOUND_SCHEMA,
       // Sorted rows carry a whole chunk and more: room for that, never a huge value.
@@ -229,6 +241,7 @@ export class Queue {
       throw new UsageError(`Invalid tool-use id '${toolUseId}': use 1-128 of A-Z a-z 0-9 . _ : -`);
     }
     const body = JSON.stringify(payload);
+    const kind = payload.session === undefined ? "exec" : "session";
     await this.#syncGeneration().catch(() => {});
     const generation = this.#generation ?? null;
     const assigned = await this.#commits.add(() => {
@@ -247,12 +260,67 @@ export class Queue {
       statement(
         this.#inbound,
         `INSERT INTO requests (id, tool_use_id, kind, payload, timeout_ms, generation, created_at)
-         VALUES (?, ?, 'exec', ?, ?, ?, ?)`,
-      ).run(id, toolUseId, body, payload.timeoutMs ?? null, generation, Date.now());
+         VALUES (?, ?, ?, ?, ?, ?, ?)`,
+      ).run(id, toolUseId, kind, body, payload.timeoutMs ?? null, generation, Date.now());
+      if (payload.session !== undefined) {
+        statement(
+          this.#inbound,
+          "INSERT INTO sessions (request_id, lease, stdout_read, stderr_read) VALUES (?, 0, 0, 0)",
+        ).run(id);
+      }
       return id;
     });
-    this.#caps.set(assigned, payload.outputCap ?? DEFAULT_OUTPUT_CAP);
+    this.#caps.set(assigned, capOf(payload));
     return assigned;
+  }
+
+  /**
+   * Appends bytes to a session's stdin, or ends it (`null`). Input is
+   * durable, and so seen by the runner, when this resolves.
+   *
+   * @param id A session this host opened.
+   * @param data The bytes, or null to close the session's stdin.
+   * @throws {UsageError} When `id` is not an open session.
+   */
+  async sendInput(id: string, data: Uint8Array | null): Promise<void> {
+    this.#requireRequest(id);
+    const pieces: (Uint8Array | null)[] = [];
+    if (data === null) pieces.push(null);
+    for (let at = 0; data !== null && at < data.byteLength; at += MAX_INPUT_CHUNK_BYTES) {
+      pieces.push(data.subarray(at, at + MAX_INPUT_CHUNK_BYTES));
+    }
+    if (pieces.length === 0) return;
+    await this.#commits.add(() => {
+      const next = statement(
+        this.#inbound,
+        `SELECT coalesce(max(seq), -1) + 1 AS seq,
+                coalesce(sum(data IS NULL), 0) AS ended FROM input WHERE request_id = ?`,
+      ).get(id) as { seq: number; ended: number };
+      if (next.ended > 0) throw new UsageError(`Session '${id}' input is already closed`);
+      const insert = statement(
+        this.#inbound,
+        "INSERT INTO input (request_id, seq, data) VALUES (?, ?, ?)",
+      );
+      pieces.forEach((piece, index) => insert.run(id, next.seq + index, piece));
+    });
+  }
+
+  /**
+   * Renews a session's lease and tells the runner how much output was read
+   * (so it may drop those chunks and read more from the server). A session
+   * whose lease is not renewed within its `leaseMs` is ended by the runner.
+   *
+   * @param id A session this host opened.
+   * @param read Bytes of each stream read so far.
+   */
+  async renewLease(id: string, read: { stdout: number; stderr: number }): Promise<void> {
+    await this.#commits.add(() =>
+      statement(
+        this.#inbound,
+        `UPDATE sessions SET lease = lease + 1, stdout_read = max(stdout_read, ?),
+           stderr_read = max(stderr_read, ?) WHERE request_id = ?`,
+      ).run(read.stdout, read.stderr, id)
+    );
   }
 
   /**
@@ -320,6 +388,8 @@ export class Queue {
         "cancels WHERE request_id",
         "lost WHERE request_id",
         "acks WHERE request_id",
+        "input WHERE request_id",
+        "sessions WHERE request_id",
       ].map((target) => statement(this.#inbound, `DELETE FROM ${target} = ?`));
       for (const id of gone) for (const query of statements) query.run(id);
     });
@@ -407,16 +477,18 @@ export class Queue {
    * those a host submitted here and still waits for: a row the runner made
    * up for another id counts for nothing.
    *
+   * @param options `sessions: false` leaves out sessions (a recycle ends them
+   *   rather than waiting: they may live for hours).
    * @returns Their ids; empty when the runner is idle or unreadable.
    */
-  inFlight(): string[] {
+  inFlight(options: { sessions?: boolean } = {}): string[] {
     let ids: string[];
     try {
       ids = this.#outbound.read(readInFlight);
     } catch {
       return [];
     }
-    return submittedAndOpen(this.#inbound, ids);
+    return submittedAndOpen(this.#inbound, ids, options);
   }
 
   /**
@@ -672,7 +744,7 @@ export class Queue {
       | undefined;
     const cap = row === undefined
       ? DEFAULT_OUTPUT_CAP
-      : execPayloadSchema.parse(JSON.parse(row.payload)).outputCap ?? DEFAULT_OUTPUT_CAP;
+      : capOf(execPayloadSchema.parse(JSON.parse(row.payload)));
     this.#caps.set(id, cap);
     return cap;
   }
@@ -784,16 +856,29 @@ export class Queue {
  *
  * @param inbound A connection to the queue's `inbound.db`.
  * @param ids Ids the runner reports.
+ * @param options `sessions: false` leaves sessions out.
  * @returns The ones the host knows as open.
  */
-export function submittedAndOpen(inbound: DatabaseSync, ids: string[]): string[] {
+export function submittedAndOpen(
+  inbound: DatabaseSync,
+  ids: string[],
+  options: { sessions?: boolean } = {},
+): string[] {
   const open = statement(
     inbound,
     `SELECT 1 AS hit FROM requests r WHERE r.id = ?
+       AND (r.kind = 'exec' OR ${options.sessions === false ? 0 : 1})
        AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
        AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`,
   );
   return ids.filter((id) => open.get(id) !== undefined);
+}
+
+// A session's output has no total: the runner's window bounds what is unread.
+function capOf(payload: ExecPayload): number {
+  return payload.session === undefined
+    ? payload.outputCap ?? DEFAULT_OUTPUT_CAP
+    : Number.MAX_SAFE_INTEGER;
 }
 
 function buildPayload(options: SubmitOptions): ExecPayload {
@@ -802,6 +887,9 @@ function buildPayload(options: SubmitOptions): ExecPayload {
   }
   const argv = options.argv ?? ["/bin/sh", "-c", options.shell ?? ""];
   if (argv.length === 0) throw new UsageError("Missing command: 'argv' is empty");
+  if (options.session !== undefined && options.stdin !== undefined) {
+    throw new UsageError("A session's stdin is streamed: give 'stdin' to sendInput, not submit");
+  }
   if (options.stdin !== undefined && options.stdin.byteLength > MAX_STDIN_BYTES) {
     throw new UsageError(
       `Stdin of ${options.stdin.byteLength} bytes exceeds the ${MAX_STDIN_BYTES}-byte limit`,
@@ -814,6 +902,7 @@ function buildPayload(options: SubmitOptions): ExecPayload {
     ...(options.stdin === undefined ? {} : { stdin: toBase64(options.stdin) }),
     ...(options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs }),
     ...(options.outputCap === undefined ? {} : { outputCap: options.outputCap }),
+    ...(options.session === undefined ? {} : { session: options.session }),
   };
   const parsed = execPayloadSchema.safeParse(candidate);
   if (!parsed.success) {

@@ -182,6 +182,60 @@ export class RunnerQueue {
   }
 
   /**
+   * A session's stdin rows after `afterSeq`, in order (bounded).
+   *
+   * @param id The session.
+   * @param afterSeq The last row already read (-1 before the first).
+   * @returns Rows; `data` null marks the end of input.
+   */
+  sessionInput(id: string, afterSeq: number): { seq: number; data: Uint8Array | null }[] {
+    return this.#inboundRead(() =>
+      (statement(
+        this.#inbound,
+        "SELECT seq, data FROM input WHERE request_id = ? AND seq > ? ORDER BY seq LIMIT 256",
+      ).all(id, afterSeq) as { seq: number; data: Uint8Array | null }[]).map((row) => ({
+        seq: Number(row.seq),
+        data: row.data instanceof Uint8Array ? row.data : null,
+      }))
+    );
+  }
+
+  /**
+   * A session's lease row: a counter the host bumps while it lives, and how
+   * much of each stream it has read.
+   *
+   * @param id The session.
+   * @returns The row, or undefined when the host wrote none.
+   */
+  sessionLease(id: string): { lease: number; stdout: number; stderr: number } | undefined {
+    const row = this.#inboundRead(() =>
+      statement(
+        this.#inbound,
+        "SELECT lease, stdout_read, stderr_read FROM sessions WHERE request_id = ?",
+      ).get(id) as { lease: number; stdout_read: number; stderr_read: number } | undefined
+    );
+    return row === undefined
+      ? undefined
+      : { lease: Number(row.lease), stdout: Number(row.stdout_read), stderr: Number(row.stderr_read) };
+  }
+
+  /**
+   * Deletes a session's output chunks the host has read.
+   *
+   * @param id The session.
+   * @param below Per stream, the first sequence number still unread.
+   */
+  dropChunks(id: string, below: Record<StreamName, number>): Promise<void> {
+    return this.commits.add(() => {
+      const query = statement(
+        this.#outbound,
+        "DELETE FROM chunks WHERE request_id = ? AND stream = ? AND seq < ?",
+      );
+      for (const stream of ["stdout", "stderr"] as const) query.run(id, stream, below[stream]);
+    });
+  }
+
+  /**
    * Deletes outbound rows of requests the host acknowledged.
    *
    * @returns How many requests were deleted.

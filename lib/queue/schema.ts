@@ -18,6 +18,25 @@ import { join } from "node:path";
 import { QueueError } from "../errors.ts";
 import { messageOf, openDatabase } from "./connection.ts";
 
+// Added in schema version 3.
+const SESSION_TABLES = `
+-- A session's stdin, in order; a NULL data row ends it.
+CREATE TABLE input (
+  request_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  data BLOB,
+  PRIMARY KEY (request_id, seq)
+);
+-- A session's lease (bumped by the host while it lives) and how much of each
+-- stream the host has read (so the runner may drop those chunks).
+CREATE TABLE sessions (
+  request_id TEXT PRIMARY KEY,
+  lease INTEGER NOT NULL,
+  stdout_read INTEGER NOT NULL,
+  stderr_read INTEGER NOT NULL
+);
+`;
+
 /** `inbound.db`: written only by the host. */
 export const INBOUND_SCHEMA = `
 CREATE TABLE requests (
@@ -36,7 +55,11 @@ CREATE TABLE cancels (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE acks (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE lost (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), generation TEXT);
-`;
+${SESSION_TABLES}`;
+
+/** What schema version 2's `inbound.db` lacks: upgraded in place by its owner. */
+export const INBOUND_UPGRADES: Readonly<Record<number, string>> = { 2: SESSION_TABLES };
+
 
 /** `outbound.db`: written only by the runner. */
 export const OUTBOUND_SCHEMA = `
@@ -156,7 +179,8 @@ export function initQueue(dir: string, options: InitQueueOptions = {}): QueuePat
   } catch (cause) {
     throw new QueueError(`Cannot create queue directory '${dir}': ${messageOf(cause)}`, { cause });
   }
-  openDatabase(paths.inbound, { role: "owner", schema: INBOUND_SCHEMA }).close();
+  openDatabase(paths.inbound, { role: "owner", schema: INBOUND_SCHEMA, upgrades: INBOUND_UPGRADES })
+    .close();
   try {
     Deno.writeFileSync(paths.inboundBell, new Uint8Array(), { append: true, create: true });
     // SQLite creates the journal with the database file's mode.

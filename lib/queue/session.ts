@@ -1,0 +1,150 @@
+/**
+ * The host side of a session: a long-lived process in the sandbox whose
+ * stdin and stdout stream through the queue both ways (an MCP server).
+ *
+ * @module
+ */
+import type { ExecResult, OutputChunk, SessionSpec } from "./protocol.ts";
+import { SESSION_WINDOW_BYTES } from "./protocol.ts";
+import type { Queue, SubmitOptions, WaitOptions } from "./queue.ts";
+
+/** Default lease: the runner ends a session whose host stops renewing for this long. */
+export const SESSION_LEASE_MS = 10_000;
+/** Default idle limit: no input or output for this long ends a session. */
+export const SESSION_IDLE_MS = 30 * 60_000;
+
+/** Where a session is submitted: a queue, or a backend that ensures a runner first. */
+export interface SessionTarget {
+  /** The queue the session lives in. */
+  readonly queue: Queue;
+  /** Submits a request (a backend makes sure a runner serves the queue first). */
+  submit(options: SubmitOptions): Promise<string>;
+}
+
+/** What to start, and how long it may live unattended. */
+export interface SessionOptions extends Omit<SubmitOptions, "session" | "stdin"> {
+  /** The runner ends the session when the lease is not renewed for this long. */
+  leaseMs?: number;
+  /** The runner ends the session after this long with no input and no output. */
+  idleMs?: number;
+  /** Create the working directory when missing. */
+  makeCwd?: boolean;
+}
+
+/**
+ * A session opened by this host. It renews its lease while open; once this
+ * process dies, the runner ends the session within the lease.
+ *
+ * @example
+ * ```ts ignore
+ * const session = await QueueSession.open(sandbox, { argv: ["cat"] });
+ * await session.write(new TextEncoder().encode("hi\n"));
+ * await session.end();
+ * for await (const chunk of session.output()) console.log(chunk.data);
+ * session.close();
+ * ```
+ */
+export class QueueSession {
+  /** The session's request id. */
+  readonly id: string;
+  /** The queue it lives in. */
+  readonly queue: Queue;
+  #read = { stdout: 0, stderr: 0 };
+  #reported = { stdout: 0, stderr: 0 };
+  #timer: ReturnType<typeof setInterval>;
+  #renewing: Promise<void> | undefined;
+  #wait: WaitOptions;
+
+  private constructor(queue: Queue, id: string, leaseMs: number, wait: WaitOptions) {
+    this.queue = queue;
+    this.id = id;
+    this.#wait = wait;
+    // Three renewals per lease: one lost to a slow commit does not end it.
+    this.#timer = setInterval(() => this.#renew(), Math.max(250, Math.floor(leaseMs / 3)));
+  }
+
+  /**
+   * Submits a session and starts renewing its lease.
+   *
+   * @param target A backend (or anything with a queue and `submit`).
+   * @param options What to run, and the lease and idle limits.
+   * @param wait How waits on the session revive its runner.
+   * @returns The open session.
+   */
+  static async open(
+    target: SessionTarget,
+    options: SessionOptions,
+    wait: WaitOptions = {},
+  ): Promise<QueueSession> {
+    const { leaseMs = SESSION_LEASE_MS, idleMs = SESSION_IDLE_MS, makeCwd, ...rest } = options;
+    const session: SessionSpec = { leaseMs, idleMs, ...(makeCwd ? { makeCwd } : {}) };
+    const id = await target.submit({ ...rest, session });
+    return new QueueSession(target.queue, id, leaseMs, wait);
+  }
+
+  /**
+   * Sends bytes to the session's stdin.
+   *
+   * @param data The bytes.
+   */
+  write(data: Uint8Array): Promise<void> {
+    return this.queue.sendInput(this.id, data);
+  }
+
+  /** Closes the session's stdin (a well-behaved server then exits). */
+  end(): Promise<void> {
+    return this.queue.sendInput(this.id, null);
+  }
+
+  /** Asks the runner to kill the session's process tree now. */
+  cancel(): Promise<void> {
+    return this.queue.cancel(this.id);
+  }
+
+  /**
+   * Streams the session's output until it ends, acknowledging what was read
+   * so the runner can go on reading the process's pipes.
+   *
+   * @returns Chunks in order; the result on the iterator's return value.
+   */
+  async *output(): AsyncGenerator<OutputChunk, ExecResult> {
+    const stream = this.queue.output(this.id, this.#wait);
+    try {
+      let next = await stream.next();
+      while (!next.done) {
+        const chunk = next.value;
+        this.#read[chunk.stream] += chunk.data.byteLength;
+        // Tell the runner early, before its window fills and it stops reading.
+        if (this.#read[chunk.stream] - this.#reported[chunk.stream] >= SESSION_WINDOW_BYTES / 4) {
+          this.#renew();
+        }
+        yield chunk;
+        next = await stream.next();
+      }
+      return next.value;
+    } finally {
+      clearInterval(this.#timer);
+    }
+  }
+
+  /** Stops renewing and acknowledges the session (its rows may go). */
+  async close(): Promise<void> {
+    clearInterval(this.#timer);
+    await this.#renewing?.catch(() => {});
+    await this.queue.ack(this.id).catch(() => {});
+  }
+
+  // One renewal at a time; a failed one is retried by the next tick.
+  #renew(): void {
+    if (this.#renewing !== undefined) return;
+    const read = { ...this.#read };
+    this.#renewing = this.queue.renewLease(this.id, read).then(
+      () => {
+        this.#reported = read;
+      },
+      () => {},
+    ).finally(() => {
+      this.#renewing = undefined;
+    });
+  }
+}

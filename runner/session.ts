@@ -1,0 +1,194 @@
+/**
+ * The runner's side of a session: feeds the process's stdin from the host's
+ * `input` rows, holds its output to a window the host has acknowledged, and
+ * ends it when the host's lease lapses, when it idles, or after the end of
+ * its input.
+ *
+ * @module
+ */
+import type { SessionSpec, StreamName } from "../lib/queue/protocol.ts";
+import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
+import type { RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { messageOf } from "../lib/queue/connection.ts";
+import { logLine } from "./log.ts";
+
+/** After the end of its input, a server gets this long to exit by itself. */
+export const END_GRACE_MS = 2000;
+/** How often the lease and idle limits are checked. */
+const CHECK_MS = 500;
+
+/** One running session's feed and watchdog. */
+export class SessionFeed {
+  /** The session's stdin, fed from the host's input rows. */
+  readonly stdin: ReadableStream<Uint8Array>;
+  /** Why the watchdog ended the session; undefined while it runs. */
+  endedBecause: string | undefined;
+  #queue: RunnerQueue;
+  #id: string;
+  #spec: SessionSpec;
+  #abort: AbortController;
+  #controller!: ReadableStreamDefaultController<Uint8Array>;
+  #inputSeq = -1;
+  #inputEnded = false;
+  #lease = { value: -1, changedAt: Date.now() };
+  #activeAt = Date.now();
+  #endedAt: number | undefined;
+  #written = { stdout: 0, stderr: 0 };
+  // Per stream: the end offset and seq of each chunk written and not yet dropped.
+  #pending: Record<StreamName, { end: number; seq: number }[]> = { stdout: [], stderr: [] };
+  #read = { stdout: 0, stderr: 0 };
+  #waiters = new Set<() => void>();
+  #timer: ReturnType<typeof setInterval>;
+  #dropping: Promise<void> | undefined;
+  #dropAgain = false;
+  #below: Record<StreamName, number> = { stdout: 0, stderr: 0 };
+
+  /**
+   * Starts watching a session.
+   *
+   * @param queue The runner's queue.
+   * @param options The session id, its spec, and the abort controller that kills its tree.
+   */
+  constructor(
+    queue: RunnerQueue,
+    options: { id: string; spec: SessionSpec; abort: AbortController },
+  ) {
+    this.#queue = queue;
+    this.#id = options.id;
+    this.#spec = options.spec;
+    this.#abort = options.abort;
+    this.stdin = new ReadableStream<Uint8Array>({
+      start: (controller) => {
+        this.#controller = controller;
+      },
+    });
+    this.#timer = setInterval(() => this.#check(), CHECK_MS);
+    options.abort.signal.addEventListener("abort", () => this.stop(), { once: true });
+  }
+
+  /** Reads new input and the lease row; called whenever inbound.db changed. */
+  poll(): void {
+    try {
+      const lease = this.#queue.sessionLease(this.#id);
+      if (lease !== undefined && lease.lease !== this.#lease.value) {
+        this.#lease = { value: lease.lease, changedAt: Date.now() };
+        this.#acknowledge({ stdout: lease.stdout, stderr: lease.stderr });
+      }
+      while (!this.#inputEnded) {
+        const rows = this.#queue.sessionInput(this.#id, this.#inputSeq);
+        if (rows.length === 0) break;
+        for (const row of rows) {
+          this.#inputSeq = row.seq;
+          this.#activeAt = Date.now();
+          if (row.data === null) {
+            this.#inputEnded = true;
+            this.#endedAt = Date.now();
+            this.#closeStdin();
+            break;
+          }
+          this.#enqueue(row.data);
+        }
+      }
+    } catch (error) {
+      // Retried on the next change or check.
+      logLine(`cannot read session '${this.#id}' input yet: ${messageOf(error)}`);
+    }
+  }
+
+  /**
+   * Counts output about to be written and waits while more than the window
+   * is unread by the host. Resolves at once when the session is stopping.
+   *
+   * @param stream The stream.
+   * @param seq The chunk's sequence number.
+   * @param bytes The chunk's size.
+   */
+  async admit(stream: StreamName, seq: number, bytes: number): Promise<void> {
+    this.#activeAt = Date.now();
+    this.#written[stream] += bytes;
+    this.#pending[stream].push({ end: this.#written[stream], seq });
+    while (
+      this.#written[stream] - this.#read[stream] > SESSION_WINDOW_BYTES &&
+      !this.#abort.signal.aborted
+    ) {
+      await new Promise<void>((resolve) => this.#waiters.add(resolve));
+    }
+  }
+
+  /** Stops the watchdog and releases every waiter (the session is over). */
+  stop(): void {
+    clearInterval(this.#timer);
+    this.#closeStdin();
+    for (const wake of this.#waiters) wake();
+    this.#waiters.clear();
+  }
+
+  // The process may have closed its stdin (the pipe is cancelled): drop the rest.
+  #enqueue(data: Uint8Array): void {
+    try {
+      this.#controller.enqueue(data);
+    } catch {
+      // Nobody reads this stdin any more.
+    }
+  }
+
+  #closeStdin(): void {
+    try {
+      this.#controller.close();
+    } catch {
+      // Already closed.
+    }
+  }
+
+  // The host read this much: drop those chunks and let the pumps go on.
+  #acknowledge(read: Record<StreamName, number>): void {
+    let drop = false;
+    for (const stream of ["stdout", "stderr"] as const) {
+      const known = Math.min(read[stream], this.#written[stream]);
+      this.#read[stream] = Math.max(this.#read[stream], known);
+      const pending = this.#pending[stream];
+      while (pending.length > 0 && pending[0]!.end <= this.#read[stream]) {
+        this.#below[stream] = pending.shift()!.seq + 1;
+        drop = true;
+      }
+    }
+    if (drop) this.#drop();
+    for (const wake of this.#waiters) wake();
+    this.#waiters.clear();
+  }
+
+  // One delete at a time, always up to the newest acknowledged chunk.
+  #drop(): void {
+    if (this.#dropping !== undefined) {
+      this.#dropAgain = true;
+      return;
+    }
+    this.#dropping = this.#queue.dropChunks(this.#id, { ...this.#below }).catch((error) => {
+      logLine(`cannot drop read output of '${this.#id}': ${messageOf(error)}`);
+    }).finally(() => {
+      this.#dropping = undefined;
+      if (this.#dropAgain) {
+        this.#dropAgain = false;
+        this.#drop();
+      }
+    });
+  }
+
+  #check(): void {
+    const now = Date.now();
+    // Lease and idle are timed by this runner's clock alone.
+    if (now - this.#lease.changedAt > this.#spec.leaseMs) {
+      this.#end(`its host stopped renewing the lease for ${this.#spec.leaseMs} ms`);
+    } else if (now - this.#activeAt > this.#spec.idleMs) {
+      this.#end(`it was idle for ${this.#spec.idleMs} ms`);
+    } else if (this.#endedAt !== undefined && now - this.#endedAt > END_GRACE_MS) {
+      this.#end(`it did not exit within ${END_GRACE_MS} ms of the end of its input`);
+    }
+  }
+
+  #end(why: string): void {
+    if (this.#abort.signal.aborted) return;
+    this.endedBecause = `Session ended: ${why}`;
+    this.#abort.abort("cancel");
+  }
+}
