@@ -354,7 +354,9 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     }
   } finally {
     for (const entry of [...running.values(), ...sessions.values()]) entry.abort.abort("interrupt");
-    while (running.size + sessions.size > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    while (running.size + sessions.size > 0) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
     clearInterval(reaper);
     watcher.close();
     await stopWorker(heartbeat);
@@ -465,8 +467,9 @@ async function runOne(
     let admitted: Promise<void> | undefined;
     for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
       const piece = data.slice(offset, offset + MAX_CHUNK_BYTES);
-      buffered.push({ stream, seq: seq[stream], data: piece });
-      admitted = feed?.admit(stream, seq[stream]++, piece.byteLength);
+      const at = seq[stream]++;
+      buffered.push({ stream, seq: at, data: piece });
+      admitted = feed?.admit(stream, at, piece.byteLength);
       bufferedBytes += piece.byteLength;
     }
     // A session is a conversation: its output goes out at once, not batched.
@@ -526,7 +529,10 @@ async function makeDirectory(
     stdout: "null",
     stderr: "piped",
     ...(user === undefined ? {} : { uid: user.uid, gid: user.gid }),
-  }).output().catch((error) => ({ success: false, stderr: new TextEncoder().encode(messageOf(error)) }));
+  }).output().catch((error) => ({
+    success: false,
+    stderr: new TextEncoder().encode(messageOf(error)),
+  }));
   if (!made.success) {
     const why = new TextDecoder().decode(made.stderr).trim().split("\n")[0];
     throw new UsageError(`Cannot create working directory '${cwd}': ${why}`);

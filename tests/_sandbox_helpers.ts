@@ -7,7 +7,7 @@
  *
  * @module
  */
-import type { SandboxConfig } from "../lib/config/config.ts";
+import { type SandboxConfig, sandboxToml } from "../lib/config/config.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import type { ContainerSummary } from "../lib/docker/types.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
@@ -27,7 +27,7 @@ export interface Ran {
   stderr: string;
 }
 
-/** The `config.json` fields a test home may set. */
+/** The settings a test home may set (written as `waffle.toml`'s `[sandbox]` table). */
 export type HomeConfig = Partial<Omit<SandboxConfig, "home">>;
 
 /** A temporary waffle home; `await using` it so its containers are removed. */
@@ -112,16 +112,16 @@ export async function removeHomeContainers(docker: DockerClient, home: string): 
 }
 
 /**
- * Creates a temporary waffle home, optionally with a `config.json` (which CLI
+ * Creates a temporary waffle home, optionally with a `waffle.toml` (which CLI
  * child processes read as well, so their posture matches the test's).
  *
  * @param docker The client.
- * @param config Written to `config.json` when given.
+ * @param config Written to `waffle.toml` (snake_case `[sandbox]` keys) when given.
  * @returns The home; dispose it in a `finally` (or `await using`).
  */
 export async function tempHome(docker: DockerClient, config?: HomeConfig): Promise<TestHome> {
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-live-" }));
-  if (config !== undefined) await Deno.writeTextFile(`${home}/config.json`, JSON.stringify(config));
+  if (config !== undefined) await Deno.writeTextFile(`${home}/waffle.toml`, sandboxToml(config));
   const opened: Sandbox[] = [];
   return {
     home,

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { loadConfig } from "../lib/config/config.ts";
+import { loadConfig, loadWaffleConfig, sandboxToml } from "../lib/config/config.ts";
 import { UsageError } from "../lib/errors.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { containerSpec, LABELS, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
@@ -43,39 +43,109 @@ Deno.test("sandboxKey() rejects bad tenant and user ids with the value quoted", 
   }
 });
 
-Deno.test("loadConfig() layers defaults, config.json and WAFFLE_* variables", async () => {
+Deno.test("loadConfig() layers defaults, waffle.toml and WAFFLE_* variables", async () => {
   const home = await Deno.makeTempDir();
   try {
     assert.equal(loadConfig({ home }).idleSeconds, 1800);
     assert.equal(loadConfig({ home }).pidsLimit, 256);
     assert.equal(loadConfig({ home }).network, "none");
+    assert.equal(loadConfig({ home }).mode, "docker");
+    assert.equal(loadConfig({ home }).mcpCache, join(home, "mcp-cache"));
+    assert.equal(loadConfig({ home }).configPath, undefined);
     await Deno.writeTextFile(
-      join(home, "config.json"),
-      JSON.stringify({ idleSeconds: 5, pidsLimit: 64 }),
+      join(home, "waffle.toml"),
+      '[sandbox]\nidle_seconds = 5\npids_limit = 64\nenv = ["LANG"]\nmcp_cache = "/c"\n',
     );
     assert.equal(loadConfig({ home }).idleSeconds, 5);
+    assert.deepEqual(loadConfig({ home }).envAllowlist, ["LANG"]);
+    assert.equal(loadConfig({ home }).mcpCache, "/c");
+    assert.equal(loadConfig({ home }).configPath, join(home, "waffle.toml"));
     Deno.env.set("WAFFLE_PIDS_LIMIT", "99");
+    Deno.env.set("WAFFLE_MCP_CACHE", "/env-cache");
     try {
       assert.equal(loadConfig({ home }).pidsLimit, 99);
+      assert.equal(loadConfig({ home }).mcpCache, "/env-cache");
       assert.equal(loadConfig({ home, pidsLimit: 50 }).pidsLimit, 50);
     } finally {
       Deno.env.delete("WAFFLE_PIDS_LIMIT");
+      Deno.env.delete("WAFFLE_MCP_CACHE");
     }
+    // sandboxToml() writes what loadConfig() reads back.
+    await Deno.writeTextFile(
+      join(home, "waffle.toml"),
+      sandboxToml({ idleSeconds: 7, cpus: 1.5, envAllowlist: ["A"], network: "bridge" }),
+    );
+    const back = loadConfig({ home });
+    assert.deepEqual([back.idleSeconds, back.cpus, back.envAllowlist, back.network], [
+      7,
+      1.5,
+      ["A"],
+      "bridge",
+    ]);
   } finally {
     await Deno.remove(home, { recursive: true });
   }
 });
 
-Deno.test("loadConfig() names the bad file, field or variable in one line", async () => {
+Deno.test("loadConfig() reads --config FILE, then WAFFLE_CONFIG, then the home's waffle.toml", async () => {
   const home = await Deno.makeTempDir();
   try {
-    const path = join(home, "config.json");
-    await Deno.writeTextFile(path, "{nope");
-    assert.throws(() => loadConfig({ home }), /Config file '.*config.json' is not valid JSON/);
-    await Deno.writeTextFile(path, JSON.stringify({ pidsLimit: 2 }));
-    assert.throws(() => loadConfig({ home }), /'pidsLimit'/);
-    await Deno.writeTextFile(path, JSON.stringify({ unknownKey: 1 }));
-    assert.throws(() => loadConfig({ home }), /unknownKey/);
+    const other = join(home, "other.toml");
+    await Deno.writeTextFile(join(home, "waffle.toml"), "[sandbox]\nidle_seconds = 1\n");
+    await Deno.writeTextFile(other, "[sandbox]\nidle_seconds = 2\n");
+    await Deno.writeTextFile(join(home, "env.toml"), "[sandbox]\nidle_seconds = 3\n");
+    assert.equal(loadConfig({ home }).idleSeconds, 1);
+    Deno.env.set("WAFFLE_CONFIG", join(home, "env.toml"));
+    try {
+      assert.equal(loadConfig({ home }).idleSeconds, 3);
+      assert.equal(loadConfig({ home, configPath: other }).idleSeconds, 2);
+      assert.equal(
+        loadWaffleConfig({ configPath: other, overrides: { home } }).sandbox.idleSeconds,
+        2,
+      );
+    } finally {
+      Deno.env.delete("WAFFLE_CONFIG");
+    }
+    assert.throws(
+      () => loadConfig({ home, configPath: join(home, "missing.toml") }),
+      /Config file '.*missing.toml' does not exist/,
+    );
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});
+
+Deno.test("loadConfig() names the bad file, key or variable in one line", async () => {
+  const home = await Deno.makeTempDir();
+  try {
+    const path = join(home, "waffle.toml");
+    const fails = (pattern: RegExp): void => {
+      assert.throws(
+        () => loadConfig({ home }),
+        (error: unknown) =>
+          error instanceof UsageError && pattern.test(error.message) &&
+          !error.message.includes("\n") && error.message.includes(`'${path}'`),
+        pattern.source,
+      );
+    };
+    await Deno.writeTextFile(path, "[sandbox]\nimage = \n");
+    fails(/is not valid TOML: line 2, column \d+/);
+    await Deno.writeTextFile(path, "[sandbox]\npids_limit = 2\n");
+    fails(/'sandbox.pids_limit' must be >= 32, found 2/);
+    await Deno.writeTextFile(path, '[sandbox]\nidle_seconds = "soon"\n');
+    fails(/'sandbox.idle_seconds' must be a number, found "soon"/);
+    await Deno.writeTextFile(path, "[sandbox]\nidleSeconds = 5\n");
+    fails(/'sandbox.idleSeconds' is not a known key \(expected one of: mode, image, idle_seconds/);
+    await Deno.writeTextFile(path, "unknown_key = 1\n");
+    fails(/'unknown_key' is not a known key/);
+    await Deno.writeTextFile(path, '[sandbox]\nmode = "vm"\n');
+    fails(/'sandbox.mode' must be "docker" or "host", found "vm"/);
+    await Deno.writeTextFile(path, '[sandbox]\nmcp_cache = "relative"\n');
+    fails(/'sandbox.mcp_cache' must be an absolute path, found "relative"/);
+    await Deno.writeTextFile(path, '[sandbox]\nenv = ["OK", "1BAD"]\n');
+    fails(/'sandbox.env\[1\]' must be a variable name/);
+    await Deno.writeTextFile(path, '[sandbox]\nmode = "host"\n');
+    assert.equal(loadConfig({ home }).mode, "host");
     await Deno.remove(path);
     Deno.env.set("WAFFLE_IDLE_SECONDS", "soon");
     try {
@@ -83,7 +153,25 @@ Deno.test("loadConfig() names the bad file, field or variable in one line", asyn
     } finally {
       Deno.env.delete("WAFFLE_IDLE_SECONDS");
     }
+    assert.throws(() => loadConfig({ home, pidsLimit: 1 }), /Invalid setting 'pidsLimit'/);
     assert.throws(() => loadConfig({ home: "relative/home" }), /absolute/);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});
+
+Deno.test("loadConfig() refuses a home with only a legacy config.json", async () => {
+  const home = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(join(home, "config.json"), JSON.stringify({ idleSeconds: 5 }));
+    assert.throws(
+      () => loadConfig({ home }),
+      (error: unknown) =>
+        error instanceof UsageError && /config\.json' is no longer read/.test(error.message) &&
+        /waffle\.toml/.test(error.message) && /snake_case/.test(error.message),
+    );
+    await Deno.writeTextFile(join(home, "waffle.toml"), "[sandbox]\nidle_seconds = 6\n");
+    assert.equal(loadConfig({ home }).idleSeconds, 6);
   } finally {
     await Deno.remove(home, { recursive: true });
   }

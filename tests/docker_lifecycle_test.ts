@@ -371,7 +371,7 @@ liveTest(
 liveTest(
   "a fresh process's sweep stops an idle container and removes one whose state is gone",
   async (docker) => {
-    // config.json, so the CLI child computes the same posture (idleSeconds is part of it).
+    // waffle.toml, so the CLI child computes the same posture (idleSeconds is part of it).
     await using home = await tempHome(docker, { idleSeconds: 0 });
     const idle = home.open(uniqueUser("swept"));
     await runOk(idle, "true");

@@ -930,9 +930,10 @@ async function nonrootHost(docker: DockerClient, config?: HomeConfig): Promise<N
   const home = join(root, "home");
   if (config !== undefined) {
     await Deno.mkdir(home, { mode: 0o700 });
-    await Deno.writeTextFile(join(home, "config.json"), JSON.stringify(config));
+    const { sandboxToml } = await import("../lib/config/config.ts");
+    await Deno.writeTextFile(join(home, "waffle.toml"), sandboxToml(config));
     await Deno.chown(home, who.uid, who.gid);
-    await Deno.chown(join(home, "config.json"), who.uid, who.gid);
+    await Deno.chown(join(home, "waffle.toml"), who.uid, who.gid);
   }
   const repo = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
   return {

@@ -8,6 +8,7 @@ import { DatabaseSync } from "node:sqlite";
 import { openDatabase } from "../lib/queue/connection.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { SCHEMA_VERSION } from "../lib/queue/protocol.ts";
 import { initQueue, queuePaths } from "../lib/queue/schema.ts";
 import { ProtocolError, QueueError, RunnerError, UsageError } from "../lib/errors.ts";
 import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
@@ -40,8 +41,26 @@ Deno.test("openDatabase() rejects another schema version, naming both", async ()
     () => openDatabase(path, { role: "reader" }),
     (error: unknown) =>
       error instanceof QueueError && /schema version 7/.test(error.message) &&
-      /speaks 2/.test(error.message),
+      new RegExp(`speaks ${SCHEMA_VERSION}`).test(error.message),
   );
+});
+
+Deno.test("initQueue() upgrades a version 2 inbound.db in place, keeping its requests", async () => {
+  await using q = await tempQueue();
+  const path = queuePaths(q.queueDir).inbound;
+  const raw = new DatabaseSync(path);
+  raw.exec("DROP TABLE input; DROP TABLE sessions; PRAGMA user_version = 2");
+  raw.exec(
+    "INSERT INTO requests (id, tool_use_id, kind, payload, created_at) VALUES ('r1', 'r1', 'exec', '{}', 0)",
+  );
+  raw.close();
+  initQueue(q.queueDir);
+  const db = new DatabaseSync(path);
+  const version = db.prepare("PRAGMA user_version").get() as { user_version: number };
+  assert.equal(version.user_version, SCHEMA_VERSION);
+  assert.equal((db.prepare("SELECT count(*) AS n FROM requests").get() as { n: number }).n, 1);
+  assert.equal((db.prepare("SELECT count(*) AS n FROM sessions").get() as { n: number }).n, 0);
+  db.close();
 });
 
 Deno.test("openDatabase() refuses a symlinked queue file", async () => {

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { resolve } from "node:path";
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
 import { type Backend, openHostBackend } from "../host_backend.ts";
@@ -16,6 +17,7 @@ export const BACKEND_OPTIONS: NonNullable<ParseArgsConfig["options"]> = {
   user: { type: "string" },
   tenant: { type: "string" },
   image: { type: "string" },
+  config: { type: "string" },
 };
 
 /**
@@ -40,8 +42,13 @@ export function openBackend(parsed: Parsed): Backend {
   const user = stringFlag(parsed, "user");
   if (user === undefined) throw new UsageError("Missing --user U: the Docker backend needs it");
   const image = stringFlag(parsed, "image");
+  const configPath = stringFlag(parsed, "config");
   return openSandbox(user, {
     tenant: stringFlag(parsed, "tenant") ?? "default",
-    config: image === undefined ? {} : { image },
+    // The config file travels as a setting, so every later load reads the same file.
+    config: {
+      ...(image === undefined ? {} : { image }),
+      ...(configPath === undefined ? {} : { configPath: resolve(configPath) }),
+    },
   });
 }

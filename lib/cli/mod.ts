@@ -15,6 +15,8 @@ export interface LoadedSubcommand {
   help: string;
   /** Runs the subcommand on the arguments after its name and returns the exit status. */
   run: (args: string[], io: CliIo) => Promise<number>;
+  /** It has subcommands of its own, which answer `--help` themselves. */
+  nested?: boolean;
 }
 
 /** A subcommand: a one-line summary and a loader for the rest. */
@@ -55,6 +57,13 @@ const commands = new Map<string, Subcommand>([
   ["rm", {
     summary: "remove a user's sandbox (--purge: and its state)",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.RM_HELP, run: m.rmCommand })),
+  }],
+  ["mcp", {
+    summary: "serve, plan, list and fetch MCP servers",
+    load: lazy(
+      () => import("./mcp.ts"),
+      (m) => ({ help: m.MCP_HELP, run: m.mcpCommand, nested: true }),
+    ),
   }],
   ["runner", {
     summary: "serve a queue (runs inside the sandbox)",
@@ -99,7 +108,10 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
       throw new UsageError(`Unknown command '${name}'; run 'waffle --help'`);
     }
     const loaded = await command.load();
-    if (rest.includes("--help") && !rest.slice(0, rest.indexOf("--help")).includes("--")) {
+    if (
+      !loaded.nested && rest.includes("--help") &&
+      !rest.slice(0, rest.indexOf("--help")).includes("--")
+    ) {
       await io.stdout(loaded.help);
       return 0;
     }

@@ -1,18 +1,33 @@
 /**
- * waffle's configuration: defaults, then `$WAFFLE_HOME/config.json`, then
- * environment variables. Every value is validated; a bad one is a one-line
- * error naming where it came from.
+ * waffle's configuration: defaults, then `waffle.toml` (`$WAFFLE_HOME/waffle.toml`,
+ * or `--config FILE` / `WAFFLE_CONFIG`), then `WAFFLE_*` environment
+ * variables, then CLI flags. Every value is validated; a bad one is a
+ * one-line error naming the file, the key, what was expected and what was
+ * found. Unknown keys are errors. No file at all means defaults.
  *
  * @module
  */
-import { join } from "node:path";
+import { existsSync } from "node:fs";
+import { join, resolve } from "node:path";
 import { z } from "zod";
 import { UsageError } from "../errors.ts";
+import {
+  buildPolicy,
+  EMPTY_POLICY,
+  envNameSchema,
+  type McpPolicy,
+  policyShape,
+  tableNameProblem,
+} from "../mcp/policy.ts";
+import { stringify } from "smol-toml";
+import { issueProblem, parseToml } from "./toml.ts";
 
 /** Settings that shape the sandbox container. */
 export interface SandboxConfig {
   /** Root of per-user state (queues, workspaces) and locks. */
   home: string;
+  /** "docker" (default), or "host": no isolation, only when written explicitly in `[sandbox]`. */
+  mode: "docker" | "host";
   /** Runner image reference; resolved to its immutable id on every ensure. */
   image: string;
   /** The runner stops its container after this long idle; 0 never. */
@@ -33,23 +48,119 @@ export interface SandboxConfig {
   maxRunning: number;
   /** Disk quota of each sandbox's volume (workspace and queue), in bytes. */
   quotaBytes: number;
+  /** Host directory of the npm package cache, mounted read-only into sandboxes (default `<home>/mcp-cache`). */
+  mcpCache: string;
+  /**
+   * The config file to read (as an override), or the one that was read;
+   * undefined when there was none.
+   */
+  configPath?: string | undefined;
 }
 
-const fileSchema = z.object({
-  image: z.string().min(1).max(256).optional(),
-  idleSeconds: z.number().min(0).max(7 * 24 * 3600).optional(),
+/** The whole loaded configuration: sandbox settings and MCP policy. */
+export interface WaffleConfig {
+  /** The file the settings came from; undefined when there was none. */
+  path: string | undefined;
+  /** Sandbox settings, every layer applied. */
+  sandbox: SandboxConfig;
+  /** The `[mcp.*]`, `[groups.*]` and `[cron.*]` policy. */
+  policy: McpPolicy;
+}
+
+/** Options of {@linkcode loadWaffleConfig}. */
+export interface LoadOptions {
+  /** The config file (`--config FILE`); wins over `WAFFLE_CONFIG` and the home's `waffle.toml`. */
+  configPath?: string | undefined;
+  /** Values that win over everything (CLI flags, library callers). */
+  overrides?: Partial<SandboxConfig> | undefined;
+}
+
+const absolutePath = z.string().max(4096).refine((v) => v.startsWith("/") && !v.includes("\0"), {
+  error: "must be an absolute path",
+});
+
+const field = {
+  mode: z.enum(["docker", "host"]),
+  image: z.string().min(1).max(256),
+  idleSeconds: z.number().min(0).max(7 * 24 * 3600),
   // The runner itself uses up to ~25 tasks (threads count against pids.max).
-  pidsLimit: z.number().int().min(32).max(65536).optional(),
-  memoryBytes: z.number().int().min(32 * 1024 * 1024).optional(),
-  cpus: z.number().positive().max(1024).optional(),
-  tmpBytes: z.number().int().min(1024 * 1024).optional(),
-  network: z.enum(["none", "bridge"]).optional(),
-  envAllowlist: z.array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/)).max(256).optional(),
-  maxRunning: z.number().int().min(0).optional(),
-  quotaBytes: z.number().int().min(16 * 1024 * 1024).optional(),
+  pidsLimit: z.number().int().min(32).max(65536),
+  memoryBytes: z.number().int().min(32 * 1024 * 1024),
+  cpus: z.number().positive().max(1024),
+  tmpBytes: z.number().int().min(1024 * 1024),
+  network: z.enum(["none", "bridge"]),
+  envAllowlist: z.array(envNameSchema).max(256),
+  maxRunning: z.number().int().min(0),
+  quotaBytes: z.number().int().min(16 * 1024 * 1024),
+  mcpCache: absolutePath,
+};
+
+// Overrides and environment variables, in the library's camelCase.
+const settingsSchema = z.object({
+  mode: field.mode.optional(),
+  image: field.image.optional(),
+  idleSeconds: field.idleSeconds.optional(),
+  pidsLimit: field.pidsLimit.optional(),
+  memoryBytes: field.memoryBytes.optional(),
+  cpus: field.cpus.optional(),
+  tmpBytes: field.tmpBytes.optional(),
+  network: field.network.optional(),
+  envAllowlist: field.envAllowlist.optional(),
+  maxRunning: field.maxRunning.optional(),
+  quotaBytes: field.quotaBytes.optional(),
+  mcpCache: field.mcpCache.optional(),
+  configPath: z.string().min(1).max(4096).refine((v) => !v.includes("\0")).optional(),
 }).strict();
 
-const DEFAULTS: Omit<SandboxConfig, "home"> = {
+type Settings = z.infer<typeof settingsSchema>;
+
+/** `[sandbox]` keys of `waffle.toml` and the {@linkcode SandboxConfig} field each sets. */
+export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Object.freeze({
+  mode: "mode",
+  image: "image",
+  idle_seconds: "idleSeconds",
+  pids_limit: "pidsLimit",
+  memory_bytes: "memoryBytes",
+  cpus: "cpus",
+  tmp_bytes: "tmpBytes",
+  network: "network",
+  env: "envAllowlist",
+  max_running: "maxRunning",
+  quota_bytes: "quotaBytes",
+  mcp_cache: "mcpCache",
+});
+
+const sandboxTableSchema = z.object({
+  mode: field.mode.optional(),
+  image: field.image.optional(),
+  idle_seconds: field.idleSeconds.optional(),
+  pids_limit: field.pidsLimit.optional(),
+  memory_bytes: field.memoryBytes.optional(),
+  cpus: field.cpus.optional(),
+  tmp_bytes: field.tmpBytes.optional(),
+  network: field.network.optional(),
+  env: field.envAllowlist.optional(),
+  max_running: field.maxRunning.optional(),
+  quota_bytes: field.quotaBytes.optional(),
+  mcp_cache: field.mcpCache.optional(),
+}).strict();
+
+const fileSchema = z.object({ sandbox: sandboxTableSchema.optional(), ...policyShape }).strict();
+
+const KNOWN_KEYS: Record<string, string[]> = {
+  "": ["sandbox", "mcp", "groups", "cron"],
+  sandbox: Object.keys(SANDBOX_KEYS),
+  mcp: ["package", "command", "args", "execution", "authority", "groups", "env", "tools"],
+  groups: ["mode"],
+  cron: ["group", "mcp", "network", "workdir", "env"],
+};
+
+function knownKeys(path: readonly PropertyKey[]): string[] {
+  return KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [];
+}
+
+const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {
+  mode: "docker",
   image: "waffle-runner:latest",
   idleSeconds: 1800,
   pidsLimit: 256,
@@ -62,7 +173,7 @@ const DEFAULTS: Omit<SandboxConfig, "home"> = {
   quotaBytes: 1024 ** 3,
 };
 
-const ENV_OVERRIDES: [string, keyof z.infer<typeof fileSchema>][] = [
+const ENV_OVERRIDES: [string, keyof Settings][] = [
   ["WAFFLE_IMAGE", "image"],
   ["WAFFLE_IDLE_SECONDS", "idleSeconds"],
   ["WAFFLE_PIDS_LIMIT", "pidsLimit"],
@@ -70,11 +181,19 @@ const ENV_OVERRIDES: [string, keyof z.infer<typeof fileSchema>][] = [
   ["WAFFLE_CPUS", "cpus"],
   ["WAFFLE_MAX_RUNNING", "maxRunning"],
   ["WAFFLE_QUOTA_BYTES", "quotaBytes"],
+  ["WAFFLE_MCP_CACHE", "mcpCache"],
 ];
+
+const STRING_SETTINGS = new Set<keyof Settings>(["image", "mcpCache"]);
 
 /**
  * The default state root: `$WAFFLE_HOME`, else `/var/lib/waffle` for root,
  * else `$XDG_STATE_HOME/waffle` or `~/.local/state/waffle`.
+ *
+ * @example
+ * ```ts ignore
+ * const home = defaultHome();
+ * ```
  *
  * @returns An absolute path.
  */
@@ -88,65 +207,145 @@ export function defaultHome(): string {
 }
 
 /**
- * Loads the configuration.
+ * Loads the sandbox settings (the whole file is validated, MCP policy included).
  *
- * @param overrides Values that win over everything (CLI flags, library callers).
+ * @example
+ * ```ts ignore
+ * const config = loadConfig({ image: "waffle-runner:dev" });
+ * ```
+ *
+ * @param overrides Values that win over everything (CLI flags, library callers);
+ *   `configPath` names the config file.
  * @returns The validated configuration.
  * @throws {UsageError} When the config file or an environment variable is invalid.
  */
 export function loadConfig(overrides: Partial<SandboxConfig> = {}): SandboxConfig {
+  return loadWaffleConfig({ overrides }).sandbox;
+}
+
+/**
+ * Loads the whole configuration: sandbox settings and MCP policy. The file is
+ * `options.configPath`, else `overrides.configPath`, else `$WAFFLE_CONFIG`,
+ * else `<home>/waffle.toml` (optional). Needs read access to the file and
+ * the environment.
+ *
+ * @example
+ * ```ts ignore
+ * const { sandbox, policy } = loadWaffleConfig({ configPath: "/etc/waffle.toml" });
+ * ```
+ *
+ * @param options The config file and overrides.
+ * @returns The file read (if any), the settings and the policy.
+ * @throws {UsageError} When the file, an environment variable or an override is invalid,
+ *   or when only a legacy `config.json` exists.
+ */
+export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
+  const overrides = options.overrides ?? {};
   const home = overrides.home ?? defaultHome();
   if (home.includes("\0") || !home.startsWith("/")) {
     throw new UsageError(`WAFFLE_HOME must be an absolute path: '${home}'`);
   }
-  const path = join(home, "config.json");
-  let fromFile: z.infer<typeof fileSchema> = {};
-  let raw: string | undefined;
-  try {
-    raw = Deno.readTextFileSync(path);
-  } catch (cause) {
-    if (!(cause instanceof Deno.errors.NotFound)) {
-      throw new UsageError(`Cannot read config file '${path}': ${String(cause)}`, { cause });
-    }
+  const defined = Object.fromEntries(
+    Object.entries(overrides).filter(([, v]) => v !== undefined),
+  ) as Partial<SandboxConfig>;
+  const { home: _home, ...checked } = defined;
+  const valid = settingsSchema.safeParse(checked);
+  if (!valid.success) {
+    const issue = valid.error.issues[0]!;
+    const problem = issueProblem(issue, checked);
+    throw new UsageError(`Invalid setting '${problem.key}': ${problem.detail}`);
   }
+  const explicit = options.configPath ?? defined.configPath ??
+    (Deno.env.get("WAFFLE_CONFIG") || undefined);
+  const path = explicit === undefined ? join(home, "waffle.toml") : resolve(explicit);
+  const raw = readConfigFile(path, { explicit: explicit !== undefined, home });
+  const fromFile: Settings = {};
+  let policy = EMPTY_POLICY;
   if (raw !== undefined) {
-    let json: unknown;
-    try {
-      json = JSON.parse(raw);
-    } catch (cause) {
-      throw new UsageError(`Config file '${path}' is not valid JSON`, { cause });
+    const root = parseToml(raw, path);
+    const badName = tableNameProblem(root);
+    if (badName !== undefined) {
+      throw new UsageError(`Config file '${path}': '${badName.key}' ${badName.detail}`);
     }
-    const parsed = fileSchema.safeParse(json);
+    const parsed = fileSchema.safeParse(root);
     if (!parsed.success) {
-      const issue = parsed.error.issues[0];
-      throw new UsageError(
-        `Config file '${path}': '${
-          issue?.path.join(".") || (issue as { keys?: string[] })?.keys?.join(",") || "?"
-        }' ${issue?.message ?? "is invalid"}`,
-      );
+      const problem = issueProblem(parsed.error.issues[0]!, root, { knownKeys });
+      throw new UsageError(`Config file '${path}': '${problem.key}' ${problem.detail}`);
     }
-    fromFile = parsed.data;
+    const built = buildPolicy(parsed.data);
+    if ("problem" in built) {
+      throw new UsageError(`Config file '${path}': '${built.problem.key}' ${built.problem.detail}`);
+    }
+    policy = built.policy;
+    for (const [key, value] of Object.entries(parsed.data.sandbox ?? {})) {
+      if (value !== undefined) (fromFile as Record<string, unknown>)[SANDBOX_KEYS[key]!] = value;
+    }
   }
   const fromEnv: Record<string, unknown> = {};
   for (const [name, key] of ENV_OVERRIDES) {
     const value = Deno.env.get(name);
     if (value === undefined || value === "") continue;
-    fromEnv[key] = key === "image" ? value : Number(value);
-    const single = fileSchema.safeParse({ [key]: fromEnv[key] });
+    fromEnv[key] = STRING_SETTINGS.has(key) ? value : Number(value);
+    const single = settingsSchema.safeParse({ [key]: fromEnv[key] });
     if (!single.success) {
+      const issue = single.error.issues[0]!;
       throw new UsageError(
-        `Invalid ${name} '${value}': ${single.error.issues[0]?.message ?? "invalid"}`,
+        `Invalid ${name} '${value}': ${issueProblem(issue, {}).detail.replace(/, found .*$/, "")}`,
       );
     }
   }
-  const defined = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined));
-  const { home: _home, ...checked } = defined;
-  const valid = fileSchema.safeParse(checked);
-  if (!valid.success) {
-    const issue = valid.error.issues[0];
+  const sandbox = {
+    ...DEFAULTS,
+    mcpCache: join(home, "mcp-cache"),
+    ...fromFile,
+    ...fromEnv,
+    ...defined,
+    home,
+    configPath: raw === undefined ? undefined : path,
+  } as SandboxConfig;
+  return { path: sandbox.configPath, sandbox, policy };
+}
+
+function readConfigFile(
+  path: string,
+  options: { explicit: boolean; home: string },
+): string | undefined {
+  try {
+    return Deno.readTextFileSync(path);
+  } catch (cause) {
+    if (!(cause instanceof Deno.errors.NotFound)) {
+      throw new UsageError(`Cannot read config file '${path}': ${String(cause)}`, { cause });
+    }
+    if (options.explicit) throw new UsageError(`Config file '${path}' does not exist`, { cause });
+  }
+  const legacy = join(options.home, "config.json");
+  if (existsSync(legacy)) {
     throw new UsageError(
-      `Invalid setting '${issue?.path.join(".") ?? "?"}': ${issue?.message ?? "invalid"}`,
+      `Config file '${legacy}' is no longer read: move its settings to '${path}' under [sandbox] with snake_case keys (idleSeconds becomes idle_seconds)`,
     );
   }
-  return { ...DEFAULTS, ...fromFile, ...fromEnv, ...defined, home } as SandboxConfig;
+  return undefined;
+}
+
+/**
+ * Renders sandbox settings as the `[sandbox]` table of a `waffle.toml`
+ * (`home` and `configPath` are not file settings and are left out).
+ *
+ * @example
+ * ```ts ignore
+ * Deno.writeTextFileSync(`${home}/waffle.toml`, sandboxToml({ idleSeconds: 5 }));
+ * // [sandbox]
+ * // idle_seconds = 5
+ * ```
+ *
+ * @param settings camelCase settings.
+ * @returns The TOML text.
+ */
+export function sandboxToml(settings: Partial<SandboxConfig>): string {
+  const table: Record<string, unknown> = {};
+  for (const [key, field] of Object.entries(SANDBOX_KEYS)) {
+    const value = settings[field];
+    if (value !== undefined) table[key] = value;
+  }
+  return stringify({ sandbox: table });
 }

@@ -31,12 +31,22 @@ export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL"] as const;
 
 /** Where the runner's program is mounted inside the container. */
 const PROGRAM_DIR = "/opt/waffle";
+/** Deno inside the container, when waffle runs from source (it runs npm MCP servers too). */
+export const SANDBOX_DENO = `${PROGRAM_DIR}/deno`;
+/** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
+export const SANDBOX_MCP_CACHE = `${PROGRAM_DIR}/mcp-cache`;
+/** A restricted session's home: a tmpfs owned by the commands' uid. */
+export const RESTRICTED_HOME = "/home/sandbox";
+/** How long a restricted container's runner outlives its session's host. */
+const RESTRICTED_IDLE_SECONDS = 60;
 /** The runner's private scratch (Deno's cache): a tmpfs no command can enter. */
 const RUNNER_DIR = "/run/waffle";
 
 /** Labels waffle puts on its containers. */
 export const LABELS = {
   key: "waffle.key",
+  /** On a restricted session's container instead of `key`: fleet commands leave it alone. */
+  restricted: "waffle.restricted",
   tenant: "waffle.tenant",
   user: "waffle.user",
   image: "waffle.image",
@@ -70,10 +80,22 @@ export interface ContainerSpec {
  */
 export function containerSpec(
   key: SandboxKey,
-  options: { config: SandboxConfig; imageId: string; paths: StatePaths },
+  options: {
+    config: SandboxConfig;
+    imageId: string;
+    paths: StatePaths;
+    restricted?: { id: string } | undefined;
+  },
 ): ContainerSpec {
-  const { config, imageId, paths } = options;
-  const { cmd, mounts } = runnerLaunch(config, paths);
+  const { imageId, paths, restricted } = options;
+  // A restricted session's container: no network, the workspace read-only,
+  // a tmpfs home, removed when its runner exits.
+  const config = restricted === undefined
+    ? options.config
+    : { ...options.config, network: "none" as const, idleSeconds: RESTRICTED_IDLE_SECONDS };
+  const { cmd, mounts } = runnerLaunch(config, paths, {
+    readOnlyWorkspace: restricted !== undefined,
+  });
   const groups = hostCanChown() ? [] : [String(Deno.gid())];
   const body: ContainerCreateBody = {
     Image: imageId,
@@ -87,7 +109,7 @@ export function containerSpec(
     StopSignal: "SIGTERM",
     StopTimeout: 10,
     Labels: {
-      [LABELS.key]: key.hash,
+      [restricted === undefined ? LABELS.key : LABELS.restricted]: key.hash,
       [LABELS.tenant]: key.tenant,
       [LABELS.user]: key.user,
       [LABELS.image]: imageId,
@@ -99,6 +121,10 @@ export function containerSpec(
       Tmpfs: {
         "/tmp": `rw,noexec,nosuid,nodev,size=${config.tmpBytes}`,
         [RUNNER_DIR]: "rw,noexec,nosuid,nodev,size=128m,mode=0700",
+        ...(restricted === undefined ? {} : {
+          [RESTRICTED_HOME]:
+            `rw,noexec,nosuid,nodev,size=64m,uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
+        }),
       },
       CapDrop: ["ALL"],
       CapAdd: [...RUNNER_CAPS],
@@ -112,7 +138,7 @@ export function containerSpec(
       LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
       Mounts: mounts,
       RestartPolicy: { Name: "no" },
-      AutoRemove: false,
+      AutoRemove: restricted !== undefined,
       Privileged: false,
     },
   };
@@ -125,7 +151,10 @@ export function containerSpec(
     [LABELS.posture]: postureHash,
     [LABELS.created]: new Date().toISOString(),
   };
-  return { name: key.containerName, postureHash, body };
+  const name = restricted === undefined
+    ? key.containerName
+    : `${key.containerName}-r-${restricted.id}`;
+  return { name, postureHash, body };
 }
 
 /**
@@ -200,6 +229,7 @@ function runnerEnv(config: SandboxConfig): string[] {
 function runnerLaunch(
   config: SandboxConfig,
   paths: StatePaths,
+  options: { readOnlyWorkspace: boolean },
 ): { cmd: string[]; mounts: HostConfigMount[] } {
   const self = selfCommand();
   const runnerArgs = [
@@ -216,7 +246,8 @@ function runnerLaunch(
   const mounts: HostConfigMount[] = [
     bind(`${paths.queue}/inbound`, "/queue/inbound", true, paths.root),
     bind(paths.outbound, "/queue/outbound", false, paths.root),
-    bind(paths.workspace, "/workspace", false, paths.root),
+    bind(paths.workspace, "/workspace", options.readOnlyWorkspace, paths.root),
+    bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
   ];
   if (self.sourceRoot === undefined) {
     mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
@@ -224,13 +255,13 @@ function runnerLaunch(
   }
   // From source: the Deno executable plus the project (sources and
   // node_modules), both read-only. --cached-only: never fetch anything.
-  mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/deno`, true));
+  mounts.push(bind(realpathSync(self.executable), SANDBOX_DENO, true));
   // Only what the runner loads: not .git, .tools or anything else in the checkout.
   for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
     mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
   }
   const cmd = [
-    `${PROGRAM_DIR}/deno`,
+    SANDBOX_DENO,
     "run",
     "--allow-all",
     "--quiet",

@@ -60,6 +60,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+  // Mounted read-only into every sandbox (npm MCP servers): it must exist.
+  Deno.mkdirSync(config.mcpCache, { recursive: true, mode: 0o755 });
   initQueue(paths.queue, { outboundDir: paths.outbound, mode: hostCanChown() ? 0o700 : 0o750 });
   const queue = Queue.open(paths.queue, {
     outboundDir: paths.outbound,

@@ -30,15 +30,21 @@ import {
   type Heartbeat,
   HEARTBEAT_INTERVAL_MS,
   MAX_CHUNK_BYTES,
+  MAX_INPUT_CHUNK_BYTES,
   MAX_OUTPUT_CAP,
   MAX_STDIN_BYTES,
   type OutputChunk,
-  MAX_INPUT_CHUNK_BYTES,
   type RequestState,
   type SessionSpec,
 } from "./protocol.ts";
 import { SandboxFile, SMALL_FILE_BYTES } from "./sandbox_file.ts";
-import { INBOUND_UPGRADES, initQueue, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
+import {
+  INBOUND_UPGRADES,
+  initQueue,
+  OUTBOUND_SCHEMA,
+  type QueuePaths,
+  queuePaths,
+} from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
 
 /**

@@ -214,9 +214,11 @@ export class RunnerQueue {
         "SELECT lease, stdout_read, stderr_read FROM sessions WHERE request_id = ?",
       ).get(id) as { lease: number; stdout_read: number; stderr_read: number } | undefined
     );
-    return row === undefined
-      ? undefined
-      : { lease: Number(row.lease), stdout: Number(row.stdout_read), stderr: Number(row.stderr_read) };
+    return row === undefined ? undefined : {
+      lease: Number(row.lease),
+      stdout: Number(row.stdout_read),
+      stderr: Number(row.stderr_read),
+    };
   }
 
   /**

@@ -60,7 +60,6 @@ ${SESSION_TABLES}`;
 /** What schema version 2's `inbound.db` lacks: upgraded in place by its owner. */
 export const INBOUND_UPGRADES: Readonly<Record<number, string>> = { 2: SESSION_TABLES };
 
-
 /** `outbound.db`: written only by the runner. */
 export const OUTBOUND_SCHEMA = `
 CREATE TABLE meta (

@@ -1,0 +1,140 @@
+/**
+ * A restricted session's container: a separate container per session, from
+ * the user's image, with no network, the user's workspace read-only, a tmpfs
+ * home, and its own queue. It is removed when the session ends (and removes
+ * itself when its runner idles out after a host died).
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { loadConfig, type SandboxConfig } from "../config/config.ts";
+import { DockerClient } from "../docker/mod.ts";
+import { RunnerError } from "../errors.ts";
+import type { Backend } from "../host_backend.ts";
+import { Queue } from "../queue/queue.ts";
+import { resolveImage } from "./ensure.ts";
+import { sandboxKey, statePaths } from "./identity.ts";
+import { withLock } from "./lock.ts";
+import { containerSpec } from "./posture.ts";
+import { prepareState } from "./state_dir.ts";
+
+/** A restricted container: a backend whose `close` removes it and its queue. */
+export interface RestrictedSandbox extends Backend {
+  /** The container's name. */
+  readonly name: string;
+  /** Removes the container and its queue directory; resolves when both are gone. */
+  dispose(): Promise<void>;
+}
+
+/** Options for {@linkcode openRestricted}. */
+export interface RestrictedOptions {
+  /** Tenant id; default "default". */
+  tenant?: string;
+  /** Configuration overrides. */
+  config?: Partial<SandboxConfig>;
+  /** Docker client; default from `DOCKER_HOST`. */
+  docker?: DockerClient;
+  /** How long to wait for the runner's first heartbeat; default 20 s. */
+  readyTimeoutMs?: number;
+}
+
+/**
+ * Starts a restricted container for one session of a user.
+ *
+ * @param user The user whose workspace it sees (read-only).
+ * @param options Tenant, config and Docker client.
+ * @returns A backend serving the container's own queue.
+ */
+export async function openRestricted(
+  user: string,
+  options: RestrictedOptions = {},
+): Promise<RestrictedSandbox> {
+  const config = loadConfig(options.config);
+  const docker = options.docker ?? new DockerClient();
+  const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
+  const paths = statePaths(config.home, key);
+  Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+  Deno.mkdirSync(config.mcpCache, { recursive: true, mode: 0o755 });
+  // The user's volume (and so the workspace) must be there to be shown.
+  await withLock(paths.lock, () => prepareState(paths, { quotaBytes: config.quotaBytes }));
+  await removeLeftovers(docker, join(paths.root, "restricted"), key.containerName);
+  const id = crypto.randomUUID().slice(0, 12);
+  const dir = join(paths.root, "restricted", id);
+  Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const queue = Queue.open(dir, { create: true });
+  const imageId = await resolveImage(docker, config.image);
+  const spec = containerSpec(key, {
+    config,
+    imageId,
+    paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
+    restricted: { id },
+  });
+  let containerId: string | undefined;
+  const dispose = async (): Promise<void> => {
+    queue.close();
+    if (containerId !== undefined) {
+      await docker.removeContainer(containerId, { force: true }).catch(() => {});
+    }
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  };
+  try {
+    containerId = await docker.createContainer(spec.name, spec.body);
+    await docker.startContainer(containerId);
+    await waitAlive(queue, docker, containerId, options.readyTimeoutMs ?? 20_000);
+    await queue.syncGeneration();
+  } catch (error) {
+    await dispose();
+    throw error;
+  }
+  return {
+    name: spec.name,
+    queue,
+    // A restricted runner is never restarted: its session ends with it.
+    ensure: () => Promise.resolve(),
+    submit: (request) => queue.submit(request),
+    close: () => queue.close(),
+    dispose,
+  };
+}
+
+// Queue directories of restricted sessions whose host died: their containers
+// removed themselves (idle exit, AutoRemove); the directories are ours to go.
+async function removeLeftovers(
+  docker: DockerClient,
+  parent: string,
+  prefix: string,
+): Promise<void> {
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(parent)];
+  } catch {
+    return;
+  }
+  for (const entry of entries) {
+    if (!entry.isDirectory || !/^[0-9a-f-]{12}$/.test(entry.name)) continue;
+    // A session of another process may be starting in a fresh one.
+    const made = Deno.statSync(join(parent, entry.name)).mtime?.getTime() ?? Date.now();
+    if (Date.now() - made < 120_000) continue;
+    if (await docker.inspectContainer(`${prefix}-r-${entry.name}`) !== null) continue;
+    await Deno.remove(join(parent, entry.name), { recursive: true }).catch(() => {});
+  }
+}
+
+async function waitAlive(
+  queue: Queue,
+  docker: DockerClient,
+  id: string,
+  timeoutMs: number,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let checks = 1; Date.now() < deadline; checks++) {
+    if (queue.liveness().state === "alive") return;
+    if (checks % 25 === 0 && !(await docker.inspectContainer(id))?.State.Running) {
+      throw new RunnerError(`Restricted container '${id.slice(0, 12)}' stopped during start`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  throw new RunnerError(
+    `Restricted container '${id.slice(0, 12)}' sent no heartbeat within ${timeoutMs} ms`,
+  );
+}

@@ -1,0 +1,243 @@
+/**
+ * Launch planning: given the config and a group or cron job, where each MCP
+ * server executes, with what network, workspace, tools and environment
+ * names, or why it is denied. Pure: no I/O, no environment reads (except
+ * {@linkcode resolveEnv}, which reads values at launch and only the names
+ * asked for).
+ *
+ * Composition is by intersection: a server must be allowed by its own
+ * `groups`, by the group's mode and by the cron job's `mcp`, `network` and
+ * `env`. A server with `execution = "sandbox"` is never planned on the host.
+ *
+ * @module
+ */
+import { posix } from "node:path";
+import { UsageError } from "../errors.ts";
+import type { CronConfig, McpPolicy, McpServerConfig } from "./policy.ts";
+
+/** Where a launched server executes: the host, the user's sandbox, or a restricted container. */
+export type Where = "host" | "sandbox" | "restricted";
+
+/** One server's launch decision. */
+export interface PlannedServer {
+  /** The server's name (`[mcp.<name>]`). */
+  name: string;
+  /** Whether it may be launched. */
+  decision: "launch" | "denied";
+  /** Why it is denied, one line each; empty when launched. */
+  reasons: string[];
+  /** Where it executes; set when launched. */
+  where?: Where | undefined;
+  /** What runs: an npm package (run by waffle's Deno) or a program, and its arguments. */
+  program: { package?: string; command?: string; args: string[] };
+  /**
+   * Working directory: `/workspace` or `/workspace/<cron workdir>` in a
+   * container; the waffle home on the host (`config.sandbox.home`, shown as
+   * `$WAFFLE_HOME` when the plan was made without one).
+   */
+  cwd: string;
+  /** Network: restricted always "none"; sandbox the user sandbox's; host "host". */
+  network: "none" | "bridge" | "host";
+  /** The workspace: sandbox "rw", restricted "ro", host "none". */
+  workspace: "rw" | "ro" | "none";
+  /** The tools it lists and accepts. */
+  tools: string[] | "all";
+  /** Environment variable NAMES, sorted; values are resolved at launch and never printed. */
+  env: string[];
+}
+
+/** The plan of a group or cron job. */
+export interface LaunchPlan {
+  /** What the plan was made for. */
+  subject: { kind: "group" | "cron"; name: string };
+  /** The group whose policy applies (a cron job's group). */
+  group: string;
+  /** Every configured server, denied ones included, in config order. */
+  servers: PlannedServer[];
+}
+
+/** What planning needs of the configuration. */
+export interface PlanConfig {
+  /** The sandbox settings that matter: its mode and network, and the home (host servers' cwd). */
+  sandbox: { mode: "docker" | "host"; network: "none" | "bridge"; home?: string | undefined };
+  /** The MCP policy. */
+  policy: McpPolicy;
+}
+
+/** The group used when neither a group nor a cron job is named; it need not be declared. */
+export const DEFAULT_GROUP = "default";
+
+/** Where the workspace is mounted in every container. */
+export const CONTAINER_WORKSPACE = "/workspace";
+
+/**
+ * Plans the launch of every configured server for a group or a cron job.
+ *
+ * @example
+ * ```ts ignore
+ * const plan = planLaunch(loadWaffleConfig(), { cron: "nightly" });
+ * for (const server of launchable(plan)) console.log(server.name, server.where);
+ * ```
+ *
+ * @param config The sandbox mode and network, and the policy.
+ * @param subject A group (declared, or "default") or a cron job; neither means group "default".
+ * @returns The plan, denied servers included.
+ * @throws {UsageError} When both are given, or the group or cron job is not configured.
+ */
+export function planLaunch(
+  config: PlanConfig,
+  subject: { group?: string | undefined; cron?: string | undefined } = {},
+): LaunchPlan {
+  const { policy } = config;
+  if (subject.group !== undefined && subject.cron !== undefined) {
+    throw new UsageError(
+      `Choose a group or a cron job, not both: group '${subject.group}', cron '${subject.cron}'`,
+    );
+  }
+  let cron: CronConfig | undefined;
+  let group = subject.group ?? DEFAULT_GROUP;
+  if (subject.cron !== undefined) {
+    if (!Object.hasOwn(policy.cron, subject.cron)) {
+      throw new UsageError(
+        `Unknown cron job '${subject.cron}'; configured: ${listed(Object.keys(policy.cron))}`,
+      );
+    }
+    cron = policy.cron[subject.cron]!;
+    group = cron.group;
+  } else if (group !== DEFAULT_GROUP && !Object.hasOwn(policy.groups, group)) {
+    throw new UsageError(
+      `Unknown group '${group}'; configured: ${listed(Object.keys(policy.groups))} (or 'default')`,
+    );
+  }
+  const servers = Object.values(policy.servers).map((server) =>
+    planServer(server, { config, group, cron })
+  );
+  return {
+    subject: cron === undefined
+      ? { kind: "group", name: group }
+      : { kind: "cron", name: cron.name },
+    group,
+    servers,
+  };
+}
+
+/**
+ * The servers of a plan that may be launched; denied ones are filtered out.
+ *
+ * @example
+ * ```ts ignore
+ * const names = launchable(planLaunch(config, { group: "main" })).map((s) => s.name);
+ * ```
+ *
+ * @param plan A launch plan.
+ * @returns Its servers whose decision is "launch".
+ */
+export function launchable(plan: LaunchPlan): PlannedServer[] {
+  return plan.servers.filter((server) => server.decision === "launch");
+}
+
+/**
+ * Resolves environment names to values at launch. Only the names asked for
+ * are read; a missing variable is omitted.
+ *
+ * @example
+ * ```ts ignore
+ * const env = resolveEnv(planned.env); // { GREETING: "hi" }
+ * ```
+ *
+ * @param names Variable names (a plan's `env`).
+ * @param source Reads one variable; default the process environment (needs `--allow-env`).
+ * @returns The variables that are set.
+ */
+export function resolveEnv(
+  names: string[],
+  source: (name: string) => string | undefined = (name) => Deno.env.get(name),
+): Record<string, string> {
+  const entries: [string, string][] = [];
+  for (const name of new Set(names)) {
+    const value = source(name);
+    if (value !== undefined) entries.push([name, value]);
+  }
+  // fromEntries defines own properties, so a name like `__proto__` stays data.
+  return Object.fromEntries(entries);
+}
+
+function planServer(
+  server: McpServerConfig,
+  context: { config: PlanConfig; group: string; cron: CronConfig | undefined },
+): PlannedServer {
+  const { config, group, cron } = context;
+  const reasons: string[] = [];
+  const where: Where = server.authority;
+  if (server.groups !== undefined && !server.groups.includes(group)) {
+    reasons.push(
+      `group '${group}' is not in mcp.${server.name}.groups ${JSON.stringify(server.groups)}`,
+    );
+  }
+  if (cron?.mcp !== undefined && !cron.mcp.includes(server.name)) {
+    reasons.push(
+      `cron '${cron.name}' allows only mcp ${JSON.stringify(cron.mcp)} (cron.${cron.name}.mcp)`,
+    );
+  }
+  const declared = config.policy.groups[group];
+  const groupMode = declared?.mode ?? config.sandbox.mode;
+  if (server.execution === "host" && groupMode === "docker") {
+    reasons.push(
+      declared === undefined
+        ? `group '${group}' requires docker (sandbox.mode is "docker"); execution "host" is not allowed`
+        : `group '${group}' requires docker (groups.${group}.mode); execution "host" is not allowed`,
+    );
+  }
+  if (server.execution === "sandbox" && config.sandbox.mode === "host") {
+    reasons.push(
+      `sandbox.mode is "host": there is no sandbox for execution "sandbox", and it is never started on the host`,
+    );
+  }
+  if (cron?.network === "none") {
+    if (where === "host") {
+      reasons.push(
+        `cron '${cron.name}' requires network "none" (cron.${cron.name}.network); authority "host" has the host's network`,
+      );
+    } else if (where === "sandbox" && config.sandbox.network !== "none") {
+      reasons.push(
+        `cron '${cron.name}' requires network "none" (cron.${cron.name}.network) but the user sandbox has network "${config.sandbox.network}" (sandbox.network)`,
+      );
+    }
+  }
+  const cwd = where === "host"
+    ? config.sandbox.home ?? "$WAFFLE_HOME"
+    : posix.join(CONTAINER_WORKSPACE, cron?.workdir ?? ".");
+  if (
+    where !== "host" && cwd !== CONTAINER_WORKSPACE && !cwd.startsWith(`${CONTAINER_WORKSPACE}/`)
+  ) {
+    reasons.push(
+      `cron '${cron?.name}' workdir ${
+        JSON.stringify(cron?.workdir)
+      } is outside /workspace (cron.${cron?.name}.workdir)`,
+    );
+  }
+  const env = cron?.env === undefined
+    ? server.env
+    : server.env.filter((name) => cron.env!.includes(name));
+  const denied = reasons.length > 0;
+  return {
+    name: server.name,
+    decision: denied ? "denied" : "launch",
+    reasons,
+    ...(denied ? {} : { where }),
+    program: {
+      ...(server.package === undefined ? {} : { package: server.package }),
+      ...(server.command === undefined ? {} : { command: server.command }),
+      args: [...server.args],
+    },
+    cwd: cwd.length > 1 ? cwd.replace(/\/+$/, "") : cwd,
+    network: where === "host" ? "host" : where === "restricted" ? "none" : config.sandbox.network,
+    workspace: where === "host" ? "none" : where === "restricted" ? "ro" : "rw",
+    tools: server.tools === undefined ? "all" : [...server.tools],
+    env: [...new Set(env)].sort(),
+  };
+}
+
+function listed(names: string[]): string {
+  return names.length === 0 ? "none" : names.map((name) => `'${name}'`).join(", ");
+}

@@ -1,0 +1,194 @@
+/**
+ * Starts an MCP server inside a sandbox (the user's persistent container or
+ * a restricted one) as a session over the queue. Nothing here ever starts a
+ * process on the host: every failure is an error, never a fallback.
+ *
+ * @module
+ */
+import type { SandboxConfig } from "../config/config.ts";
+import { UsageError } from "../errors.ts";
+import { RESTRICTED_HOME, SANDBOX_DENO, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
+import { openRestricted } from "../lifecycle/restricted.ts";
+import { openSandbox } from "../lifecycle/sandbox.ts";
+import { selfCommand } from "../config/self.ts";
+import type { ExecResult } from "../queue/protocol.ts";
+import { QueueSession } from "../queue/session.ts";
+import type { ServerConnection } from "./connection.ts";
+import type { PlannedServer } from "./plan.ts";
+
+/** Who the session is for and what it may see. */
+export interface SandboxServerOptions {
+  /** The user whose sandbox it runs in. */
+  user: string;
+  /** The user's tenant. */
+  tenant: string;
+  /** The resolved environment (the plan's names with the host's values). */
+  env: Record<string, string>;
+  /** The sandbox settings. */
+  config: SandboxConfig;
+  /** Progress lines for the user (on stderr). */
+  onProgress?: ((line: string) => void) | undefined;
+}
+
+/** After the end of its input, how long a server's session may take to end by itself. */
+const END_WAIT_MS = 2500;
+/** After a cancel, how long the runner may take to report the tree dead. */
+const CANCEL_WAIT_MS = 2000;
+
+/**
+ * Starts a planned server whose `where` is `sandbox` or `restricted`.
+ *
+ * @param planned The launch decision.
+ * @param options User, environment and settings.
+ * @returns The connection.
+ * @throws {UsageError} When the plan is not for a sandbox, or the server cannot run in one.
+ */
+export async function openSandboxServer(
+  planned: PlannedServer,
+  options: SandboxServerOptions,
+): Promise<ServerConnection> {
+  if (
+    planned.decision !== "launch" || (planned.where !== "sandbox" && planned.where !== "restricted")
+  ) {
+    throw new UsageError(`Server '${planned.name}' is not planned for a sandbox`);
+  }
+  const argv = sandboxArgv(planned);
+  const env: Record<string, string> = {
+    ...options.env,
+    ...(planned.program.package === undefined
+      ? {}
+      : { DENO_DIR: SANDBOX_MCP_CACHE, DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" }),
+    ...(planned.where === "restricted" ? { HOME: RESTRICTED_HOME } : {}),
+  };
+  const cwd = relativeCwd(planned.cwd);
+  const request = { argv, env, ...(cwd === undefined ? {} : { cwd }) };
+  if (planned.where === "restricted") {
+    options.onProgress?.(`starting a restricted container for '${planned.name}'`);
+    const restricted = await openRestricted(options.user, {
+      tenant: options.tenant,
+      config: options.config,
+    });
+    try {
+      const session = await QueueSession.open(restricted, request);
+      return sessionConnection(session, () => restricted.dispose());
+    } catch (error) {
+      await restricted.dispose();
+      throw error;
+    }
+  }
+  const sandbox = openSandbox(options.user, { tenant: options.tenant, config: options.config });
+  try {
+    const session = await QueueSession.open(
+      sandbox,
+      { ...request, makeCwd: true },
+      { revive: (trouble) => sandbox.ensure(trouble) },
+    );
+    return sessionConnection(session, () => Promise.resolve(sandbox.close()));
+  } catch (error) {
+    sandbox.close();
+    throw error;
+  }
+}
+
+function sandboxArgv(planned: PlannedServer): string[] {
+  const { package: spec, command, args } = planned.program;
+  if (spec !== undefined) {
+    if (selfCommand().sourceRoot === undefined) {
+      throw new UsageError(
+        `Server '${planned.name}' is an npm package, which needs waffle's Deno in the sandbox; this waffle binary has none`,
+      );
+    }
+    return [
+      SANDBOX_DENO,
+      "run",
+      "-A",
+      "--cached-only",
+      "--no-config",
+      "--quiet",
+      "--no-prompt",
+      spec,
+      ...args,
+    ];
+  }
+  if (command === undefined) throw new UsageError(`Server '${planned.name}' has no program`);
+  return [command, ...args];
+}
+
+// The plan speaks container paths ("/workspace/jobs/x"); a request names its
+// cwd relative to the workspace.
+function relativeCwd(cwd: string): string | undefined {
+  if (cwd === "/workspace" || cwd === "") return undefined;
+  if (!cwd.startsWith("/workspace/")) {
+    throw new UsageError(`Working directory '${cwd}' is outside /workspace`);
+  }
+  return cwd.slice("/workspace/".length);
+}
+
+/**
+ * A {@linkcode ServerConnection} over an open queue session.
+ *
+ * @param session The session.
+ * @param release Called once the session is over (closes or removes its sandbox).
+ * @returns The connection.
+ */
+export function sessionConnection(
+  session: QueueSession,
+  release: () => Promise<void>,
+): ServerConnection {
+  const out = new TransformStream<Uint8Array, Uint8Array>();
+  const err = new TransformStream<Uint8Array, Uint8Array>();
+  const outWriter = out.writable.getWriter();
+  const errWriter = err.writable.getWriter();
+  let result: ExecResult | undefined;
+  const finished = (async (): Promise<string> => {
+    try {
+      const chunks = session.output();
+      let next = await chunks.next();
+      while (!next.done) {
+        const writer = next.value.stream === "stdout" ? outWriter : errWriter;
+        await writer.write(next.value.data);
+        next = await chunks.next();
+      }
+      result = next.value;
+      return result.error ??
+        (result.signal === null
+          ? `exited with status ${result.exitCode}`
+          : `killed by ${result.signal}`);
+    } catch (error) {
+      return error instanceof Error ? error.message : String(error);
+    } finally {
+      await outWriter.close().catch(() => {});
+      await errWriter.close().catch(() => {});
+    }
+  })();
+  let closing: Promise<void> | undefined;
+  const close = (): Promise<void> => {
+    closing ??= (async () => {
+      await session.end().catch(() => {});
+      if (!await settles(finished, END_WAIT_MS)) {
+        await session.cancel().catch(() => {});
+        await settles(finished, CANCEL_WAIT_MS);
+      }
+      await session.close();
+      await release();
+    })();
+    return closing;
+  };
+  const stdin = new WritableStream<Uint8Array>({
+    write: (chunk) => session.write(chunk),
+    close: () => session.end(),
+  });
+  return { stdin, stdout: out.readable, stderr: err.readable, close, closed: finished };
+}
+
+async function settles(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true, () => true), expired]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
