@@ -39,5 +39,18 @@ export {
   type SweepOptions,
   type VolumeStatus,
 } from "./lifecycle/mod.ts";
+export {
+  type LaunchPlan,
+  launchable,
+  openHostServer,
+  openSandboxServer,
+  planLaunch,
+  type PlannedServer,
+  probeServer,
+  relay,
+  resolveEnv,
+  type ServerConnection,
+} from "./mcp/mod.ts";
+export { loadConfig, loadWaffleConfig, type WaffleConfig } from "./config/config.ts";
 /** The Engine API client the fleet functions take; its types live in `lib/docker/mod.ts`. */
 export { DockerClient } from "./docker/mod.ts";

@@ -6,6 +6,9 @@
 #   (always)       Deno 2.9.6 at .tools/bin/deno (from the npm package `deno`),
 #                  then `deno install` so node_modules is complete on disk (the
 #                  runner container mounts it read-only and cannot fetch).
+#                  Then the MCP package cache .tools/mcp-cache gets the test server
+#                  (npm:@modelcontextprotocol/server-everything), world-readable for
+#                  the sandbox's uid, unless it is cached already.
 #   --docker       also: install docker.io via apt when dockerd is missing,
 #                  start dockerd when the daemon does not answer, build the
 #                  runner image (scripts/build_image.sh) when missing or stale,
@@ -26,7 +29,7 @@ for arg in "$@"; do
     --docker) with_docker=1 ;;
     --force-image) force_image=1 ;;
     -h | --help)
-      sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -96,6 +99,32 @@ ensure_node_modules() {
     rm -rf "$scratch"
     die "node_modules is incomplete: npm imports do not load with --cached-only"
   fi
+}
+
+# The npm MCP servers the tests run, fetched once by the host's Deno into the
+# cache that sandboxes mount read-only (they have no network to fetch it).
+MCP_CACHE="$REPO/.tools/mcp-cache"
+MCP_PACKAGES=("npm:@modelcontextprotocol/server-everything@2026.8.31")
+
+ensure_mcp_cache() {
+  local spec name version
+  for spec in "${MCP_PACKAGES[@]}"; do
+    name="${spec#npm:}"
+    version="${name##*@}"
+    name="${name%@*}"
+    # Deno extracts a package under a temporary name and renames it: a
+    # package.json there means the package is complete.
+    if [[ -f "$MCP_CACHE/npm/registry.npmjs.org/$name/$version/package.json" ]]; then
+      say "$spec already in $MCP_CACHE"
+      continue
+    fi
+    say "deno cache $spec (into $MCP_CACHE)"
+    mkdir -p "$MCP_CACHE"
+    (cd "$MCP_CACHE" && DENO_DIR="$MCP_CACHE" DENO_NO_UPDATE_CHECK=1 NO_COLOR=1 \
+      "$DENO" cache --no-config "$spec") || die "Cannot fetch MCP package '$spec'"
+  done
+  # The sandbox's uid 10001 reads the cache through a read-only mount.
+  chmod -R a+rX "$MCP_CACHE"
 }
 
 docker_answers() {
@@ -169,6 +198,7 @@ print_docker_summary() {
 
 ensure_deno
 ensure_node_modules
+ensure_mcp_cache
 if ((with_docker == 1)); then
   ensure_docker_installed
   ensure_docker_running

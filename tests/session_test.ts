@@ -20,7 +20,7 @@ Deno.test("session streams stdin and stdout both ways and ends at the end of inp
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const queue = Queue.open(q.queueDir);
   const session = await QueueSession.open(target(queue), {
-    argv: ["sh", "-c", "while read line; do echo \"got $line\"; echo \"err $line\" >&2; done"],
+    argv: ["sh", "-c", 'while read line; do echo "got $line"; echo "err $line" >&2; done'],
     cwd: "made/here",
     makeCwd: true,
   });

@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";
-import { parse } from "./args.ts";
+import { mcpChecks } from "./doctor_mcp.ts";
+import { parse, stringFlag } from "./args.ts";
 import { loadConfig } from "../config/config.ts";
 import { quotaSupport } from "../lifecycle/quota.ts";
 import type { CliIo } from "./io.ts";
@@ -34,13 +35,16 @@ export type CheckOutcome = string | { detail: string; warning: true };
 export type DoctorCheck = { name: string; run: () => Promise<CheckOutcome> };
 
 /** Help text of `waffle doctor`. */
-export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker]
+export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker] [--config FILE]
 
 Checks the queue round trip on the host filesystem, reports the host's
 fs.protected_* sysctls (waffle relies on none of them), whether each
 sandbox's disk quota can be enforced (a WARN row when not) and, unless
 --no-docker, the Docker daemon, the runner image, and a sandbox container
-start with a bind-mount write/read round trip. Exit status 0 when every check
+start with a bind-mount write/read round trip. One "mcp <name> authority" row
+per configured MCP server (execution, authority, groups, env names, tools)
+and, with Docker, an initialize + tools/list probe of each server that
+executes in a sandbox (in a throwaway home). Exit status 0 when every check
 passes, 1 otherwise.
 `;
 
@@ -52,12 +56,19 @@ passes, 1 otherwise.
  * @returns 0 when all checks pass, else 1.
  */
 export async function doctorCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { json: { type: "boolean" }, "no-docker": { type: "boolean" } });
+  const parsed = parse(args, {
+    json: { type: "boolean" },
+    "no-docker": { type: "boolean" },
+    config: { type: "string" },
+  });
+  const docker = !parsed.values["no-docker"];
+  const configPath = stringFlag(parsed, "config");
   const checks: DoctorCheck[] = [
     { name: "queue round trip (host fs)", run: queueRoundTrip },
     { name: "host sysctls", run: hostSysctls },
     { name: "disk quota", run: diskQuota },
-    ...(parsed.values["no-docker"] ? [] : dockerChecks()),
+    ...(docker ? dockerChecks() : []),
+    ...mcpChecks({ docker, configPath }),
   ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {

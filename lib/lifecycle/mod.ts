@@ -38,6 +38,7 @@ export {
   type VolumeStatus,
 } from "./quota.ts";
 export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
+export { openRestricted, type RestrictedOptions, type RestrictedSandbox } from "./restricted.ts";
 export { prepareState, type PrepareStateOptions, resetOutbound, stateExists } from "./state_dir.ts";
 export {
   listSandboxes,

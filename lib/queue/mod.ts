@@ -39,5 +39,12 @@ export {
   RunnerQueue,
   setAsideUnlessRegular,
 } from "./runner_queue.ts";
+export {
+  QueueSession,
+  SESSION_IDLE_MS,
+  SESSION_LEASE_MS,
+  type SessionOptions,
+  type SessionTarget,
+} from "./session.ts";
 export { initQueue, type InitQueueOptions, type QueuePaths, queuePaths } from "./schema.ts";
 export { ChangeWatcher } from "./watch.ts";

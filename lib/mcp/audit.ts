@@ -1,0 +1,143 @@
+/**
+ * The MCP audit log: one JSON line per `tools/call`, appended to
+ * `$WAFFLE_HOME/audit.jsonl`. Argument names are recorded, never their
+ * values. Each line is one `write` on a file opened with `O_APPEND`, so
+ * concurrent sessions never interleave within a line.
+ *
+ * @module
+ */
+import { join } from "node:path";
+
+/** How a tool call ended. */
+export type AuditOutcome = "ok" | "tool_error" | "error" | "denied" | "no_response";
+
+/** One audit line. */
+export interface AuditRecord {
+  /** When the call was received from the client (ISO 8601). */
+  time: string;
+  /** The sandbox user, or null for a host server run without `--user`. */
+  user: string | null;
+  /** The user's tenant. */
+  tenant: string;
+  /** The group whose policy applied. */
+  group: string;
+  /** The cron job, or null. */
+  cron: string | null;
+  /** The server (`[mcp.<name>]`). */
+  server: string;
+  /** The tool called. */
+  tool: string;
+  /** The names of the arguments, never their values. */
+  arguments: string[];
+  /** From the call to its response (or to the end of the session). */
+  durationMs: number;
+  /** ok, tool_error (result.isError), error (JSON-RPC error), denied (by policy), no_response. */
+  outcome: AuditOutcome;
+}
+
+/** The file name of the audit log under the waffle home. */
+export const AUDIT_FILE = "audit.jsonl";
+
+/** Longest argument name recorded; longer ones are cut. */
+const MAX_NAME_CHARS = 128;
+/** Most argument names recorded per call. */
+const MAX_NAMES = 256;
+
+/** Appends audit records; open one per session. */
+export interface AuditLog {
+  /** The file written. */
+  readonly path: string;
+  /** Appends one record as one line. A failure is reported once on `onError` and not thrown. */
+  append(record: AuditRecord): Promise<void>;
+  /** Closes the file. */
+  close(): void;
+}
+
+/**
+ * Opens (creating it with mode 0600 if missing) the audit log of a waffle home.
+ *
+ * @example
+ * ```ts ignore
+ * const audit = openAuditLog("/var/lib/waffle");
+ * await audit.append({ ...record });
+ * audit.close();
+ * ```
+ *
+ * @param home The waffle home; the file is `<home>/audit.jsonl`.
+ * @param options Where a failed write is reported.
+ * @returns The log.
+ * @throws {Deno.errors.PermissionDenied} When the file cannot be opened.
+ */
+export function openAuditLog(
+  home: string,
+  options: { onError?: (message: string) => void } = {},
+): AuditLog {
+  Deno.mkdirSync(home, { recursive: true, mode: 0o700 });
+  const path = join(home, AUDIT_FILE);
+  const file = Deno.openSync(path, { append: true, create: true, mode: 0o600 });
+  let reported = false;
+  let closed = false;
+  let chain = Promise.resolve();
+  return {
+    path,
+    append(record: AuditRecord): Promise<void> {
+      if (closed) return Promise.resolve();
+      const bytes = new TextEncoder().encode(`${JSON.stringify(auditLine(record))}\n`);
+      chain = chain.then(async () => {
+        try {
+          // One write: a partial write of a line under O_APPEND is not expected
+          // for regular files; if it happens, the rest follows at once.
+          let rest = bytes;
+          while (rest.byteLength > 0) rest = rest.subarray(await file.write(rest));
+        } catch (error) {
+          if (!reported) {
+            reported = true;
+            options.onError?.(
+              `Cannot write audit log '${path}': ${
+                error instanceof Error ? error.message : String(error)
+              }`,
+            );
+          }
+        }
+      });
+      return chain;
+    },
+    close(): void {
+      if (closed) return;
+      closed = true;
+      void chain.finally(() => file.close());
+    },
+  };
+}
+
+/**
+ * The argument names of a `tools/call`'s `arguments`, capped in number and length.
+ *
+ * @example
+ * ```ts
+ * argumentNames({ message: "secret" }); // ["message"]
+ * ```
+ *
+ * @param args The call's `params.arguments` (anything).
+ * @returns Its own keys when it is an object, else [].
+ */
+export function argumentNames(args: unknown): string[] {
+  if (args === null || typeof args !== "object" || Array.isArray(args)) return [];
+  return Object.keys(args).slice(0, MAX_NAMES).map((name) => name.slice(0, MAX_NAME_CHARS));
+}
+
+// Only the documented fields, in a fixed order: nothing else can leak in.
+function auditLine(record: AuditRecord): AuditRecord {
+  return {
+    time: record.time,
+    user: record.user,
+    tenant: record.tenant,
+    group: record.group,
+    cron: record.cron,
+    server: record.server,
+    tool: record.tool.slice(0, MAX_NAME_CHARS),
+    arguments: record.arguments.slice(0, MAX_NAMES).map((n) => n.slice(0, MAX_NAME_CHARS)),
+    durationMs: Math.max(0, Math.round(record.durationMs)),
+    outcome: record.outcome,
+  };
+}

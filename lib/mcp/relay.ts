@@ -1,0 +1,455 @@
+/**
+ * The MCP relay between a stdio client and a server connection, wherever the
+ * server runs. Every message passes both ways, notifications and
+ * server-to-client requests included; the relay only steps in for the
+ * `tools` allowlist (it filters `tools/list` results and answers a
+ * `tools/call` of another tool itself) and writes one audit line per
+ * `tools/call`.
+ *
+ * The server side is untrusted: each line is capped at
+ * {@linkcode MAX_MESSAGE_BYTES} (a longer one ends the session), validated
+ * (an invalid one is dropped with a note), and re-serialized, so only
+ * well-formed JSON-RPC ever reaches the client. Its stderr is forwarded with
+ * terminal control characters replaced, at most {@linkcode STDERR_BYTES_PER_SECOND}
+ * on average (bursts up to {@linkcode STDERR_BURST_BYTES}); the excess is
+ * dropped and counted, so a noisy server never blocks on its stderr.
+ *
+ * @module
+ */
+import { argumentNames, type AuditLog, type AuditOutcome } from "./audit.ts";
+import type { ServerConnection } from "./connection.ts";
+import {
+  encodeMessage,
+  idKey,
+  type JsonRpcRequest,
+  type JsonRpcResponse,
+  MAX_MESSAGE_BYTES,
+  MessageTooLargeError,
+  parseMessage,
+  readLines,
+} from "./jsonrpc.ts";
+
+/** The client side: the CLI's stdin and stdout. */
+export interface RelayClient {
+  /** Messages from the client. */
+  input: ReadableStream<Uint8Array>;
+  /** Messages to the client: nothing but JSON-RPC lines is ever written here. */
+  output: WritableStream<Uint8Array> | ((bytes: Uint8Array) => Promise<void>);
+}
+
+/** Who is calling, for the audit log. */
+export interface RelayContext {
+  /** The sandbox user, or null (a host server run without `--user`). */
+  user: string | null;
+  /** The user's tenant. */
+  tenant: string;
+  /** The group whose policy applies. */
+  group: string;
+  /** The cron job, or null. */
+  cron: string | null;
+}
+
+/** Options of {@linkcode relay}. */
+export interface RelayOptions {
+  /** The server's name (`[mcp.<name>]`), for messages and the audit log. */
+  name: string;
+  /** The tools the client may list and call. */
+  tools: string[] | "all";
+  /** Who is calling. */
+  context: RelayContext;
+  /** Where each `tools/call` is recorded; none: not recorded. */
+  audit?: AuditLog | undefined;
+  /** The CLI's stderr: the server's stderr and the relay's notes. */
+  stderr: (data: Uint8Array | string) => Promise<void>;
+  /** Ends the session at once (the CLI got a signal). */
+  signal?: AbortSignal | undefined;
+  /** How long `server.close()` may take before the relay gives up on it (default 5000). */
+  closeTimeoutMs?: number | undefined;
+}
+
+/** How a relay ended. */
+export interface RelayResult {
+  /**
+   * `client`: the client closed its input (or stopped reading); `server`: the
+   * server ended first; `aborted`: the signal fired; `error`: a message over
+   * the size limit.
+   */
+  ended: "client" | "server" | "aborted" | "error";
+  /** One line: why. */
+  reason: string;
+}
+
+/** The JSON-RPC error code of a denied `tools/call` (invalid params). */
+export const POLICY_ERROR_CODE = -32602;
+/** Average rate of server stderr forwarded. */
+export const STDERR_BYTES_PER_SECOND = 64 * 1024;
+/** Largest burst of server stderr forwarded at once. */
+export const STDERR_BURST_BYTES = 256 * 1024;
+/** The relay's own notes on stderr, at most this many per session. */
+const MAX_NOTES = 100;
+/** After the server's end, how long its last output may take to drain. */
+const DRAIN_MS = 500;
+
+interface PendingCall {
+  method: string;
+  tool?: string | undefined;
+  arguments: string[];
+  startedAt: number;
+  time: string;
+}
+
+/**
+ * Relays one MCP session until the client or the server ends it, then closes
+ * the server (within `closeTimeoutMs`).
+ *
+ * @example
+ * ```ts ignore
+ * const result = await relay(
+ *   { input: Deno.stdin.readable, output: Deno.stdout.writable },
+ *   await openHostServer(planned, { env, cacheDir }),
+ *   { name: "everything", tools: ["echo"], context, stderr: io.stderr },
+ * );
+ * ```
+ *
+ * @param client The client's streams.
+ * @param server The server's connection.
+ * @param options Policy, audit, context and stderr.
+ * @returns How it ended.
+ */
+export async function relay(
+  client: RelayClient,
+  server: ServerConnection,
+  options: RelayOptions,
+): Promise<RelayResult> {
+  const { name } = options;
+  const allowed = options.tools === "all" ? undefined : new Set(options.tools);
+  const pendingCalls = new Map<string, PendingCall>();
+  const pendingServer = new Set<string>();
+  const audits: Promise<void>[] = [];
+  const stop = new AbortController();
+  const stderr = stderrLimiter(options.stderr);
+
+  let result: RelayResult | undefined;
+  let settle!: (value: RelayResult) => void;
+  const done = new Promise<RelayResult>((resolve) => settle = resolve);
+  const finish = (value: RelayResult): void => {
+    if (result !== undefined) return;
+    result = value;
+    settle(value);
+  };
+
+  const toClient = clientWriter(client.output);
+  const send = async (message: unknown): Promise<void> => {
+    try {
+      await toClient.write(encodeMessage(message));
+    } catch {
+      finish({ ended: "client", reason: "the client stopped reading" });
+    }
+  };
+  const serverInput = server.stdin.getWriter();
+  const toServer = async (message: unknown): Promise<void> => {
+    // A failed write means the server is gone; its end is reported by the server side.
+    await serverInput.write(encodeMessage(message)).catch(() => {});
+  };
+
+  const record = (call: PendingCall, outcome: AuditOutcome): void => {
+    if (options.audit === undefined || call.tool === undefined) return;
+    audits.push(options.audit.append({
+      time: call.time,
+      ...options.context,
+      server: name,
+      tool: call.tool,
+      arguments: call.arguments,
+      durationMs: Date.now() - call.startedAt,
+      outcome,
+    }));
+  };
+
+  const onClientRequest = async (request: JsonRpcRequest): Promise<void> => {
+    const call: PendingCall = {
+      method: request.method,
+      arguments: [],
+      startedAt: Date.now(),
+      time: new Date().toISOString(),
+    };
+    if (request.method === "tools/call") {
+      const params = isRecord(request.params) ? request.params : {};
+      const tool = typeof params.name === "string" ? params.name : "";
+      call.tool = tool;
+      call.arguments = argumentNames(params.arguments);
+      if (allowed !== undefined && !allowed.has(tool)) {
+        record(call, "denied");
+        await send({
+          jsonrpc: "2.0",
+          id: request.id,
+          error: {
+            code: POLICY_ERROR_CODE,
+            message: `Tool '${tool}' is not allowed by waffle policy`,
+          },
+        });
+        return;
+      }
+    }
+    pendingCalls.set(idKey(request.id), call);
+    await toServer(request);
+  };
+
+  const onServerResponse = async (response: JsonRpcResponse): Promise<void> => {
+    const key = response.id === null ? undefined : idKey(response.id);
+    const call = key === undefined ? undefined : pendingCalls.get(key);
+    if (key === undefined || call === undefined) {
+      stderr.note(`waffle: dropped a response from server '${name}' to no pending request`);
+      return;
+    }
+    pendingCalls.delete(key);
+    let message: JsonRpcResponse = response;
+    if (call.method === "tools/list" && allowed !== undefined && isRecord(response.result)) {
+      message = { ...response, result: filterTools(response.result, allowed) };
+    }
+    if (call.method === "tools/call") {
+      const isError = isRecord(response.result) && response.result.isError === true;
+      record(call, Object.hasOwn(response, "error") ? "error" : isError ? "tool_error" : "ok");
+    }
+    await send(message);
+  };
+
+  const clientSide = (async () => {
+    try {
+      for await (const line of readLines(client.input, { signal: stop.signal })) {
+        if (result !== undefined) break;
+        const parsed = parseMessage(line);
+        if ("invalid" in parsed) {
+          stderr.note(`waffle: rejected a message from the client: ${parsed.invalid}`);
+          await send({
+            jsonrpc: "2.0",
+            id: null,
+            error: { code: -32600, message: `Invalid message: ${parsed.invalid}` },
+          });
+        } else if (parsed.kind === "request") {
+          await onClientRequest(parsed.message);
+        } else if (parsed.kind === "response") {
+          const id = parsed.message.id;
+          if (id !== null && pendingServer.delete(idKey(id))) {
+            await toServer(parsed.message);
+          } else {
+            stderr.note(`waffle: dropped a response from the client to no pending request`);
+          }
+        } else {
+          await toServer(parsed.message);
+        }
+      }
+      finish({ ended: "client", reason: "the client closed its input" });
+    } catch (error) {
+      finish(
+        error instanceof MessageTooLargeError
+          ? {
+            ended: "error",
+            reason: `The client sent a message longer than ${MAX_MESSAGE_BYTES} bytes`,
+          }
+          : { ended: "client", reason: `Cannot read the client: ${oneLine(error)}` },
+      );
+    }
+  })();
+
+  let serverOutputEnded = false;
+  const serverSide = (async () => {
+    try {
+      for await (const line of readLines(server.stdout, { signal: stop.signal })) {
+        const parsed = parseMessage(line);
+        if ("invalid" in parsed) {
+          stderr.note(`waffle: dropped a message from server '${name}': ${parsed.invalid}`);
+        } else if (parsed.kind === "response") {
+          await onServerResponse(parsed.message);
+        } else {
+          if (parsed.kind === "request") pendingServer.add(idKey(parsed.message.id));
+          await send(parsed.message);
+        }
+      }
+      serverOutputEnded = true;
+      const reason = await within(server.closed, DRAIN_MS);
+      finish({ ended: "server", reason: reason ?? "its output ended" });
+    } catch (error) {
+      finish(
+        error instanceof MessageTooLargeError
+          ? {
+            ended: "error",
+            reason: `Server '${name}' sent a message longer than ${MAX_MESSAGE_BYTES} bytes`,
+          }
+          : { ended: "server", reason: `Cannot read server '${name}': ${oneLine(error)}` },
+      );
+    }
+  })();
+
+  const stderrSide = (async () => {
+    try {
+      for await (const chunk of server.stderr) stderr.forward(chunk);
+    } catch {
+      // The server's stderr failing is not a reason to end the session.
+    }
+  })();
+
+  // The process can end with a grandchild still holding stdout: its end is
+  // the server's end, after a short drain.
+  void server.closed.then(async (reason) => {
+    if (!serverOutputEnded) await within(serverSide, DRAIN_MS);
+    finish({ ended: "server", reason });
+  }, (error) => finish({ ended: "server", reason: oneLine(error) }));
+
+  const onAbort = (): void => finish({ ended: "aborted", reason: "waffle was interrupted" });
+  if (options.signal?.aborted) onAbort();
+  options.signal?.addEventListener("abort", onAbort, { once: true });
+
+  const ending = await done;
+  options.signal?.removeEventListener("abort", onAbort);
+  // The client loop stops reading; the server loop keeps forwarding what the
+  // server still says until close() has ended it.
+  if (ending.ended !== "client") stop.abort();
+  const closeTimeoutMs = options.closeTimeoutMs ?? 5000;
+  const closed = await within(server.close().then(() => true, () => true), closeTimeoutMs);
+  if (closed === undefined) {
+    stderr.note(`waffle: server '${name}' did not end within ${closeTimeoutMs} ms`);
+  }
+  stop.abort();
+  await within(Promise.all([clientSide, serverSide, stderrSide]), DRAIN_MS);
+  for (const call of pendingCalls.values()) record(call, "no_response");
+  pendingCalls.clear();
+  try {
+    serverInput.releaseLock();
+  } catch {
+    // A write still pending on a dead server.
+  }
+  await Promise.all(audits);
+  await toClient.close();
+  await stderr.flush();
+  return ending;
+}
+
+function filterTools(
+  result: Record<string, unknown>,
+  allowed: Set<string>,
+): Record<string, unknown> {
+  const tools = Array.isArray(result.tools) ? result.tools : [];
+  return {
+    ...result,
+    tools: tools.filter((tool) =>
+      isRecord(tool) && typeof tool.name === "string" && allowed.has(tool.name)
+    ),
+  };
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+/** Writes to the client one message at a time, in order. */
+function clientWriter(
+  output: RelayClient["output"],
+): { write: (bytes: Uint8Array) => Promise<void>; close: () => Promise<void> } {
+  let chain = Promise.resolve();
+  if (typeof output === "function") {
+    return {
+      write: (bytes) => chain = chain.then(() => output(bytes)),
+      close: () => chain.catch(() => {}),
+    };
+  }
+  const writer = output.getWriter();
+  return {
+    write: (bytes) => chain = chain.then(() => writer.write(bytes)),
+    close: async () => {
+      await chain.catch(() => {});
+      writer.releaseLock();
+    },
+  };
+}
+
+/**
+ * The server's stderr and the relay's notes, rate-capped; writes never block
+ * the reading of the server's stderr (at most one write is in flight, what
+ * comes meanwhile beyond the bucket is dropped and counted).
+ */
+function stderrLimiter(write: (data: Uint8Array | string) => Promise<void>): {
+  forward: (chunk: Uint8Array) => void;
+  note: (line: string) => void;
+  flush: () => Promise<void>;
+} {
+  const decoder = new TextDecoder();
+  let tokens = STDERR_BURST_BYTES;
+  let refilledAt = Date.now();
+  let dropped = 0;
+  let notes = 0;
+  let inFlight: Promise<void> | null = null;
+  let queued = "";
+  const pump = (): void => {
+    if (inFlight !== null || queued === "") return;
+    const text = queued;
+    queued = "";
+    inFlight = write(text).catch(() => {}).finally(() => {
+      inFlight = null;
+      pump();
+    });
+  };
+  const note = (line: string): void => {
+    notes++;
+    if (notes > MAX_NOTES) return;
+    queued += notes === MAX_NOTES
+      ? "waffle: further notes of this session are not shown\n"
+      : `${line}\n`;
+    pump();
+  };
+  return {
+    forward(chunk: Uint8Array): void {
+      const now = Date.now();
+      tokens = Math.min(
+        STDERR_BURST_BYTES,
+        tokens + ((now - refilledAt) / 1000) * STDERR_BYTES_PER_SECOND,
+      );
+      refilledAt = now;
+      // Queued text counts against the burst too: an unread stderr cannot grow it.
+      if (chunk.byteLength > tokens || queued.length > STDERR_BURST_BYTES) {
+        if (dropped === 0) note("waffle: server stderr over 64 KiB/s; dropping the excess");
+        dropped += chunk.byteLength;
+        return;
+      }
+      tokens -= chunk.byteLength;
+      if (dropped > 0) {
+        queued += `\nwaffle: dropped ${dropped} bytes of server stderr\n`;
+        dropped = 0;
+      }
+      queued += sanitize(decoder.decode(chunk, { stream: true }));
+      pump();
+    },
+    note,
+    async flush(): Promise<void> {
+      if (dropped > 0) queued += `\nwaffle: dropped ${dropped} bytes of server stderr\n`;
+      dropped = 0;
+      pump();
+      const deadline = Date.now() + DRAIN_MS;
+      while (inFlight !== null && Date.now() < deadline) await within(inFlight, DRAIN_MS);
+    },
+  };
+}
+
+// Terminal control characters (escape sequences included) from an untrusted
+// server must not reach the user's terminal; tab and newline stay.
+// deno-lint-ignore no-control-regex
+const CONTROL = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
+
+function sanitize(text: string): string {
+  return text.replace(CONTROL, "\uFFFD");
+}
+
+async function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms);
+  });
+  try {
+    return await Promise.race([promise, expired]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function oneLine(error: unknown): string {
+  return (error instanceof Error ? error.message : String(error)).split("\n")[0]!.slice(0, 300);
+}

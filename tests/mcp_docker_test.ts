@@ -1,0 +1,391 @@
+/**
+ * MCP servers in the sandbox, live: the official SDK client talks to
+ * `waffle mcp run` (a real process), which relays to a server running in a
+ * real container through the queue. Nothing is mocked.
+ */
+import assert from "node:assert/strict";
+import { fileURLToPath } from "node:url";
+import { Client } from "@modelcontextprotocol/client";
+import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { liveTest } from "./_docker_gate.ts";
+import { run, runOk, tempHome, type TestHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { delay } from "./_helpers.ts";
+
+const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
+const MAIN = `${REPO}/main.ts`;
+const CACHE = Deno.env.get("WAFFLE_MCP_CACHE") || `${REPO}/.tools/mcp-cache`;
+const EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31";
+const FILES_SERVER = await Deno.readTextFile(
+  new URL("./fixtures/files_server.js", import.meta.url),
+);
+
+const CONFIG = `
+[sandbox]
+image = "${Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest"}"
+mcp_cache = "${CACHE}"
+
+[mcp.everything]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "sandbox"
+authority = "sandbox"
+groups = ["main"]
+env = ["GREETING"]
+tools = ["echo", "get-env"]
+
+[mcp.files]
+command = "/opt/waffle/deno"
+args = ["run", "--allow-all", "--no-config", "--quiet", "/workspace/files_server.js"]
+execution = "sandbox"
+authority = "sandbox"
+
+[mcp.locked]
+command = "/opt/waffle/deno"
+args = ["run", "--allow-all", "--no-config", "--quiet", "/workspace/files_server.js"]
+execution = "sandbox"
+authority = "restricted"
+env = ["GREETING"]
+
+[mcp.local]
+command = "/bin/cat"
+execution = "host"
+authority = "host"
+
+[groups.main]
+mode = "docker"
+
+[cron.nightly]
+group = "main"
+mcp = ["everything", "local"]
+network = "none"
+workdir = "jobs/nightly"
+env = ["GREETING"]
+`;
+
+// The SDK's StdioClientTransport leaves a timer and its child's pipes to
+// settle after close(): the sanitizers would blame this test for them.
+const SDK_CLIENT = { sanitizeOps: false, sanitizeResources: false };
+
+/** The environment `waffle mcp run` gets: a host secret that must not reach any server. */
+function clientEnv(home: string): Record<string, string> {
+  return {
+    PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin",
+    HOME: home,
+    WAFFLE_HOME: home,
+    WAFFLE_MCP_CACHE: CACHE,
+    GREETING: "hello from the host",
+    SECRET_TOKEN: "must-not-leak",
+    NO_COLOR: "1",
+  };
+}
+
+async function withHome(docker: Parameters<typeof tempHome>[0]): Promise<TestHome> {
+  const home = await tempHome(docker);
+  await Deno.writeTextFile(`${home.home}/waffle.toml`, CONFIG);
+  return home;
+}
+
+async function connect(
+  home: TestHome,
+  server: string,
+  flags: string[],
+): Promise<{ client: Client; transport: StdioClientTransport; stderr: string[] }> {
+  const transport = new StdioClientTransport({
+    command: Deno.execPath(),
+    args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", server, ...flags],
+    env: clientEnv(home.home),
+    stderr: "pipe",
+  });
+  const stderr: string[] = [];
+  transport.stderr?.on("data", (chunk: Uint8Array) => stderr.push(new TextDecoder().decode(chunk)));
+  const client = new Client({ name: "waffle-test", version: "1.0.0" });
+  await client.connect(transport);
+  return { client, transport, stderr };
+}
+
+function textOf(result: unknown): string {
+  const content = (result as { content?: { type: string; text?: string }[] }).content ?? [];
+  return content.map((part) => part.text ?? "").join("");
+}
+
+async function putServer(home: TestHome, user: string): Promise<void> {
+  const ran = await run(home.open(user), {
+    argv: ["sh", "-c", "cat > /workspace/files_server.js"],
+    stdin: new TextEncoder().encode(FILES_SERVER),
+  });
+  assert.equal(ran.result.exitCode, 0, ran.stderr);
+}
+
+liveTest(
+  "mcp run: server-everything in the sandbox, env allowlist, tools allowlist, audit",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("mcp");
+    const { client, stderr } = await connect(home, "everything", [
+      "--user",
+      user,
+      "--group",
+      "main",
+    ]);
+    try {
+      const listed = await client.listTools();
+      assert.deepEqual(listed.tools.map((tool) => tool.name).sort(), ["echo", "get-env"]);
+      const echoed = await client.callTool({ name: "echo", arguments: { message: "hi there" } });
+      assert.match(textOf(echoed), /hi there/);
+      const env = textOf(await client.callTool({ name: "get-env", arguments: {} }));
+      assert.match(env, /hello from the host/, "the allowlisted GREETING is inside");
+      assert.doesNotMatch(
+        env,
+        /must-not-leak|SECRET_TOKEN/,
+        "a host variable outside the allowlist is absent",
+      );
+      assert.doesNotMatch(env, /WAFFLE_HOME/);
+      // A tool the policy leaves out is neither listed nor callable.
+      await assert.rejects(
+        client.callTool({ name: "get-sum", arguments: { a: 1, b: 2 } }),
+        /not allowed/,
+      );
+      // It ran in the container: the server's process lives there, not on the host.
+      const containers = await home.containers();
+      assert.equal(containers.length, 1);
+      const inside = await run(
+        home.open(user),
+        "grep -l [s]erver-everything /proc/[0-9]*/cmdline | wc -l",
+      );
+      assert.ok(
+        Number(inside.stdout.trim()) >= 1,
+        `no server process in the container: ${stderr.join("")}`,
+      );
+    } finally {
+      await client.close();
+    }
+    const audit = (await Deno.readTextFile(`${home.home}/audit.jsonl`)).trim().split("\n").map((
+      line,
+    ) => JSON.parse(line));
+    const calls = audit.map((entry) => `${entry.tool}:${entry.outcome}`);
+    assert.ok(calls.includes("echo:ok"), calls.join(","));
+    assert.ok(calls.includes("get-sum:denied"), calls.join(","));
+    const echo = audit.find((entry) => entry.tool === "echo");
+    assert.deepEqual(echo.arguments, ["message"]);
+    assert.equal(echo.user, user);
+    assert.equal(echo.server, "everything");
+    assert.doesNotMatch(JSON.stringify(audit), /hi there/, "argument values are never logged");
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: files persist for the user's next session and are absent for another user",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const alice = uniqueUser("alice");
+    const bob = uniqueUser("bob");
+    await putServer(home, alice);
+    await putServer(home, bob);
+    const first = await connect(home, "files", ["--user", alice]);
+    const wrote = await first.client.callTool({
+      name: "write_file",
+      arguments: { path: "/workspace/notes.txt", content: "kept" },
+    });
+    assert.equal(textOf(wrote), "written");
+    await first.client.close();
+
+    const second = await connect(home, "files", ["--user", alice]);
+    assert.equal(
+      textOf(
+        await second.client.callTool({
+          name: "read_file",
+          arguments: { path: "/workspace/notes.txt" },
+        }),
+      ),
+      "kept",
+    );
+    await second.client.close();
+
+    const other = await connect(home, "files", ["--user", bob]);
+    const read = await other.client.callTool({
+      name: "read_file",
+      arguments: { path: "/workspace/notes.txt" },
+    });
+    assert.equal(read.isError, true);
+    assert.match(textOf(read), /NotFound|No such file/);
+    await other.client.close();
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: a restricted server cannot write the workspace or reach a network",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("restricted");
+    await putServer(home, user);
+    await runOk(home.open(user), "echo visible > /workspace/seen.txt");
+    const { client } = await connect(home, "locked", ["--user", user]);
+    try {
+      const wrote = await client.callTool({
+        name: "write_file",
+        arguments: { path: "/workspace/forbidden.txt", content: "x" },
+      });
+      assert.equal(wrote.isError, true, textOf(wrote));
+      assert.match(textOf(wrote), /Read-only file system|read-only/i);
+      assert.equal(
+        textOf(
+          await client.callTool({ name: "read_file", arguments: { path: "/workspace/seen.txt" } }),
+        ),
+        "visible\n",
+      );
+      assert.deepEqual(
+        JSON.parse(textOf(await client.callTool({ name: "interfaces", arguments: {} }))),
+        ["lo"],
+      );
+      const env = JSON.parse(textOf(await client.callTool({ name: "env", arguments: {} })));
+      assert.equal(env.HOME, "/home/sandbox");
+      assert.equal(env.GREETING, "hello from the host");
+      assert.equal(env.SECRET_TOKEN, undefined);
+      const home_ = await client.callTool({
+        name: "write_file",
+        arguments: { path: "/home/sandbox/scratch", content: "ok" },
+      });
+      assert.equal(textOf(home_), "written");
+      // A separate container, not the user's sandbox.
+      const names = (await home.containers()).map((c) => c.Names[0] ?? "");
+      assert.ok(names.some((name) => /-r-/.test(name)), names.join(","));
+    } finally {
+      await client.close();
+    }
+    const left = (await home.containers()).filter((c) => /-r-/.test(c.Names[0] ?? ""));
+    assert.equal(left.length, 0, "the restricted container is removed with its session");
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: a SIGKILLed client leaves no server process in the container within the lease",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("kill");
+    await putServer(home, user);
+    const child = new Deno.Command(Deno.execPath(), {
+      args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", "files", "--user", user],
+      env: clientEnv(home.home),
+      clearEnv: true,
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "null",
+    }).spawn();
+    const writer = child.stdin.getWriter();
+    await writer.write(new TextEncoder().encode(
+      JSON.stringify({
+        jsonrpc: "2.0",
+        id: 1,
+        method: "initialize",
+        params: {
+          protocolVersion: "2025-06-18",
+          capabilities: {},
+          clientInfo: { name: "t", version: "1" },
+        },
+      }) + "\n",
+    ));
+    const reader = child.stdout.getReader();
+    const first = await reader.read();
+    assert.match(new TextDecoder().decode(first.value), /"serverInfo"/);
+    const count = async (): Promise<number> =>
+      Number(
+        (await run(home.open(user), "grep -l [f]iles_server /proc/[0-9]*/cmdline | wc -l")).stdout
+          .trim(),
+      );
+    assert.ok(await count() >= 1);
+    child.kill("SIGKILL");
+    await child.status;
+    reader.releaseLock();
+    await child.stdout.cancel().catch(() => {});
+    const killed = Date.now();
+    while ((await count()) > 0) {
+      assert.ok(Date.now() - killed < 15_000, "the server outlived its lease");
+      await delay(500);
+    }
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: a session and a stream of waffle exec calls run side by side",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("side");
+    const { client } = await connect(home, "everything", ["--user", user, "--group", "main"]);
+    try {
+      const execs = (async () => {
+        const times: number[] = [];
+        for (let i = 0; i < 5; i++) {
+          const ran = await home.cli(["exec", "--user", user, "--", "echo", `exec ${i}`], {
+            WAFFLE_MCP_CACHE: CACHE,
+          });
+          assert.equal(ran.code, 0, ran.stderr);
+          assert.equal(ran.stdout, `exec ${i}\n`);
+          times.push(Date.now());
+        }
+        return times;
+      })();
+      let calls = 0;
+      const deadline = Date.now() + 60_000;
+      let done = false;
+      execs.finally(() => (done = true));
+      while (!done && Date.now() < deadline) {
+        const echoed = await client.callTool({
+          name: "echo",
+          arguments: { message: `call ${calls}` },
+        });
+        assert.match(textOf(echoed), new RegExp(`call ${calls}`));
+        calls++;
+      }
+      await execs;
+      assert.ok(calls >= 5, `only ${calls} calls while the execs ran`);
+    } finally {
+      await client.close();
+    }
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp cron: the nightly job's plan filters a denied server, and its server initializes in the container",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("cron");
+    const planned = await home.cli(["mcp", "plan", "--cron", "nightly", "--json"], {
+      WAFFLE_MCP_CACHE: CACHE,
+    });
+    assert.equal(planned.code, 0, planned.stderr);
+    const plan = JSON.parse(planned.stdout);
+    const byName = Object.fromEntries(plan.servers.map((s: { name: string }) => [s.name, s]));
+    assert.equal(byName.local.decision, "denied");
+    assert.equal(byName.everything.decision, "launch");
+    assert.equal(byName.everything.where, "sandbox");
+    assert.equal(byName.everything.cwd, "/workspace/jobs/nightly");
+    assert.equal(byName.everything.network, "none");
+    assert.deepEqual(byName.everything.env, ["GREETING"]);
+    assert.equal(byName.files?.decision ?? "denied", "denied");
+
+    // The denied server is refused before anything starts.
+    const refused = await home.cli(["mcp", "run", "local", "--cron", "nightly", "--user", user], {
+      WAFFLE_MCP_CACHE: CACHE,
+    });
+    assert.equal(refused.code, 125);
+    assert.match(refused.stderr, /local/);
+    assert.equal((await home.containers()).length, 0, "nothing was started for a denied server");
+
+    const { client } = await connect(home, "everything", ["--user", user, "--cron", "nightly"]);
+    try {
+      const listed = await client.listTools();
+      assert.deepEqual(listed.tools.map((tool) => tool.name).sort(), ["echo", "get-env"]);
+      const env = textOf(await client.callTool({ name: "get-env", arguments: {} }));
+      assert.match(env, /hello from the host/);
+    } finally {
+      await client.close();
+    }
+    await runOk(home.open(user), "test -d /workspace/jobs/nightly");
+  },
+  SDK_CLIENT,
+);
