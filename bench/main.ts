@@ -20,12 +20,13 @@
 // deno-lint-ignore-file no-console
 import { parseArgs } from "node:util";
 import { dockerSection } from "./docker_bench.ts";
+import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
 import { type BenchReport, machineLoad, Progress, renderJson, renderTable } from "./stats.ts";
 
 /** Every section, in run order. Append new sections (e.g. Docker) here. */
-export const SECTIONS: readonly Section[] = [queueSection, dockerSection];
+export const SECTIONS: readonly Section[] = [queueSection, dockerSection, mcpSection];
 
 /** Parsed command line. */
 export interface BenchOptions {

@@ -40,8 +40,8 @@ export {
   type VolumeStatus,
 } from "./lifecycle/mod.ts";
 export {
-  type LaunchPlan,
   launchable,
+  type LaunchPlan,
   openHostServer,
   openSandboxServer,
   planLaunch,
