@@ -389,3 +389,65 @@ liveTest(
   },
   SDK_CLIENT,
 );
+
+liveTest(
+  "doctor: one authority row per server, and an initialize + tools/list probe of each sandboxed one",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    await Deno.writeTextFile(
+      `${home.home}/waffle.toml`,
+      `
+[sandbox]
+image = "${Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest"}"
+mcp_cache = "${CACHE}"
+
+[mcp.on-host]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "host"
+authority = "host"
+env = ["GREETING"]
+
+[mcp.in-sandbox]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "sandbox"
+authority = "sandbox"
+groups = ["main"]
+tools = ["echo"]
+
+[mcp.restricted]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "sandbox"
+authority = "restricted"
+
+[groups.main]
+mode = "docker"
+`,
+    );
+    const doctor = await home.cli(["doctor", "--json"]);
+    const report = JSON.parse(doctor.stdout) as {
+      checks: { name: string; ok: boolean; detail: string }[];
+    };
+    const rows = Object.fromEntries(report.checks.map((check) => [check.name, check]));
+    assert.equal(
+      rows["mcp on-host authority"]?.detail,
+      "execution=host authority=host groups=all env=GREETING tools=all",
+    );
+    assert.equal(
+      rows["mcp in-sandbox authority"]?.detail,
+      "execution=sandbox authority=sandbox groups=main env=none tools=echo",
+    );
+    assert.match(rows["mcp restricted authority"]?.detail ?? "", /authority=restricted/);
+    // Host servers are not probed; both sandboxed ones are, for real.
+    assert.equal(rows["mcp on-host probe"], undefined);
+    for (const name of ["in-sandbox", "restricted"]) {
+      const probe = rows[`mcp ${name} probe`];
+      assert.equal(probe?.ok, true, JSON.stringify(probe));
+      assert.match(probe?.detail ?? "", /\d+ tools, initialize \d+ ms/);
+    }
+    assert.match(rows["mcp restricted probe"]!.detail, /^restricted:/);
+    assert.equal(doctor.code, 0, doctor.stdout);
+  },
+);

@@ -54,7 +54,13 @@ async function withHome(docker: Parameters<typeof tempHome>[0]): Promise<TestHom
 }
 
 /** Starts `waffle mcp run NAME`, sends `initialize`, and samples its memory until it exits. */
-function start(home: TestHome, name: string, user: string) {
+function start(home: TestHome, name: string, user: string): {
+  child: Deno.ChildProcess;
+  writer: WritableStreamDefaultWriter<Uint8Array>;
+  sent: Promise<void>;
+  peakMiB: () => number;
+  stop: () => void;
+} {
   const child = new Deno.Command(Deno.execPath(), {
     args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", name, "--user", user],
     env: { WAFFLE_HOME: home.home, PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin" },

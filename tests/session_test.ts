@@ -138,3 +138,24 @@ Deno.test("session output beyond the window waits for the host, and none is lost
   await session.close();
   queue.close();
 });
+
+Deno.test("session with no input and no output for its idle limit ends", async () => {
+  await using q = await tempQueue();
+  await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const queue = Queue.open(q.queueDir);
+  const session = await QueueSession.open(target(queue), { argv: ["cat"], idleMs: 1000 });
+  const output = session.output();
+  // Traffic keeps it alive past the limit.
+  for (let i = 0; i < 4; i++) {
+    await session.write(encode("tick\n"));
+    assert.equal((await output.next()).done, false);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
+  const quiet = Date.now();
+  let next = await output.next();
+  while (!next.done) next = await output.next();
+  assert.match(next.value.error ?? "", /idle for 1000 ms/);
+  assert.ok(Date.now() - quiet < 4000);
+  await session.close();
+  queue.close();
+});

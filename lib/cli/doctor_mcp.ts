@@ -32,7 +32,8 @@ export function mcpChecks(
   }));
   if (!options.docker) return rows;
   for (const server of servers.filter((s) => s.execution === "sandbox")) {
-    rows.push({ name: `mcp ${server.name} probe`, run: () => probe(server, options.configPath) });
+    // The throwaway home has no config of its own: the probe reads this one.
+    rows.push({ name: `mcp ${server.name} probe`, run: () => probe(server, config.path) });
   }
   return rows;
 }

@@ -32,6 +32,8 @@ export interface SandboxServerOptions {
 
 /** After the end of its input, how long a server's session may take to end by itself. */
 const END_WAIT_MS = 2500;
+/** Unread server stderr held for the reader before more is dropped. */
+const STDERR_BUFFER_BYTES = 256 * 1024;
 /** After a cancel, how long the runner may take to report the tree dead. */
 const CANCEL_WAIT_MS = 2000;
 
@@ -136,7 +138,12 @@ export function sessionConnection(
   release: () => Promise<void>,
 ): ServerConnection {
   const out = new TransformStream<Uint8Array, Uint8Array>();
-  const err = new TransformStream<Uint8Array, Uint8Array>();
+  // Diagnostics must never hold up the conversation: stderr nobody reads
+  // is buffered up to a bound, then dropped (the runner's window bounds the rest).
+  const err = new TransformStream<Uint8Array, Uint8Array>(
+    {},
+    new ByteLengthQueuingStrategy({ highWaterMark: STDERR_BUFFER_BYTES }),
+  );
   const outWriter = out.writable.getWriter();
   const errWriter = err.writable.getWriter();
   let result: ExecResult | undefined;
@@ -145,8 +152,8 @@ export function sessionConnection(
       const chunks = session.output();
       let next = await chunks.next();
       while (!next.done) {
-        const writer = next.value.stream === "stdout" ? outWriter : errWriter;
-        await writer.write(next.value.data);
+        if (next.value.stream === "stdout") await outWriter.write(next.value.data);
+        else if ((errWriter.desiredSize ?? 0) > 0) errWriter.write(next.value.data).catch(() => {});
         next = await chunks.next();
       }
       result = next.value;
@@ -157,8 +164,9 @@ export function sessionConnection(
     } catch (error) {
       return error instanceof Error ? error.message : String(error);
     } finally {
-      await outWriter.close().catch(() => {});
-      await errWriter.close().catch(() => {});
+      // Not awaited: a close waits for unread data to be read.
+      outWriter.close().catch(() => {});
+      errWriter.close().catch(() => {});
     }
   })();
   let closing: Promise<void> | undefined;
