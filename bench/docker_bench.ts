@@ -166,8 +166,20 @@ export async function runDockerSection(context: BenchContext): Promise<BenchRepo
   return { results, ratios };
 }
 
-// `docker run --rm IMAGE true` through the API, with the sandbox's flags.
-async function runCold(docker: DockerClient, imageId: string, name: string): Promise<number> {
+/**
+ * `docker run --rm IMAGE true` through the API, with the sandbox's flags:
+ * the floor of a cold start.
+ *
+ * @param docker The client.
+ * @param imageId The image.
+ * @param name A unique container name.
+ * @returns Milliseconds from create to removal.
+ */
+export async function runCold(
+  docker: DockerClient,
+  imageId: string,
+  name: string,
+): Promise<number> {
   const t0 = now();
   const id = await docker.createContainer(name, {
     Image: imageId,

@@ -30,6 +30,7 @@ import { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { fetchPackage, isCached } from "../lib/mcp/package_cache.ts";
+import { runCold } from "./docker_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import {
   type BenchReport,
@@ -478,27 +479,5 @@ async function removeHome(docker: DockerClient, home: string): Promise<void> {
   }
   for (const entry of entries) {
     await removeVolume(join(home, "sandboxes", entry.name)).catch(() => {});
-  }
-}
-
-// `docker run --rm IMAGE true` through the API, with the sandbox's flags (as
-// the Docker section's `docker_run_cold`).
-async function runCold(docker: DockerClient, imageId: string, name: string): Promise<number> {
-  const t0 = now();
-  const id = await docker.createContainer(name, {
-    Image: imageId,
-    Cmd: ["true"],
-    User: "10001:10001",
-    HostConfig: { Init: true, ReadonlyRootfs: true, NetworkMode: "none", CapDrop: ["ALL"] },
-  });
-  try {
-    await docker.startContainer(id);
-    const code = await docker.waitContainer(id);
-    if (code !== 0) throw new Error(`Cold 'true' exited ${code}`);
-    await docker.removeContainer(id, { force: true });
-    return now() - t0;
-  } catch (error) {
-    await docker.removeContainer(id, { force: true }).catch(() => false);
-    throw error;
   }
 }

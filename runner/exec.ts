@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { settlesWithin } from "../lib/async.ts";
 import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
 import {
   DEFAULT_KILL_GRACE_MS,
@@ -368,18 +369,6 @@ async function writeStdin(stream: WritableStream<Uint8Array>, data: Uint8Array):
   } catch {
     // EPIPE: the command exited or closed stdin without reading everything.
     // That is its choice, not an error.
-  }
-}
-
-async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const expired = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), ms);
-  });
-  try {
-    return await Promise.race([promise.then(() => true, () => true), expired]);
-  } finally {
-    clearTimeout(timer);
   }
 }
 

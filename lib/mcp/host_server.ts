@@ -6,9 +6,10 @@
  *
  * @module
  */
+import { settlesWithin } from "../async.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 import type { ServerConnection } from "./connection.ts";
-import { hostPackageArgv } from "./package_cache.ts";
+import { packageLaunch } from "./package_cache.ts";
 import type { PlannedServer } from "./plan.ts";
 
 /** The PATH every host server gets (an allowlisted `PATH` replaces it). */
@@ -67,7 +68,7 @@ export function openHostServer(
   let argv: string[];
   let extra: Record<string, string> = {};
   if (spec !== undefined) {
-    const built = hostPackageArgv(spec, args, options.cacheDir);
+    const built = packageLaunch(spec, args, { deno: Deno.execPath(), cacheDir: options.cacheDir });
     argv = built.argv;
     extra = built.env;
   } else if (command !== undefined && command.startsWith("/")) {
@@ -136,9 +137,9 @@ function processConnection(child: Deno.ChildProcess): HostServerConnection {
     closing ??= (async () => {
       // Not awaited: a pending write to a server that does not read would hold it.
       input.close().catch(() => {});
-      if (!await settles(status, EXIT_GRACE_MS)) {
+      if (!await settlesWithin(status, EXIT_GRACE_MS)) {
         signalGroup(pid, "SIGTERM");
-        if (!await settles(status, TERM_GRACE_MS)) signalGroup(pid, "SIGKILL");
+        if (!await settlesWithin(status, TERM_GRACE_MS)) signalGroup(pid, "SIGKILL");
       }
       await status;
     })();
@@ -160,17 +161,5 @@ function signalGroup(pid: number, signal: Deno.Signal): void {
     Deno.kill(-pid, signal);
   } catch {
     // ESRCH: the group is gone.
-  }
-}
-
-async function settles(promise: Promise<unknown>, ms: number): Promise<boolean> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const expired = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), ms);
-  });
-  try {
-    return await Promise.race([promise.then(() => true, () => true), expired]);
-  } finally {
-    clearTimeout(timer);
   }
 }

@@ -167,28 +167,28 @@ export async function fetchPackage(spec: string, options: FetchOptions): Promise
 }
 
 /**
- * The command line that runs a cached package on the host:
- * `deno run -A --cached-only --no-config --quiet --no-prompt <spec> ...args`
- * with the host's Deno, and the environment it needs.
+ * The command line that runs a cached package with waffle's Deno:
+ * `deno run -A --cached-only --no-config --quiet --no-prompt <spec> ...args`,
+ * and the environment it needs. Offline: everything comes from the cache.
  *
  * @example
  * ```ts ignore
- * const { argv, env } = hostPackageArgv(spec, ["stdio"], cacheDir);
+ * const { argv, env } = packageLaunch(spec, ["stdio"], { deno: Deno.execPath(), cacheDir });
  * ```
  *
  * @param spec `npm:<name>@<version>`.
  * @param args The server's arguments.
- * @param cacheDir The cache directory.
+ * @param where `deno`: the Deno executable; `cacheDir`: the cache (both as the server's side sees them).
  * @returns The argv (program first) and the variables to add (DENO_DIR and quiet settings).
  */
-export function hostPackageArgv(
+export function packageLaunch(
   spec: string,
   args: string[],
-  cacheDir: string,
+  where: { deno: string; cacheDir: string },
 ): { argv: string[]; env: Record<string, string> } {
   return {
     argv: [
-      Deno.execPath(),
+      where.deno,
       "run",
       "-A",
       "--cached-only",
@@ -198,7 +198,7 @@ export function hostPackageArgv(
       spec,
       ...args,
     ],
-    env: { DENO_DIR: cacheDir, DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
+    env: { DENO_DIR: where.cacheDir, DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
   };
 }
 

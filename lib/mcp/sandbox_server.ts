@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
 import { RESTRICTED_HOME, SANDBOX_DENO, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
@@ -14,6 +15,7 @@ import { selfCommand } from "../config/self.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
 import type { ServerConnection } from "./connection.ts";
+import { packageLaunch } from "./package_cache.ts";
 import type { PlannedServer } from "./plan.ts";
 
 /** Who the session is for and what it may see. */
@@ -54,16 +56,14 @@ export async function openSandboxServer(
   ) {
     throw new UsageError(`Server '${planned.name}' is not planned for a sandbox`);
   }
-  const argv = sandboxArgv(planned);
+  const launch = sandboxLaunch(planned);
   const env: Record<string, string> = {
     ...options.env,
-    ...(planned.program.package === undefined
-      ? {}
-      : { DENO_DIR: SANDBOX_MCP_CACHE, DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" }),
+    ...launch.env,
     ...(planned.where === "restricted" ? { HOME: RESTRICTED_HOME } : {}),
   };
   const cwd = relativeCwd(planned.cwd);
-  const request = { argv, env, ...(cwd === undefined ? {} : { cwd }) };
+  const request = { argv: launch.argv, env, ...(cwd === undefined ? {} : { cwd }) };
   if (planned.where === "restricted") {
     options.onProgress?.(`starting a restricted container for '${planned.name}'`);
     const restricted = await openRestricted(options.user, {
@@ -92,7 +92,7 @@ export async function openSandboxServer(
   }
 }
 
-function sandboxArgv(planned: PlannedServer): string[] {
+function sandboxLaunch(planned: PlannedServer): { argv: string[]; env: Record<string, string> } {
   const { package: spec, command, args } = planned.program;
   if (spec !== undefined) {
     if (selfCommand().sourceRoot === undefined) {
@@ -100,20 +100,10 @@ function sandboxArgv(planned: PlannedServer): string[] {
         `Server '${planned.name}' is an npm package, which needs waffle's Deno in the sandbox; this waffle binary has none`,
       );
     }
-    return [
-      SANDBOX_DENO,
-      "run",
-      "-A",
-      "--cached-only",
-      "--no-config",
-      "--quiet",
-      "--no-prompt",
-      spec,
-      ...args,
-    ];
+    return packageLaunch(spec, args, { deno: SANDBOX_DENO, cacheDir: SANDBOX_MCP_CACHE });
   }
   if (command === undefined) throw new UsageError(`Server '${planned.name}' has no program`);
-  return [command, ...args];
+  return { argv: [command, ...args], env: {} };
 }
 
 // The plan speaks container paths ("/workspace/jobs/x"); a request names its
@@ -173,9 +163,9 @@ export function sessionConnection(
   const close = (): Promise<void> => {
     closing ??= (async () => {
       await session.end().catch(() => {});
-      if (!await settles(finished, END_WAIT_MS)) {
+      if (!await settlesWithin(finished, END_WAIT_MS)) {
         await session.cancel().catch(() => {});
-        await settles(finished, CANCEL_WAIT_MS);
+        await settlesWithin(finished, CANCEL_WAIT_MS);
       }
       await session.close();
       await release();
@@ -187,16 +177,4 @@ export function sessionConnection(
     close: () => session.end(),
   });
   return { stdin, stdout: out.readable, stderr: err.readable, close, closed: finished };
-}
-
-async function settles(promise: Promise<unknown>, ms: number): Promise<boolean> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const expired = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), ms);
-  });
-  try {
-    return await Promise.race([promise.then(() => true, () => true), expired]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
