@@ -445,9 +445,10 @@ mode = "docker"
     for (const name of ["in-sandbox", "restricted"]) {
       const probe = rows[`mcp ${name} probe`];
       assert.equal(probe?.ok, true, JSON.stringify(probe));
-      assert.match(probe?.detail ?? "", /\d+ tools, initialize \d+ ms/);
+      assert.match(probe?.detail ?? "", /\d+ tools \((\d+|all) allowed\), initialize \d+ ms/);
     }
-    assert.match(rows["mcp restricted probe"]!.detail, /^restricted:/);
+    assert.match(rows["mcp restricted probe"]!.detail, /^restricted: \d+ tools \(all allowed\)/);
+    assert.match(rows["mcp in-sandbox probe"]!.detail, /^sandbox: \d+ tools \(1 allowed\)/);
     assert.equal(doctor.code, 0, doctor.stdout);
   },
 );

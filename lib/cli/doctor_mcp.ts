@@ -71,7 +71,10 @@ async function probe(server: McpServerConfig, configPath: string | undefined): P
     try {
       const found = await probeServer(connection);
       const total = performance.now() - started;
-      return `${planned.where}: ${found.tools.length} tools, initialize ${
+      const allowed = planned.tools === "all"
+        ? "all allowed"
+        : `${found.tools.filter((tool) => planned.tools.includes(tool)).length} allowed`;
+      return `${planned.where}: ${found.tools.length} tools (${allowed}), initialize ${
         found.initializeMs.toFixed(0)
       } ms, tools/list ${found.listMs.toFixed(1)} ms, ${
         total.toFixed(0)
