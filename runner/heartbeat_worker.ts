@@ -8,7 +8,7 @@
 import type { DatabaseSync } from "node:sqlite";
 import { openDatabase, transaction } from "../lib/queue/connection.ts";
 import type { Heartbeat } from "../lib/queue/protocol.ts";
-import { writeHeartbeatRow } from "../lib/queue/runner_queue.ts";
+import { writeHeartbeatRow } from "../lib/queue/heartbeat_row.ts";
 
 /** Messages the runner sends to this worker. */
 export type HeartbeatMessage =

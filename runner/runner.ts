@@ -20,6 +20,7 @@ import { queuePaths } from "../lib/queue/schema.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
 import { type ExecOutcome, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
+import { HEARTBEAT_WORKER } from "./worker_name.ts";
 import { logLine } from "./log.ts";
 import { acquireRunnerLock } from "./runner_lock.ts";
 import { enableSubreaper, reapOrphans } from "./subreaper.ts";
@@ -180,8 +181,14 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     state: "running",
     idleSince,
   });
-  const heartbeat = new Worker(new URL("./heartbeat_worker.ts", import.meta.url), {
+  // From the bundled artefact the worker is the artefact itself, which
+  // runs only the heartbeat module when started under HEARTBEAT_WORKER.
+  const workerUrl = import.meta.url.endsWith(".js")
+    ? import.meta.url
+    : new URL("./heartbeat_worker.ts", import.meta.url);
+  const heartbeat = new Worker(workerUrl, {
     type: "module",
+    name: HEARTBEAT_WORKER,
   });
   heartbeat.onmessage = (event): void => {
     const data = event.data as { type?: string; message?: string } | undefined;

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { createHash } from "node:crypto";
 import { fileURLToPath } from "node:url";
 
 /** The program to execute and the arguments that precede `runner …`. */
@@ -13,11 +14,23 @@ export interface SelfCommand {
   prefix: string[];
   /** Project root when running from source (mounted into containers). */
   sourceRoot: string | undefined;
+  /** The bundled artefact (`waffle.js`) when running from one (mounted into containers). */
+  artefact?: string | undefined;
 }
+
+/** Deno's flags for running the bundled artefact: no config lookup in the caller's directory. */
+export const ARTEFACT_FLAGS: readonly string[] = [
+  "run",
+  "--allow-all",
+  "--quiet",
+  "--no-prompt",
+  "--no-config",
+];
 
 /**
  * The command line that runs this same waffle: the compiled binary itself,
- * or `deno run --allow-all <main.ts>` from source. The runner needs
+ * the bundled artefact (`deno run … waffle.js`), or `deno run --allow-all
+ * <main.ts>` from source. The runner needs
  * `--allow-all`: it reads /proc (which Deno only allows with all
  * permissions), calls prctl through FFI, and runs arbitrary commands.
  *
@@ -26,6 +39,16 @@ export interface SelfCommand {
 export function selfCommand(): SelfCommand {
   if (Deno.build.standalone) {
     return { executable: Deno.execPath(), prefix: [], sourceRoot: undefined };
+  }
+  // Bundled: every module shares the artefact's URL.
+  if (import.meta.url.endsWith(".js")) {
+    const artefact = fileURLToPath(import.meta.url);
+    return {
+      executable: Deno.execPath(),
+      prefix: [...ARTEFACT_FLAGS, artefact],
+      sourceRoot: undefined,
+      artefact,
+    };
   }
   const main = fileURLToPath(new URL("../../main.ts", import.meta.url));
   const sourceRoot = fileURLToPath(new URL("../../", import.meta.url)).replace(/\/$/, "");
@@ -75,4 +98,42 @@ export function runnerArgs(queueDir: string, flags: RunnerFlags): string[] {
     flags.workspace,
     ...optional.flatMap(([flag, value]) => value === undefined ? [] : [flag, String(value)]),
   ];
+}
+
+/**
+ * The SHA-256 of the bundled artefact, so that a new build changes every
+ * sandbox's posture (and so recycles it). The install writes it beside the
+ * artefact with the file's size and mtime; it is recomputed when they differ.
+ *
+ * @param artefact The artefact's path.
+ * @returns The hex digest.
+ */
+export function artefactDigest(artefact: string): string {
+  const stamp = stampOf(artefact);
+  try {
+    const [hex, ...rest] = Deno.readTextFileSync(`${artefact}.sha256`).trim().split(" ");
+    if (hex !== undefined && /^[0-9a-f]{64}$/.test(hex) && rest.join(" ") === stamp) return hex;
+  } catch {
+    // No sidecar: hash the file.
+  }
+  return createHash("sha256").update(Deno.readFileSync(artefact)).digest("hex");
+}
+
+/**
+ * Writes the artefact's digest sidecar that {@linkcode artefactDigest} reads
+ * (the install calls this once per build).
+ *
+ * @param artefact The artefact's path.
+ */
+export function writeArtefactDigest(artefact: string): void {
+  const hex = createHash("sha256").update(Deno.readFileSync(artefact)).digest("hex");
+  const temp = `${artefact}.sha256.tmp`;
+  Deno.writeTextFileSync(temp, `${hex} ${stampOf(artefact)}\n`, { mode: 0o644 });
+  Deno.renameSync(temp, `${artefact}.sha256`);
+}
+
+// Size and mtime: a rebuilt or edited file has another stamp.
+function stampOf(path: string): string {
+  const info = Deno.statSync(path);
+  return `${info.size} ${info.mtime?.getTime() ?? 0}`;
 }

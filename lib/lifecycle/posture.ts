@@ -11,7 +11,7 @@ import { createHash } from "node:crypto";
 import { realpathSync } from "node:fs";
 import { UsageError } from "../errors.ts";
 import type { SandboxConfig } from "../config/config.ts";
-import { selfCommand } from "../config/self.ts";
+import { ARTEFACT_FLAGS, artefactDigest, selfCommand } from "../config/self.ts";
 import type { ContainerCreateBody, ContainerInspect, HostConfigMount } from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 
@@ -93,14 +93,14 @@ export function containerSpec(
   const config = restricted === undefined
     ? options.config
     : { ...options.config, network: "none" as const, idleSeconds: RESTRICTED_IDLE_SECONDS };
-  const { cmd, mounts } = runnerLaunch(config, paths, {
+  const { cmd, mounts, launchIdentity } = runnerLaunch(config, paths, {
     readOnlyWorkspace: restricted !== undefined,
   });
   const groups = hostCanChown() ? [] : [String(Deno.gid())];
   const body: ContainerCreateBody = {
     Image: imageId,
     Cmd: cmd,
-    Env: runnerEnv(config),
+    Env: runnerEnv(config, launchIdentity),
     // The runner is the container's root with RUNNER_CAPS only; commands
     // run as SANDBOX_UID (see RUNNER_CAPS).
     User: "0:0",
@@ -208,8 +208,9 @@ export function postureDrift(container: ContainerInspect, spec: ContainerSpec): 
   return checks.find(([, got, expected]) => got !== expected)?.[0];
 }
 
-function runnerEnv(config: SandboxConfig): string[] {
+function runnerEnv(config: SandboxConfig, launchIdentity: string[]): string[] {
   return [
+    ...launchIdentity,
     "PATH=/usr/local/bin:/usr/bin:/bin",
     `HOME=${RUNNER_DIR}`,
     `DENO_DIR=${RUNNER_DIR}/deno`,
@@ -230,7 +231,7 @@ function runnerLaunch(
   config: SandboxConfig,
   paths: StatePaths,
   options: { readOnlyWorkspace: boolean },
-): { cmd: string[]; mounts: HostConfigMount[] } {
+): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[] } {
   const self = selfCommand();
   const runnerArgs = [
     "runner",
@@ -249,9 +250,24 @@ function runnerLaunch(
     bind(paths.workspace, "/workspace", options.readOnlyWorkspace, paths.root),
     bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
   ];
+  if (self.artefact !== undefined) {
+    // The bundled artefact and the Deno that runs it, nothing else; its
+    // digest joins the posture, so a new build recycles every sandbox.
+    mounts.push(bind(realpathSync(self.executable), SANDBOX_DENO, true));
+    mounts.push(bind(realpathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
+    return {
+      cmd: [SANDBOX_DENO, ...ARTEFACT_FLAGS, `${PROGRAM_DIR}/waffle.js`, ...runnerArgs],
+      mounts,
+      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`],
+    };
+  }
   if (self.sourceRoot === undefined) {
     mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
-    return { cmd: [`${PROGRAM_DIR}/waffle`, ...runnerArgs], mounts };
+    return {
+      cmd: [`${PROGRAM_DIR}/waffle`, ...runnerArgs],
+      mounts,
+      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.executable)}`],
+    };
   }
   // From source: the Deno executable plus the project (sources and
   // node_modules), both read-only. --cached-only: never fetch anything.
@@ -273,7 +289,7 @@ function runnerLaunch(
     `${PROGRAM_DIR}/src/main.ts`,
     ...runnerArgs,
   ];
-  return { cmd, mounts };
+  return { cmd, mounts, launchIdentity: [] };
 }
 
 /**

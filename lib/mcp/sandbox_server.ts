@@ -11,7 +11,6 @@ import { UsageError } from "../errors.ts";
 import { RESTRICTED_HOME, SANDBOX_DENO, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openRestricted } from "../lifecycle/restricted.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
-import { selfCommand } from "../config/self.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
 import type { ServerConnection } from "./connection.ts";
@@ -95,7 +94,8 @@ export async function openSandboxServer(
 function sandboxLaunch(planned: PlannedServer): { argv: string[]; env: Record<string, string> } {
   const { package: spec, command, args } = planned.program;
   if (spec !== undefined) {
-    if (selfCommand().sourceRoot === undefined) {
+    // A compiled binary mounts no Deno into the sandbox.
+    if (Deno.build.standalone) {
       throw new UsageError(
         `Server '${planned.name}' is an npm package, which needs waffle's Deno in the sandbox; this waffle binary has none`,
       );

@@ -20,7 +20,7 @@
  */
 import { DatabaseSync, type StatementSync } from "node:sqlite";
 import { QueueError } from "../errors.ts";
-import { SCHEMA_VERSION } from "./protocol.ts";
+import { SCHEMA_VERSION } from "./version.ts";
 
 /** Milliseconds SQLite waits on a lock held by the other side before failing. */
 export const BUSY_TIMEOUT_MS = 5000;

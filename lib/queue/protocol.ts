@@ -7,8 +7,7 @@
  */
 import { z } from "zod";
 
-/** Bumped whenever either file's schema changes; stored in `PRAGMA user_version`. */
-export const SCHEMA_VERSION = 3;
+export { SCHEMA_VERSION } from "./version.ts";
 
 /** Largest single output chunk a runner may write, in bytes. */
 export const MAX_CHUNK_BYTES = 64 * 1024;

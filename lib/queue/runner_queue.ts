@@ -20,6 +20,9 @@ import {
 import { hasSchema } from "./sandbox_file.ts";
 import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell } from "./watch.ts";
+import { writeHeartbeatRow } from "./heartbeat_row.ts";
+
+export { writeHeartbeatRow };
 
 /** A request as the runner sees it. `payload` is undefined when it failed validation. */
 export interface InboundRequest {
@@ -476,20 +479,4 @@ export function setAsideUnlessRegular(
   }
   if (!options.always && info.isFile && (options.anyLinks || info.nlink === 1)) return;
   Deno.renameSync(path, `${path}.damaged-${Date.now()}`);
-}
-
-/**
- * Upserts the single heartbeat row.
- *
- * @param db An owner connection to outbound.db.
- * @param beat The heartbeat.
- */
-export function writeHeartbeatRow(db: DatabaseSync, beat: Heartbeat): void {
-  statement(
-    db,
-    `INSERT INTO heartbeat (id, runner_id, boot_id, seq, time, state, idle_since)
-     VALUES (1, ?, ?, ?, ?, ?, ?)
-     ON CONFLICT (id) DO UPDATE SET runner_id = excluded.runner_id, boot_id = excluded.boot_id,
-       seq = excluded.seq, time = excluded.time, state = excluded.state, idle_since = excluded.idle_since`,
-  ).run(beat.runnerId, beat.bootId, beat.seq, beat.time, beat.state, beat.idleSince);
 }

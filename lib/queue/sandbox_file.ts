@@ -27,7 +27,7 @@ import { DatabaseSync } from "node:sqlite";
 import { SandboxFileError } from "../errors.ts";
 import { errno, type Libc, libc, O_CLOEXEC, O_NOFOLLOW, O_NONBLOCK, O_RDONLY } from "../libc.ts";
 import { messageOf } from "./connection.ts";
-import { SCHEMA_VERSION } from "./protocol.ts";
+import { SCHEMA_VERSION } from "./version.ts";
 
 const ENOENT = 2;
 

@@ -1,0 +1,98 @@
+/**
+ * Builds waffle's single artefact: `main.ts` and everything it imports,
+ * npm packages included, bundled into one JavaScript file that the pinned
+ * Deno runs as both the CLI and the sandbox's runner.
+ *
+ * docker-modem loads `ssh2` (and its native and WebAssembly parts) for
+ * `ssh://` daemons, which waffle refuses anyway (`lib/docker/client.ts`):
+ * the artefact replaces that `require` with a stub that throws, so no CLI
+ * start pays for it and no native module is needed.
+ *
+ * Usage: deno run --allow-all scripts/build_artefact.ts OUTPUT
+ *
+ * @module
+ */
+// deno-lint-ignore-file no-console
+
+const [output] = Deno.args;
+if (output === undefined || !output.startsWith("/")) {
+  console.error("build_artefact: give the output file as an absolute path");
+  Deno.exit(2);
+}
+const repo = new URL("../", import.meta.url).pathname;
+// It must end in .js: deno bundle adds its `require` for npm code only to JavaScript output.
+const bundled = `${output}.bundle.tmp.js`;
+const built = await new Deno.Command(Deno.execPath(), {
+  args: [
+    "bundle",
+    "--quiet",
+    "--platform",
+    "deno",
+    "--external",
+    "ssh2",
+    "--external",
+    "cpu-features",
+    "-o",
+    bundled,
+    "main.ts",
+  ],
+  cwd: repo,
+  env: { DENO_NO_UPDATE_CHECK: "1" },
+}).output();
+if (!built.success) {
+  console.error(`build_artefact: deno bundle failed: ${new TextDecoder().decode(built.stderr)}`);
+  Deno.exit(1);
+}
+const source = await Deno.readTextFile(bundled);
+await Deno.remove(bundled);
+const STUB =
+  `({ Client: class { constructor() { throw new Error("ssh:// Docker hosts are not supported"); } } })`;
+const needle = /__require\d*\("ssh2"\)/g;
+const count = source.match(needle)?.length ?? 0;
+if (count === 0) {
+  console.error("build_artefact: the bundle no longer requires 'ssh2'; update this script");
+  Deno.exit(1);
+}
+const text = source.replace(needle, STUB);
+// Anything else left to a runtime require would fail where the artefact runs
+// (`debug` tries `supports-color` inside a try, and does without).
+const OPTIONAL = ["supports-color"];
+const left = [...text.matchAll(/__require\d*\("([^"]+)"\)/g)].map((m) => m[1]!)
+  .filter((name) => !name.startsWith("node:") && !isNodeBuiltin(name) && !OPTIONAL.includes(name));
+if (left.length > 0) {
+  console.error(
+    `build_artefact: unresolved requires in the bundle: ${[...new Set(left)].join(", ")}`,
+  );
+  Deno.exit(1);
+}
+const temp = `${output}.tmp`;
+await Deno.writeTextFile(temp, text, { mode: 0o644 });
+await Deno.rename(temp, output);
+console.error(
+  `build_artefact: ${output} (${(text.length / 1024).toFixed(0)} KiB, ssh2 stubbed ×${count})`,
+);
+
+function isNodeBuiltin(name: string): boolean {
+  return [
+    "assert",
+    "buffer",
+    "child_process",
+    "crypto",
+    "events",
+    "fs",
+    "http",
+    "https",
+    "net",
+    "os",
+    "path",
+    "querystring",
+    "stream",
+    "string_decoder",
+    "tls",
+    "url",
+    "util",
+    "zlib",
+    "dns",
+    "tty",
+  ].includes(name.split("/")[0]!);
+}

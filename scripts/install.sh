@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Puts `waffle` on PATH: one bundled artefact and the pinned Deno that runs it.
+#
+# Usage: bash scripts/install.sh [--prefix DIR] [--no-docker]
+#   Runs scripts/setup.sh (idempotent: Deno, node_modules, and unless
+#   --no-docker the Docker engine, daemon and runner image), bundles main.ts
+#   into one JavaScript file (`deno bundle`; `deno compile` cannot fetch its
+#   runtime here), and installs
+#       DIR/lib/waffle/waffle.js         the artefact (CLI and runner in one)
+#       DIR/lib/waffle/waffle.js.sha256  its digest, size and mtime
+#       DIR/lib/waffle/deno              the pinned Deno
+#       DIR/bin/waffle                   a launcher: deno run … waffle.js "$@"
+#   Where `deno compile` can fetch its runtime, DIR/lib/waffle/waffle (one
+#   binary) replaces the artefact and Deno (WAFFLE_INSTALL_BUNDLE=1: always
+#   bundle). DIR defaults to /usr/local. Sandboxes mount that same artefact and Deno
+#   read-only as their runner; the artefact's digest is part of each
+#   sandbox's posture, so installing a new build recycles them on next use.
+#   Files are replaced only when their content changed, each atomically.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+PREFIX=/usr/local
+docker=--docker
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --prefix)
+      PREFIX="${2:?--prefix needs a directory}"
+      shift 2
+      ;;
+    --no-docker)
+      docker=""
+      shift
+      ;;
+    -h | --help)
+      sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "install: unknown argument '$1' (see --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+case "$PREFIX" in
+  /*) ;;
+  *) echo "install: --prefix must be an absolute path, got '$PREFIX'" >&2 && exit 2 ;;
+esac
+
+say() { printf 'install: %s\n' "$*" >&2; }
+
+bash "$REPO/scripts/setup.sh" $docker
+export PATH="$REPO/.tools/bin:$PATH"
+DENO_BIN="$(readlink -f "$REPO/.tools/bin/deno")"
+
+# Replaces $2 with $1 unless they are the same bytes (atomic rename).
+place() {
+  local from="$1" to="$2" mode="$3"
+  if [[ -f "$to" ]] && cmp -s "$from" "$to"; then
+    rm -f "$from"
+    return 1
+  fi
+  chmod "$mode" "$from"
+  mv -f "$from" "$to"
+}
+
+LIB="$PREFIX/lib/waffle"
+mkdir -p "$LIB" "$PREFIX/bin"
+build="$(mktemp -d)"
+trap 'rm -rf "$build"' EXIT
+
+# A compiled binary where Deno can fetch its runtime (denort); otherwise the
+# bundled artefact run by the pinned Deno.
+if [[ "${WAFFLE_INSTALL_BUNDLE:-0}" != 1 ]] &&
+  (cd "$REPO" && DENO_NO_UPDATE_CHECK=1 timeout 300 deno compile --quiet --allow-all \
+    --include runner/heartbeat_worker.ts -o "$build/waffle" main.ts) 2>"$build/compile.err"; then
+  place "$build/waffle" "$LIB/waffle" 0755 && say "installed $LIB/waffle (deno compile)" || true
+  (cd "$REPO" && deno eval --quiet \
+    "import { writeArtefactDigest } from './lib/config/self.ts'; writeArtefactDigest('$LIB/waffle');")
+  ln -sfn "$LIB/waffle" "$PREFIX/bin/waffle"
+  say "done: $("$PREFIX/bin/waffle" --help | head -1)"
+  exit 0
+fi
+plain="$(sed 's/\x1b\[[0-9;]*m//g' "$build/compile.err" 2>/dev/null || echo "WAFFLE_INSTALL_BUNDLE=1")"
+why="$(grep -m1 -o 'error sending request for url ([^)]*)' <<<"$plain" || grep -m1 'error' <<<"$plain" || true)"
+say "deno compile cannot build here (${why:-$plain}); installing the bundled artefact"
+deno run --allow-all "$REPO/scripts/build_artefact.ts" "$build/waffle.js"
+cp "$DENO_BIN" "$build/deno"
+if place "$build/waffle.js" "$LIB/waffle.js" 0644; then
+  say "installed $LIB/waffle.js"
+else
+  say "artefact unchanged: $LIB/waffle.js"
+fi
+# Its digest, size and mtime, written by the same code that reads them.
+(cd "$REPO" && deno eval --quiet \
+  "import { writeArtefactDigest } from './lib/config/self.ts'; writeArtefactDigest('$LIB/waffle.js');")
+if place "$build/deno" "$LIB/deno" 0755; then say "installed $LIB/deno"; fi
+
+cat >"$build/launcher" <<EOF
+#!/bin/sh
+# waffle: the bundled artefact run by its pinned Deno (scripts/install.sh).
+DENO_NO_UPDATE_CHECK=1 exec "$LIB/deno" run --allow-all --quiet --no-prompt --no-config "$LIB/waffle.js" "\$@"
+EOF
+if place "$build/launcher" "$PREFIX/bin/waffle" 0755; then say "installed $PREFIX/bin/waffle"; fi
+say "done: $("$PREFIX/bin/waffle" --help | head -1)"
