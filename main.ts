@@ -11,5 +11,7 @@ if ((globalThis as { name?: unknown }).name === HEARTBEAT_WORKER) {
   await import("./runner/heartbeat_worker.ts");
 } else if (import.meta.main) {
   const { processIo, runCli } = await import("./lib/cli/mod.ts");
+  const { mark } = await import("./lib/trace.ts");
+  mark("main loaded");
   Deno.exit(await runCli(Deno.args, processIo()));
 }

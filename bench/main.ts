@@ -19,14 +19,22 @@
  */
 // deno-lint-ignore-file no-console
 import { parseArgs } from "node:util";
+import { cliSection } from "./cli_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
+import { fleetSection } from "./fleet_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
 import { type BenchReport, machineLoad, Progress, renderJson, renderTable } from "./stats.ts";
 
 /** Every section, in run order. Append new sections (e.g. Docker) here. */
-export const SECTIONS: readonly Section[] = [queueSection, dockerSection, mcpSection];
+export const SECTIONS: readonly Section[] = [
+  queueSection,
+  dockerSection,
+  mcpSection,
+  cliSection,
+  fleetSection,
+];
 
 /** Parsed command line. */
 export interface BenchOptions {

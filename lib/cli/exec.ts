@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { mark } from "../trace.ts";
 import { concat } from "../bytes.ts";
 import { UsageError } from "../errors.ts";
 import type { Backend } from "../host_backend.ts";
@@ -68,7 +69,9 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
   // Like `docker exec`: stdin only when asked for. Reading it otherwise would
   // hang a script whose stdin is a pipe that never closes.
   const stdin = parsed.values.interactive === true ? await readStdin(io.stdin) : undefined;
+  mark("arguments parsed");
   const backend = openBackend(parsed);
+  mark("backend open (config, queue)");
   try {
     const id = await backend.submit({
       argv: parsed.positionals,
@@ -78,6 +81,7 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
       ...(timeout === undefined ? {} : { timeoutMs: Math.round(timeout * 1000) }),
       ...(outputCap === undefined ? {} : { outputCap }),
     });
+    mark("submitted");
     if (parsed.values.detach) {
       await io.stdout(`${id}\n`);
       return 0;
@@ -168,12 +172,15 @@ async function follow(
         : { stdout: options.outputCap, stderr: options.outputCap };
       notes.push(...truncationNotesOf(collected.result, caps));
     }
+    mark("result");
     const note = noteOf(id, collected.result);
     if (note !== undefined) notes.push(note);
     // waffle's lines start a line of their own, even after a stream cut mid-line.
     if (notes.length > 0) await io.stderr(`${stderrMidLine ? "\n" : ""}${notes.join("\n")}\n`);
     await queue.ack(id);
+    mark("acknowledged");
     await queue.gc().catch(() => 0);
+    mark("gc");
     return exitStatusOf(collected.result);
   } finally {
     Deno.removeSignalListener("SIGINT", onInterrupt);

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { mark } from "../trace.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 import type { CliIo } from "./io.ts";
 
@@ -108,6 +109,7 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
       throw new UsageError(`Unknown command '${name}'; run 'waffle --help'`);
     }
     const loaded = await command.load();
+    mark(`'${name}' loaded`);
     if (
       !loaded.nested && rest.includes("--help") &&
       !rest.slice(0, rest.indexOf("--help")).includes("--")

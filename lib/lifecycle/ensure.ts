@@ -111,9 +111,14 @@ export async function ensureContainer(
   options: EnsureOptions,
 ): Promise<Ensured> {
   const { config, paths, queue } = options;
-  const imageId = await resolveImage(docker, config.image);
+  // Both answers are needed on every call (a same-tag rebuild must recycle):
+  // ask for them at once.
+  const [imageId, found] = await Promise.all([
+    resolveImage(docker, config.image),
+    docker.inspectContainer(key.containerName),
+  ]);
   const spec = containerSpec(key, { config, imageId, paths });
-  let container = await docker.inspectContainer(spec.name);
+  let container = found;
   let action: EnsureAction = "reused";
 
   if (container !== null) {

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { mark } from "../trace.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import type { Backend } from "../host_backend.ts";
@@ -71,13 +72,16 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   let lastEnsure: Ensured | undefined;
   let volume: VolumeStatus | undefined;
   const ensureLocked = async (trouble?: RunnerTrouble): Promise<void> => {
+    mark("lock held");
     volume = await prepareState(paths, { quotaBytes: config.quotaBytes });
+    mark("state prepared (volume)");
     lastEnsure = await ensureContainer(docker, key, {
       config,
       paths,
       queue,
       ...(trouble === undefined ? {} : { trouble }),
     });
+    mark(`container ensured (${lastEnsure.action})`);
   };
   return {
     key,
