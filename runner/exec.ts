@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { mark } from "../lib/trace.ts";
 import { settlesWithin } from "../lib/async.ts";
 import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
 import {
@@ -209,6 +210,7 @@ async function execute(
     return spawnFailed(spec, argv0, error, startedAt);
   }
   const pid = child.pid;
+  mark("spawned");
   spawned.add(pid);
   // Read before yielding to the event loop, so Deno cannot have reaped it yet.
   const rootStartTime = readProcStat(pid)?.starttime;
@@ -286,8 +288,10 @@ async function execute(
   // The foreground is done: kill what it left behind (background children
   // holding the pipes, escapees), then drain. A kill already under way
   // (timeout, abort) finishes first; the sweep after it is cheap when empty.
+  mark("command exited");
   await Promise.all(kills);
   await killTree(pid, treeOptions);
+  mark("tree swept");
   if (!await settlesWithin(Promise.all([stdout.done, stderr.done]), DRAIN_MS)) {
     // Something we could not find or kill still holds a pipe open.
     await Promise.all([stdout.cancel(), stderr.cancel()]);
@@ -295,6 +299,7 @@ async function execute(
   }
   // Settles with EPIPE once the readers are dead; not awaited past the bound.
   await settlesWithin(stdinDone, STDIN_SETTLE_MS);
+  mark("pipes drained");
 
   const signal = status?.signal ?? null;
   const number = signal === null ? undefined : signalNumber(signal);

@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { mark } from "../lib/trace.ts";
 import { UsageError } from "../lib/errors.ts";
 import { isBusyError, messageOf } from "../lib/queue/connection.ts";
 import {
@@ -276,9 +277,11 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       // The tree is dead: free the slot before the result is durable, so the
       // next request's "started" joins the result's commit (one fsync per
       // request, not two). Its process starts only after that commit.
+      mark(`'${request.id}' ran`);
       const recorded = record(result, unsent);
       release();
       await recorded;
+      mark(`'${request.id}' result committed`);
     } catch (error) {
       // "started" could not be written, so the command did not run: say so,
       // or stop if even that cannot be written.
@@ -299,6 +302,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   // past busy_timeout) is retried on the next turn rather than lost.
   const poll = (): void => {
     const fresh = queue.newRequests();
+    if (fresh.length > 0) mark(`${fresh.length} new request(s) read`);
     // The cursor moved past `fresh`: from here on nothing of it may be dropped.
     const valid = fresh.filter((request) => request.payload !== undefined);
     if (valid.length > 0) {
@@ -485,6 +489,7 @@ async function runOne(
     return admitted;
   };
 
+  mark(`'${request.id}' start committed`);
   const outcome: ExecOutcome = await runCommand({
     requestId: request.id,
     argv: payload.argv,

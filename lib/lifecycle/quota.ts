@@ -356,7 +356,7 @@ async function fsck(image: string, options: { full: boolean }): Promise<void> {
  * @throws {QueueError} When something else is mounted there.
  */
 async function mountedDevice(mountPoint: string, image: string): Promise<string | undefined> {
-  const top = (await readMounts()).findLast((mount) => mount.mountPoint === mountPoint);
+  const top = (await readMounts({ mountPoint })).at(-1);
   if (top === undefined) return undefined;
   if (top.backingFile !== image || top.loopDevice === undefined) {
     throw new QueueError(`Volume '${mountPoint}' has '${top.source}' mounted on it`);
@@ -373,8 +373,11 @@ interface Mount {
   backingFile?: string;
 }
 
-/** Mounts of this mount namespace, oldest first, with loop devices resolved through sysfs. */
-async function readMounts(): Promise<Mount[]> {
+/**
+ * Mounts of this mount namespace, oldest first, with loop devices resolved
+ * through sysfs; with `mountPoint`, only the mounts on it.
+ */
+async function readMounts(options: { mountPoint?: string } = {}): Promise<Mount[]> {
   const mounts: Mount[] = [];
   for (const line of (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")) {
     // id parent major:minor root mountpoint options [optional...] - fstype source superoptions
@@ -383,7 +386,12 @@ async function readMounts(): Promise<Mount[]> {
     const [majorMinor, mountPoint, source] = [fields[2], fields[4], fields[dash + 2]];
     if (dash < 0 || majorMinor === undefined || mountPoint === undefined) continue;
     const mount: Mount = { mountPoint: unescape(mountPoint), source: unescape(source ?? "") };
-    const loop = await loopOf(`/sys/dev/block/${majorMinor}`);
+    if (options.mountPoint !== undefined && mount.mountPoint !== options.mountPoint) continue;
+    // Only a loop device has a backing file: the others cost no sysfs reads
+    // (a host with many containers has hundreds of mounts, read on every call).
+    const loop = mount.source.startsWith("/dev/loop")
+      ? await loopOf(`/sys/dev/block/${majorMinor}`)
+      : undefined;
     if (loop !== undefined) Object.assign(mount, loop);
     mounts.push(mount);
   }
