@@ -270,3 +270,25 @@ Deno.test("prepareState() lays out the state with one writer per directory", asy
     await Deno.remove(home, { recursive: true });
   }
 });
+
+Deno.test("loadConfig() refuses an MCP package cache that overlaps the waffle home", async () => {
+  const home = await Deno.makeTempDir();
+  try {
+    for (const cache of [home, `${home}/sandboxes`, "/"]) {
+      await Deno.writeTextFile(join(home, "waffle.toml"), `[sandbox]\nmcp_cache = "${cache}"\n`);
+      assert.throws(
+        () => loadConfig({ home }),
+        (error: unknown) =>
+          error instanceof UsageError && error.message.includes(`'sandbox.mcp_cache' '${cache}'`),
+        cache,
+      );
+    }
+    await Deno.writeTextFile(
+      join(home, "waffle.toml"),
+      `[sandbox]\nmcp_cache = "${home}/mcp-cache"\n`,
+    );
+    assert.equal(loadConfig({ home }).mcpCache, `${home}/mcp-cache`);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});

@@ -248,9 +248,14 @@ liveTest(
         arguments: { path: "/home/sandbox/scratch", content: "ok" },
       });
       assert.equal(textOf(home_), "written");
-      // A separate container, not the user's sandbox.
-      const names = (await home.containers()).map((c) => c.Names[0] ?? "");
-      assert.ok(names.some((name) => /-r-/.test(name)), names.join(","));
+      // A separate container, not the user's sandbox; its queue on the user's
+      // quota volume (not the host's disk); none of the commands' env in it.
+      const restricted = (await home.containers()).find((c) => /-r-/.test(c.Names[0] ?? ""));
+      assert.ok(restricted !== undefined);
+      const inspected = (await docker.inspectContainer(restricted.Id))!;
+      const outbound = inspected.HostConfig.Mounts.find((m) => m.Target === "/queue/outbound");
+      assert.match(outbound?.Source ?? "", /\/volume\/restricted\/[0-9a-f-]{12}\/outbound$/);
+      assert.ok(inspected.Config.Env.includes("WAFFLE_PASS_ENV="), inspected.Config.Env.join(" "));
     } finally {
       await client.close();
     }
@@ -451,4 +456,63 @@ mode = "docker"
     assert.match(rows["mcp in-sandbox probe"]!.detail, /^sandbox: \d+ tools \(1 allowed\)/);
     assert.equal(doctor.code, 0, doctor.stdout);
   },
+);
+
+liveTest(
+  "mcp run: a restricted container whose host died is removed by the user's next restricted session",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("orphan");
+    await putServer(home, user);
+    const start = (): Deno.ChildProcess =>
+      new Deno.Command(Deno.execPath(), {
+        args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", "locked", "--user", user],
+        env: clientEnv(home.home),
+        clearEnv: true,
+        stdin: "piped",
+        stdout: "piped",
+        stderr: "null",
+      }).spawn();
+    const initialize = async (child: Deno.ChildProcess): Promise<void> => {
+      const writer = child.stdin.getWriter();
+      await writer.write(new TextEncoder().encode(
+        JSON.stringify({
+          jsonrpc: "2.0",
+          id: 1,
+          method: "initialize",
+          params: {
+            protocolVersion: "2025-06-18",
+            capabilities: {},
+            clientInfo: { name: "t", version: "1" },
+          },
+        }) + "\n",
+      ));
+      writer.releaseLock();
+      const reader = child.stdout.getReader();
+      assert.match(new TextDecoder().decode((await reader.read()).value), /"serverInfo"/);
+      reader.releaseLock();
+    };
+    const restricted = async (): Promise<string[]> =>
+      (await home.containers()).filter((c) => /-r-/.test(c.Names[0] ?? "")).map((c) => c.Id);
+    const first = start();
+    await initialize(first);
+    const [orphan] = await restricted();
+    assert.ok(orphan !== undefined);
+    // The host dies without a word: its container outlives it (a hostile
+    // runner could keep it up for good).
+    first.kill("SIGKILL");
+    await first.status;
+    await first.stdin.close().catch(() => {});
+    await first.stdout.cancel().catch(() => {});
+    assert.ok((await restricted()).includes(orphan));
+    const second = start();
+    await initialize(second);
+    const now = await restricted();
+    assert.ok(!now.includes(orphan), "the dead host's restricted container was removed");
+    assert.equal(now.length, 1);
+    await second.stdin.close();
+    await second.status;
+    await second.stdout.cancel().catch(() => {});
+  },
+  SDK_CLIENT,
 );

@@ -325,3 +325,91 @@ Deno.test("mcp run on SIGTERM kills a server that ignores end of input and exits
   assert.ok(await until(() => processesIn(home.dir).length === 0, 1000));
   assert.ok(Date.now() - started < 2000);
 });
+
+Deno.test("mcp run never forwards a request dressed as a notification, nor lets a pending id be reused", async () => {
+  // A real server process that logs every line it receives and answers each
+  // request after a pause, listing an allowed and a disallowed tool.
+  const code = `
+    const seen = [];
+    let buffer = "";
+    for await (const bytes of Deno.stdin.readable) {
+      buffer += new TextDecoder().decode(bytes);
+      let at;
+      while ((at = buffer.indexOf("\\n")) >= 0) {
+        const line = buffer.slice(0, at);
+        buffer = buffer.slice(at + 1);
+        Deno.writeTextFileSync(Deno.env.get("SEEN"), line + "\\n", { append: true });
+        const message = JSON.parse(line);
+        if (message.id === undefined) continue;
+        await new Promise((r) => setTimeout(r, 300));
+        const result = { tools: [{ name: "a", inputSchema: { type: "object" } }, { name: "secret", inputSchema: { type: "object" } }] };
+        await Deno.stdout.write(new TextEncoder().encode(JSON.stringify({ jsonrpc: "2.0", id: message.id, result }) + "\\n"));
+      }
+    }
+  `;
+  await using home = await tempHome(`${scriptConfig(code)}env = ["SEEN"]\ntools = ["a"]\n`);
+  const seen = `${home.dir}/seen.log`;
+  const input = [
+    '{"jsonrpc":"2.0","method":"tools/call","params":{"name":"secret","arguments":{"x":1}}}',
+    '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+    '{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+    '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  ].join("\n") + "\n";
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", MAIN, "mcp", "run", "script", "--config", home.config],
+    env: waffleEnv(home.dir, { SEEN: seen }),
+    clearEnv: true,
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode(input));
+  const reader = child.stdout.getReader();
+  let out = "";
+  while (out.split("\n").length < 3) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    out += new TextDecoder().decode(value);
+  }
+  reader.releaseLock();
+  await writer.close();
+  const result = await child.output();
+  const lines = out.trim().split("\n").map((line) => JSON.parse(line));
+  // The reused id is refused by the relay; the list that answers id 1 is filtered.
+  assert.equal(lines[0].id, 1);
+  assert.match(lines[0].error.message, /already pending/);
+  assert.deepEqual(lines[1].result.tools.map((tool: { name: string }) => tool.name), ["a"]);
+  const received = Deno.readTextFileSync(seen);
+  assert.doesNotMatch(received, /secret/, "the disguised tools/call never reached the server");
+  assert.match(received, /notifications\/initialized/);
+  assert.match(
+    new TextDecoder().decode(result.stderr),
+    /dropped a client notification 'tools\/call'/,
+  );
+});
+
+Deno.test("the line reader holds a byte-at-a-time line in one buffer, not a piece per byte", async () => {
+  const { readLines } = await import("../lib/mcp/jsonrpc.ts");
+  const total = 1_000_000;
+  let sent = 0;
+  // Pulled one byte at a time, as a server writing single bytes arrives.
+  const stream = new ReadableStream<Uint8Array>({
+    pull(controller): void {
+      if (sent < total) {
+        controller.enqueue(new Uint8Array([0x61]));
+        sent++;
+      } else {
+        controller.enqueue(new TextEncoder().encode("\n"));
+        controller.close();
+      }
+    },
+  }, { highWaterMark: 0 });
+  const before = Deno.memoryUsage().rss;
+  let length = 0;
+  for await (const line of readLines(stream)) length = line.byteLength;
+  const grownMiB = (Deno.memoryUsage().rss - before) / 1024 / 1024;
+  assert.equal(length, total);
+  // A piece per byte cost ~400 bytes each (384 MiB here before the fix).
+  assert.ok(grownMiB < 64, `RSS grew ${grownMiB.toFixed(0)} MiB`);
+});

@@ -303,7 +303,27 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     home,
     configPath: raw === undefined ? undefined : path,
   } as SandboxConfig;
+  refuseOverlap(sandbox.mcpCache, home);
   return { path: sandbox.configPath, sandbox, policy };
+}
+
+// The cache is made world-readable and mounted into every sandbox: it must
+// hold nothing of any user's state.
+function refuseOverlap(cache: string, home: string): void {
+  const a = cache.replace(/\/+$/, "") || "/";
+  const b = home.replace(/\/+$/, "") || "/";
+  const inside = (x: string, y: string): boolean =>
+    x === y || x.startsWith(y === "/" ? "/" : `${y}/`);
+  if (inside(a, b) && a !== `${b}/mcp-cache` && !a.startsWith(`${b}/mcp-cache/`)) {
+    throw new UsageError(
+      `Invalid 'sandbox.mcp_cache' '${cache}': it must not be the waffle home '${home}' or inside it, other than its 'mcp-cache'`,
+    );
+  }
+  if (inside(b, a)) {
+    throw new UsageError(
+      `Invalid 'sandbox.mcp_cache' '${cache}': it must not contain the waffle home '${home}'`,
+    );
+  }
 }
 
 function readConfigFile(

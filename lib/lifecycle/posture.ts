@@ -90,9 +90,13 @@ export function containerSpec(
   const { imageId, paths, restricted } = options;
   // A restricted session's container: no network, the workspace read-only,
   // a tmpfs home, removed when its runner exits.
-  const config = restricted === undefined
-    ? options.config
-    : { ...options.config, network: "none" as const, idleSeconds: RESTRICTED_IDLE_SECONDS };
+  // The commands' env allowlist is not the session's: none of it goes in.
+  const config = restricted === undefined ? options.config : {
+    ...options.config,
+    network: "none" as const,
+    idleSeconds: RESTRICTED_IDLE_SECONDS,
+    envAllowlist: [],
+  };
   const { cmd, mounts, launchIdentity } = runnerLaunch(config, paths, {
     readOnlyWorkspace: restricted !== undefined,
   });

@@ -57,10 +57,14 @@ export async function openRestricted(
   Deno.mkdirSync(config.mcpCache, { recursive: true, mode: 0o755 });
   // The user's volume (and so the workspace) must be there to be shown.
   await withLock(paths.lock, () => prepareState(paths, { quotaBytes: config.quotaBytes }));
-  await removeLeftovers(docker, join(paths.root, "restricted"), key.containerName);
+  // On the user's quota volume: a compromised runner fills that, not the host's disk.
+  const parent = join(paths.volume, "restricted");
+  await removeLeftovers(docker, parent, key.containerName);
   const id = crypto.randomUUID().slice(0, 12);
-  const dir = join(paths.root, "restricted", id);
+  const dir = join(parent, id);
   Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  // Which host process owns it: a leftover is one whose owner is gone.
+  Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
   const queue = Queue.open(dir, { create: true });
   const imageId = await resolveImage(docker, config.image);
   const spec = containerSpec(key, {
@@ -97,8 +101,21 @@ export async function openRestricted(
   };
 }
 
-// Queue directories of restricted sessions whose host died: their containers
-// removed themselves (idle exit, AutoRemove); the directories are ours to go.
+/** Names the host process that owns a restricted session's directory. */
+const OWNER_FILE = "owner";
+
+// "pid starttime": the same pid later reused by another process reads as gone.
+function processMark(pid: number): string | undefined {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    return `${pid} ${stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]}`;
+  } catch {
+    return undefined;
+  }
+}
+
+// Restricted sessions whose host process is gone: their container (which a
+// hostile runner may keep alive past its lease) and their directory go.
 async function removeLeftovers(
   docker: DockerClient,
   parent: string,
@@ -112,10 +129,16 @@ async function removeLeftovers(
   }
   for (const entry of entries) {
     if (!entry.isDirectory || !/^[0-9a-f-]{12}$/.test(entry.name)) continue;
-    // A session of another process may be starting in a fresh one.
-    const made = Deno.statSync(join(parent, entry.name)).mtime?.getTime() ?? Date.now();
-    if (Date.now() - made < 120_000) continue;
-    if (await docker.inspectContainer(`${prefix}-r-${entry.name}`) !== null) continue;
+    let owner: string;
+    try {
+      owner = Deno.readTextFileSync(join(parent, entry.name, OWNER_FILE)).trim();
+    } catch {
+      // No owner yet: a session of another process is being set up.
+      continue;
+    }
+    const pid = Number(owner.split(" ")[0]);
+    if (Number.isSafeInteger(pid) && pid > 0 && processMark(pid) === owner) continue;
+    await docker.removeContainer(`${prefix}-r-${entry.name}`, { force: true }).catch(() => false);
     await Deno.remove(join(parent, entry.name), { recursive: true }).catch(() => {});
   }
 }

@@ -105,23 +105,32 @@ export async function* readLines(
   const stop = (): void => void reader.cancel().catch(() => {});
   if (options.signal?.aborted) stop();
   options.signal?.addEventListener("abort", stop, { once: true });
-  let parts: Uint8Array[] = [];
+  // One growing buffer, not a list of pieces: a server writing a byte at a
+  // time must cost the limit in memory, not a few hundred bytes per byte.
+  let buffer = new Uint8Array(0);
   let held = 0;
+  const append = (piece: Uint8Array): void => {
+    if (held + piece.byteLength > buffer.byteLength) {
+      const grown = new Uint8Array(
+        Math.min(limit, Math.max(held + piece.byteLength, buffer.byteLength * 2, 4096)),
+      );
+      grown.set(buffer.subarray(0, held));
+      buffer = grown;
+    }
+    buffer.set(piece, held);
+    held += piece.byteLength;
+  };
   const take = (tail: Uint8Array): Uint8Array => {
     let line: Uint8Array;
-    if (parts.length === 0) {
+    if (held === 0) {
       line = tail;
     } else {
-      line = new Uint8Array(held + tail.byteLength);
-      let at = 0;
-      for (const part of parts) {
-        line.set(part, at);
-        at += part.byteLength;
-      }
-      line.set(tail, at);
+      append(tail);
+      line = buffer.slice(0, held);
     }
-    parts = [];
     held = 0;
+    // Big buffers are not kept for the next, usually small, message.
+    if (buffer.byteLength > 64 * 1024) buffer = new Uint8Array(0);
     return line.byteLength > 0 && line[line.byteLength - 1] === 0x0d ? line.subarray(0, -1) : line;
   };
   try {
@@ -133,9 +142,8 @@ export async function* readLines(
         const newline = chunk.indexOf(0x0a);
         if (newline < 0) {
           if (held + chunk.byteLength > limit) throw new MessageTooLargeError(limit);
-          // Copy: the producer may reuse its buffer.
-          parts.push(chunk.slice());
-          held += chunk.byteLength;
+          // Copied: the producer may reuse its buffer.
+          append(chunk);
           break;
         }
         if (held + newline > limit) throw new MessageTooLargeError(limit);

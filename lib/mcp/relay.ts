@@ -79,6 +79,9 @@ export interface RelayResult {
   reason: string;
 }
 
+/** Requests either side may have pending at once; more are refused (memory stays bounded). */
+const MAX_PENDING = 1024;
+
 /** The JSON-RPC error code of a denied `tools/call` (invalid params). */
 export const POLICY_ERROR_CODE = -32602;
 /** Average rate of server stderr forwarded. */
@@ -166,6 +169,24 @@ export async function relay(
   };
 
   const onClientRequest = async (request: JsonRpcRequest): Promise<void> => {
+    // An id still pending would let this response stand in for that one (a
+    // tools/list answered as a ping, unfiltered): refused.
+    if (pendingCalls.has(idKey(request.id))) {
+      await send({
+        jsonrpc: "2.0",
+        id: request.id,
+        error: { code: -32600, message: "Request id is already pending" },
+      });
+      return;
+    }
+    if (pendingCalls.size >= MAX_PENDING) {
+      await send({
+        jsonrpc: "2.0",
+        id: request.id,
+        error: { code: -32600, message: `More than ${MAX_PENDING} requests pending` },
+      });
+      return;
+    }
     const call: PendingCall = {
       method: request.method,
       arguments: [],
@@ -234,8 +255,14 @@ export async function relay(
           } else {
             stderr.note(`waffle: dropped a response from the client to no pending request`);
           }
-        } else {
+        } else if (parsed.message.method.startsWith("notifications/")) {
           await toServer(parsed.message);
+        } else {
+          // A request without an id (e.g. a tools/call) would reach the
+          // server unchecked and unaudited: only notifications pass.
+          stderr.note(
+            `waffle: dropped a client notification '${parsed.message.method.slice(0, 64)}'`,
+          );
         }
       }
       finish({ ended: "client", reason: "the client closed its input" });
@@ -261,7 +288,14 @@ export async function relay(
         } else if (parsed.kind === "response") {
           await onServerResponse(parsed.message);
         } else {
-          if (parsed.kind === "request") pendingServer.add(idKey(parsed.message.id));
+          if (parsed.kind === "request") {
+            // Bounded: a server may ask without end while the client never answers.
+            if (pendingServer.size >= MAX_PENDING) {
+              stderr.note(`waffle: dropped a request from server '${name}': too many pending`);
+              continue;
+            }
+            pendingServer.add(idKey(parsed.message.id));
+          }
           await send(parsed.message);
         }
       }

@@ -36,7 +36,9 @@ const END_WAIT_MS = 2500;
 /** Unread server stderr held for the reader before more is dropped. */
 const STDERR_BUFFER_BYTES = 256 * 1024;
 /** After a cancel, how long the runner may take to report the tree dead. */
-const CANCEL_WAIT_MS = 2000;
+const CANCEL_WAIT_MS = 1000;
+/** How long one of the closing writes (end of input, cancel, ack) may take. */
+const WRITE_WAIT_MS = 500;
 
 /**
  * Starts a planned server whose `where` is `sandbox` or `restricted`.
@@ -162,12 +164,14 @@ export function sessionConnection(
   let closing: Promise<void> | undefined;
   const close = (): Promise<void> => {
     closing ??= (async () => {
-      await session.end().catch(() => {});
+      // Every step is bounded: a runner holding a lock on inbound.db would
+      // otherwise make each commit wait out LOCK_WAIT_MS before the release.
+      await settlesWithin(session.end(), WRITE_WAIT_MS);
       if (!await settlesWithin(finished, END_WAIT_MS)) {
-        await session.cancel().catch(() => {});
+        await settlesWithin(session.cancel(), WRITE_WAIT_MS);
         await settlesWithin(finished, CANCEL_WAIT_MS);
       }
-      await session.close();
+      await settlesWithin(session.close(), WRITE_WAIT_MS);
       await release();
     })();
     return closing;

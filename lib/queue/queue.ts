@@ -297,17 +297,20 @@ export class Queue {
     }
     if (pieces.length === 0) return;
     await this.#commits.add(() => {
-      const next = statement(
+      // The last row only (the primary key's order): a long session never
+      // rescans its input, and nothing follows the end-of-input row.
+      const last = statement(
         this.#inbound,
-        `SELECT coalesce(max(seq), -1) + 1 AS seq,
-                coalesce(sum(data IS NULL), 0) AS ended FROM input WHERE request_id = ?`,
-      ).get(id) as { seq: number; ended: number };
-      if (next.ended > 0) throw new UsageError(`Session '${id}' input is already closed`);
+        `SELECT seq, data IS NULL AS ended FROM input WHERE request_id = ?
+           ORDER BY seq DESC LIMIT 1`,
+      ).get(id) as { seq: number; ended: number } | undefined;
+      if (last?.ended) throw new UsageError(`Session '${id}' input is already closed`);
       const insert = statement(
         this.#inbound,
         "INSERT INTO input (request_id, seq, data) VALUES (?, ?, ?)",
       );
-      pieces.forEach((piece, index) => insert.run(id, next.seq + index, piece));
+      const first = (last?.seq ?? -1) + 1;
+      pieces.forEach((piece, index) => insert.run(id, first + index, piece));
     });
   }
 
