@@ -21,7 +21,7 @@ import { queuePaths } from "../lib/queue/schema.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
 import { type ExecOutcome, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
-import { HEARTBEAT_WORKER } from "./worker_name.ts";
+import { HEARTBEAT_SOURCE } from "./worker_name.ts";
 import { logLine } from "./log.ts";
 import { acquireRunnerLock } from "./runner_lock.ts";
 import { enableSubreaper, reapOrphans } from "./subreaper.ts";
@@ -182,14 +182,13 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     state: "running",
     idleSince,
   });
-  // From the bundled artefact the worker is the artefact itself, which
-  // runs only the heartbeat module when started under HEARTBEAT_WORKER.
-  const workerUrl = import.meta.url.endsWith(".js")
-    ? import.meta.url
+  // From the bundled artefact: the worker's own bundle, embedded in it.
+  const embedded = (globalThis as Record<string, unknown>)[HEARTBEAT_SOURCE];
+  const workerUrl = typeof embedded === "string"
+    ? URL.createObjectURL(new Blob([embedded], { type: "text/javascript" }))
     : new URL("./heartbeat_worker.ts", import.meta.url);
   const heartbeat = new Worker(workerUrl, {
     type: "module",
-    name: HEARTBEAT_WORKER,
   });
   heartbeat.onmessage = (event): void => {
     const data = event.data as { type?: string; message?: string } | undefined;

@@ -1,9 +1,10 @@
 /**
- * The name the runner gives its heartbeat thread: the bundled artefact,
- * started as a worker under this name, runs only the heartbeat.
+ * Where the bundled artefact keeps the heartbeat worker's own bundle: the
+ * runner starts it from a blob URL, so the thread loads a few kilobytes
+ * instead of the whole artefact.
  *
  * @module
  */
 
-/** The heartbeat worker's name. */
-export const HEARTBEAT_WORKER = "waffle-heartbeat";
+/** The global the artefact defines with the heartbeat worker's source. */
+export const HEARTBEAT_SOURCE = "__waffleHeartbeatSource";

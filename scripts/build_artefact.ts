@@ -13,6 +13,7 @@
  * @module
  */
 // deno-lint-ignore-file no-console
+import { HEARTBEAT_SOURCE } from "../runner/worker_name.ts";
 
 const [output] = Deno.args;
 if (output === undefined || !output.startsWith("/")) {
@@ -45,6 +46,24 @@ if (!built.success) {
 }
 const source = await Deno.readTextFile(bundled);
 await Deno.remove(bundled);
+// The runner's heartbeat thread gets its own few kilobytes (started from a
+// blob URL), not a second copy of the whole artefact.
+const workerFile = `${output}.worker.tmp.js`;
+const worker = await new Deno.Command(Deno.execPath(), {
+  args: ["bundle", "--quiet", "--platform", "deno", "-o", workerFile, "runner/heartbeat_worker.ts"],
+  cwd: repo,
+  env: { DENO_NO_UPDATE_CHECK: "1" },
+}).output();
+if (!worker.success) {
+  console.error(
+    `build_artefact: bundling the heartbeat worker failed: ${
+      new TextDecoder().decode(worker.stderr)
+    }`,
+  );
+  Deno.exit(1);
+}
+const workerSource = await Deno.readTextFile(workerFile);
+await Deno.remove(workerFile);
 const STUB =
   `({ Client: class { constructor() { throw new Error("ssh:// Docker hosts are not supported"); } } })`;
 const needle = /__require\d*\("ssh2"\)/g;
@@ -53,7 +72,8 @@ if (count === 0) {
   console.error("build_artefact: the bundle no longer requires 'ssh2'; update this script");
   Deno.exit(1);
 }
-const text = source.replace(needle, STUB);
+const text = `globalThis.${HEARTBEAT_SOURCE} = ${JSON.stringify(workerSource)};\n` +
+  source.replace(needle, STUB);
 // Anything else left to a runtime require would fail where the artefact runs
 // (`debug` tries `supports-color` inside a try, and does without).
 const OPTIONAL = ["supports-color"];
