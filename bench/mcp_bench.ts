@@ -28,9 +28,9 @@ import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
-import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { fetchPackage, isCached } from "../lib/mcp/package_cache.ts";
 import { runCold } from "./docker_bench.ts";
+import { homeContainers, removeHome } from "./fleet_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import {
   type BenchReport,
@@ -455,29 +455,5 @@ async function assertStopped(docker: DockerClient, home: string, user: string): 
   );
   if (running.length > 0) {
     throw new Error(`Sandbox of '${user}' still running after 'waffle stop'`);
-  }
-}
-
-async function homeContainers(
-  docker: DockerClient,
-  home: string,
-): Promise<{ Id: string; State: string; Labels: Record<string, string> }[]> {
-  const all = await docker.listContainers({ all: true, labels: [LABELS.state] });
-  return all.filter((summary) => (summary.Labels[LABELS.state] ?? "").startsWith(`${home}/`));
-}
-
-// Force-removes the home's containers, then unmounts its sandboxes' volumes.
-async function removeHome(docker: DockerClient, home: string): Promise<void> {
-  for (const summary of await homeContainers(docker, home)) {
-    await docker.removeContainer(summary.Id, { force: true }).catch(() => false);
-  }
-  let entries: Deno.DirEntry[];
-  try {
-    entries = [...Deno.readDirSync(join(home, "sandboxes"))];
-  } catch {
-    return;
-  }
-  for (const entry of entries) {
-    await removeVolume(join(home, "sandboxes", entry.name)).catch(() => {});
   }
 }

@@ -103,6 +103,48 @@ async function connect(
   return { client, transport, stderr };
 }
 
+/** Starts `waffle mcp run SERVER --user U` as a raw stdio client and waits for its `initialize` answer. */
+async function startInitialized(
+  home: TestHome,
+  server: string,
+  user: string,
+): Promise<Deno.ChildProcess> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", server, "--user", user],
+    env: clientEnv(home.home),
+    clearEnv: true,
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode(
+    JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method: "initialize",
+      params: {
+        protocolVersion: "2025-06-18",
+        capabilities: {},
+        clientInfo: { name: "t", version: "1" },
+      },
+    }) + "\n",
+  ));
+  writer.releaseLock();
+  const reader = child.stdout.getReader();
+  assert.match(new TextDecoder().decode((await reader.read()).value), /"serverInfo"/);
+  reader.releaseLock();
+  return child;
+}
+
+/** Kills a raw client and releases its pipes. */
+async function killClient(child: Deno.ChildProcess): Promise<void> {
+  child.kill("SIGKILL");
+  await child.status;
+  await child.stdin.close().catch(() => {});
+  await child.stdout.cancel().catch(() => {});
+}
+
 function textOf(result: unknown): string {
   const content = (result as { content?: { type: string; text?: string }[] }).content ?? [];
   return content.map((part) => part.text ?? "").join("");
@@ -271,40 +313,14 @@ liveTest(
     await using home = await withHome(docker);
     const user = uniqueUser("kill");
     await putServer(home, user);
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", "files", "--user", user],
-      env: clientEnv(home.home),
-      clearEnv: true,
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "null",
-    }).spawn();
-    const writer = child.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(
-      JSON.stringify({
-        jsonrpc: "2.0",
-        id: 1,
-        method: "initialize",
-        params: {
-          protocolVersion: "2025-06-18",
-          capabilities: {},
-          clientInfo: { name: "t", version: "1" },
-        },
-      }) + "\n",
-    ));
-    const reader = child.stdout.getReader();
-    const first = await reader.read();
-    assert.match(new TextDecoder().decode(first.value), /"serverInfo"/);
+    const child = await startInitialized(home, "files", user);
     const count = async (): Promise<number> =>
       Number(
         (await run(home.open(user), "grep -l [f]iles_server /proc/[0-9]*/cmdline | wc -l")).stdout
           .trim(),
       );
     assert.ok(await count() >= 1);
-    child.kill("SIGKILL");
-    await child.status;
-    reader.releaseLock();
-    await child.stdout.cancel().catch(() => {});
+    await killClient(child);
     const killed = Date.now();
     while ((await count()) > 0) {
       assert.ok(Date.now() - killed < 15_000, "the server outlived its lease");
@@ -464,49 +480,16 @@ liveTest(
     await using home = await withHome(docker);
     const user = uniqueUser("orphan");
     await putServer(home, user);
-    const start = (): Deno.ChildProcess =>
-      new Deno.Command(Deno.execPath(), {
-        args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", "locked", "--user", user],
-        env: clientEnv(home.home),
-        clearEnv: true,
-        stdin: "piped",
-        stdout: "piped",
-        stderr: "null",
-      }).spawn();
-    const initialize = async (child: Deno.ChildProcess): Promise<void> => {
-      const writer = child.stdin.getWriter();
-      await writer.write(new TextEncoder().encode(
-        JSON.stringify({
-          jsonrpc: "2.0",
-          id: 1,
-          method: "initialize",
-          params: {
-            protocolVersion: "2025-06-18",
-            capabilities: {},
-            clientInfo: { name: "t", version: "1" },
-          },
-        }) + "\n",
-      ));
-      writer.releaseLock();
-      const reader = child.stdout.getReader();
-      assert.match(new TextDecoder().decode((await reader.read()).value), /"serverInfo"/);
-      reader.releaseLock();
-    };
     const restricted = async (): Promise<string[]> =>
       (await home.containers()).filter((c) => /-r-/.test(c.Names[0] ?? "")).map((c) => c.Id);
-    const first = start();
-    await initialize(first);
+    const first = await startInitialized(home, "locked", user);
     const [orphan] = await restricted();
     assert.ok(orphan !== undefined);
     // The host dies without a word: its container outlives it (a hostile
     // runner could keep it up for good).
-    first.kill("SIGKILL");
-    await first.status;
-    await first.stdin.close().catch(() => {});
-    await first.stdout.cancel().catch(() => {});
+    await killClient(first);
     assert.ok((await restricted()).includes(orphan));
-    const second = start();
-    await initialize(second);
+    const second = await startInitialized(home, "locked", user);
     const now = await restricted();
     assert.ok(!now.includes(orphan), "the dead host's restricted container was removed");
     assert.equal(now.length, 1);
