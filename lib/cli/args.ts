@@ -98,3 +98,13 @@ export function envFlags(values: string[]): Record<string, string> {
   }
   return env;
 }
+
+/**
+ * Refuses positional arguments for a command that takes none.
+ *
+ * @param positionals The parsed positionals.
+ * @throws {UsageError} Naming the first one.
+ */
+export function noPositionals(positionals: string[]): void {
+  if (positionals.length > 0) throw new UsageError(`Unexpected argument '${positionals[0]}'`);
+}

@@ -8,7 +8,8 @@ import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
 import { listSandboxes, removeSandbox, stopSandbox, sweep } from "../lifecycle/fleet.ts";
 import { sandboxKey } from "../lifecycle/identity.ts";
-import { numberFlag, parse, stringFlag } from "./args.ts";
+import { noPositionals, numberFlag, parse, stringFlag } from "./args.ts";
+import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";
 
 /** Help of `waffle ps`. */
@@ -47,11 +48,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
     ]);
   }
-  const widths = lines[0]!.map((_, i) => Math.max(...lines.map((line) => line[i]!.length)));
-  await io.stdout(
-    lines.map((line) => line.map((cell, i) => cell.padEnd(widths[i]!)).join("  ")).join("\n") +
-      "\n",
-  );
+  await io.stdout(table(lines));
   return 0;
 }
 
@@ -161,8 +158,4 @@ function keyOf(
 ): ReturnType<typeof sandboxKey> {
   if (user === undefined) throw new UsageError("Missing --user U");
   return sandboxKey(tenant ?? "default", user, { home: loadConfig().home });
-}
-
-function noPositionals(positionals: string[]): void {
-  if (positionals.length > 0) throw new UsageError(`Unexpected argument '${positionals[0]}'`);
 }

@@ -7,7 +7,8 @@
 import { loadWaffleConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
 import { type LaunchPlan, planLaunch } from "../mcp/plan.ts";
-import { parse, stringFlag } from "./args.ts";
+import { noPositionals, parse, stringFlag } from "./args.ts";
+import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";
 
 /** Help of `waffle mcp plan`. */
@@ -143,14 +144,4 @@ function source(path: string | undefined): string {
 function list(values: string[] | "all"): string {
   if (values === "all") return "all";
   return values.length === 0 ? "-" : values.join(",");
-}
-
-function table(rows: string[][]): string {
-  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
-  return rows.map((row) => row.map((cell, i) => cell.padEnd(widths[i]!)).join("  ").trimEnd())
-    .join("\n") + "\n";
-}
-
-function noPositionals(positionals: string[]): void {
-  if (positionals.length > 0) throw new UsageError(`Unexpected argument '${positionals[0]}'`);
 }

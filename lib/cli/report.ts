@@ -120,3 +120,15 @@ export function jsonOf(
     error: result.error,
   };
 }
+
+/**
+ * Renders rows (the first one the header) as columns padded to their widest cell.
+ *
+ * @param rows The cells, one array per line.
+ * @returns The text, one line per row, ending in a newline.
+ */
+export function table(rows: string[][]): string {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
+  return rows.map((row) => row.map((cell, i) => cell.padEnd(widths[i]!)).join("  ").trimEnd())
+    .join("\n") + "\n";
+}
