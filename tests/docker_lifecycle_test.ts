@@ -122,7 +122,8 @@ liveTest(
     assert.equal(first.action, "created");
 
     const host2 = (await runOk(mine, "hostname")).trim();
-    assert.equal(mine.lastEnsure!.action, "reused");
+    // What the first call verified still holds: no container inspect.
+    assert.equal(mine.lastEnsure!.action, "warm");
     assert.equal(mine.lastEnsure!.containerId, first.containerId);
     assert.equal(host2, host1);
     assert.equal(await runOk(mine, "cat /workspace/marker /tmp/marker"), "ws\ntmp\n");
@@ -131,7 +132,7 @@ liveTest(
     const again = home.open(user, { tenant: "t1" });
     assert.equal(await runOk(again, "hostname; cat /tmp/marker"), `${host1}\ntmp\n`);
     assert.equal(again.lastEnsure!.containerId, first.containerId);
-    assert.equal(again.lastEnsure!.action, "reused");
+    assert.equal(again.lastEnsure!.action, "warm");
 
     for (
       const [what, other] of [
@@ -253,6 +254,53 @@ liveTest("same tag retargeted to another image: the container is recycled", asyn
   }
 });
 
+liveTest(
+  "the warm path holds only while its facts do: a kill, a new posture, a pause and a lost record each end it",
+  async (docker) => {
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const user = uniqueUser("warm");
+    const sandbox = home.open(user);
+    await sandbox.ensure();
+    assert.equal(sandbox.lastEnsure!.action, "created");
+    await sandbox.ensure();
+    assert.equal(sandbox.lastEnsure!.action, "warm");
+    const id = sandbox.lastEnsure!.containerId;
+    const record = join(sandbox.paths.root, "warm.json");
+    assert.equal(JSON.parse(await Deno.readTextFile(record)).containerId, id);
+
+    // Killed outright (no "exited" beat): the init process is gone, so the
+    // next ensure inspects and starts it at once rather than trusting the beat.
+    await docker.killContainer(id);
+    await docker.waitContainer(id, { timeoutMs: 30_000 });
+    await sandbox.ensure();
+    assert.equal(sandbox.lastEnsure!.action, "started");
+    assert.equal(sandbox.lastEnsure!.containerId, id);
+    await sandbox.ensure();
+    assert.equal(sandbox.lastEnsure!.action, "warm");
+
+    // A config change is a new posture: recycled, never warm.
+    const changed = home.open(user, { config: { pidsLimit: 300 } });
+    await changed.ensure();
+    assert.equal(changed.lastEnsure!.action, "recreated");
+    const recreated = changed.lastEnsure!.containerId;
+    assert.equal((await docker.inspectContainer(recreated))!.HostConfig.PidsLimit, 300);
+
+    // Paused: its runner stops beating, so the record stops holding.
+    await docker.pauseContainer(recreated);
+    await delay(2 * 2000 + 500);
+    await changed.ensure();
+    assert.equal(changed.lastEnsure!.action, "recreated", "a paused container is replaced");
+    assert.notEqual(changed.lastEnsure!.containerId, recreated);
+
+    // A record that is not valid JSON is no record: the full ensure runs and rewrites it.
+    await Deno.writeTextFile(record, "{not json");
+    assert.equal(await runOk(changed, "echo ok"), "ok\n");
+    assert.equal(changed.lastEnsure!.action, "reused");
+    assert.equal(await runOk(changed, "echo ok"), "ok\n");
+    assert.equal(changed.lastEnsure!.action, "warm");
+  },
+);
+
 liveTest("a stopped container is started again: same container id", async (docker) => {
   await using home = await tempHome(docker, { idleSeconds: 120 });
   const sandbox = home.open(uniqueUser("stop"));
@@ -364,7 +412,7 @@ liveTest(
     assert.equal((await docker.inspectContainer(neverId))!.State.Running, true);
     assert.equal(never.queue.heartbeat()?.state, "running");
     assert.equal(await runOk(never, "echo still"), "still\n");
-    assert.equal(never.lastEnsure!.action, "reused");
+    assert.equal(never.lastEnsure!.action, "warm");
   },
 );
 
@@ -528,7 +576,7 @@ liveTest(
 
     assert.equal(await runOk(sandbox, "echo still here"), "still here\n");
     assert.equal(sandbox.lastEnsure!.containerId, id);
-    assert.equal(sandbox.lastEnsure!.action, "reused");
+    assert.equal(sandbox.lastEnsure!.action, "warm");
   },
 );
 

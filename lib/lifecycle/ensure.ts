@@ -17,8 +17,11 @@ import type { SandboxKey, StatePaths } from "./identity.ts";
 import { type ContainerSpec, containerSpec, LABELS, postureDrift } from "./posture.ts";
 import { resetOutbound, stateExists } from "./state_dir.ts";
 
-/** What ensure had to do. */
-export type EnsureAction = "reused" | "started" | "created" | "recreated";
+/**
+ * What ensure had to do. `warm`: the last full ensure's findings still held
+ * (see `warm.ts`), so the container was not inspected.
+ */
+export type EnsureAction = "warm" | "reused" | "started" | "created" | "recreated";
 
 /** The outcome of {@linkcode ensureContainer}. */
 export interface Ensured {
@@ -26,6 +29,10 @@ export interface Ensured {
   containerId: string;
   /** The immutable id of the image the container runs. */
   imageId: string;
+  /** The posture hash it was created with (today's). */
+  postureHash: string;
+  /** Its init process's pid as Docker reports it (0 when not running). */
+  pid: number;
   /** What was done to get there. */
   action: EnsureAction;
 }
@@ -118,6 +125,7 @@ export async function ensureContainer(
     docker.inspectContainer(key.containerName),
   ]);
   const spec = containerSpec(key, { config, imageId, paths });
+  const postureHash = spec.postureHash;
   let container = found;
   let action: EnsureAction = "reused";
 
@@ -172,12 +180,14 @@ export async function ensureContainer(
     }
     await startReady(docker, id, { ...options, before });
     await queue.syncGeneration();
-    return { containerId: id, imageId, action };
+    return { containerId: id, imageId, postureHash, pid: await pidOf(docker, id), action };
   }
 
   if (container.State.Running) {
     const judged = queue.liveness();
-    if (judged.state === "alive") return { containerId: container.Id, imageId, action };
+    if (judged.state === "alive") {
+      return { containerId: container.Id, imageId, postureHash, pid: container.State.Pid, action };
+    }
     if (judged.state === "none") {
       // Still booting (no outbound file or heartbeat yet).
       await waitReady(docker, container.Id, {
@@ -186,7 +196,7 @@ export async function ensureContainer(
         timeoutMs: options.readyTimeoutMs,
       });
       await queue.syncGeneration();
-      return { containerId: container.Id, imageId, action };
+      return { containerId: container.Id, imageId, postureHash, pid: container.State.Pid, action };
     }
     // Exited (idle exit, SIGTERM) and about to stop, or judged dead: the
     // waiting host decides the latter (it has watched the heartbeat); here a
@@ -200,7 +210,13 @@ export async function ensureContainer(
   const before = queue.heartbeat()?.bootId;
   await startReady(docker, container.Id, { ...options, before });
   await queue.syncGeneration();
-  return { containerId: container.Id, imageId, action: "started" };
+  const pid = await pidOf(docker, container.Id);
+  return { containerId: container.Id, imageId, postureHash, pid, action: "started" };
+}
+
+// The pid of a container's init process after a start (0 when it is gone).
+async function pidOf(docker: DockerClient, id: string): Promise<number> {
+  return (await docker.inspectContainer(id))?.State.Pid ?? 0;
 }
 
 /**

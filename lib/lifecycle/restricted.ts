@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { RunnerError } from "../errors.ts";
+import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
 import { Queue } from "../queue/queue.ts";
 import { resolveImage } from "./ensure.ts";
@@ -103,16 +104,6 @@ export async function openRestricted(
 
 /** Names the host process that owns a restricted session's directory. */
 const OWNER_FILE = "owner";
-
-// "pid starttime": the same pid later reused by another process reads as gone.
-function processMark(pid: number): string | undefined {
-  try {
-    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
-    return `${pid} ${stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]}`;
-  } catch {
-    return undefined;
-  }
-}
 
 // Restricted sessions whose host process is gone: their container (which a
 // hostile runner may keep alive past its lease) and their directory go.

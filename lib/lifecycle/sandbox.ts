@@ -7,16 +7,18 @@
  */
 import { mark } from "../trace.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
-import { DockerClient } from "../docker/mod.ts";
+import type { DockerClient } from "../docker/client.ts";
+import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
+import { quickGet } from "../docker/quick_get.ts";
 import type { Backend } from "../host_backend.ts";
 import { Queue, type RunnerTrouble, type SubmitOptions } from "../queue/queue.ts";
 import { initQueue } from "../queue/schema.ts";
-import { ensureContainer, type Ensured } from "./ensure.ts";
+import type { Ensured } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
-import { hostCanChown } from "./posture.ts";
+import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
-import { prepareState } from "./state_dir.ts";
+import { initMark, readWarm, stillWarm, writeWarm } from "./warm.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -68,11 +70,24 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     outboundDir: paths.outbound,
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
   });
-  const docker = options.docker ?? new DockerClient();
+  // The Docker client (docker-modem) and the full ensure load only when a
+  // warm check fails: a warm submission needs neither.
+  let docker = options.docker;
+  const endpoint = options.docker?.endpoint ?? parseDockerHost(dockerHostEnv());
   let lastEnsure: Ensured | undefined;
   let volume: VolumeStatus | undefined;
   const ensureLocked = async (trouble?: RunnerTrouble): Promise<void> => {
     mark("lock held");
+    if ((trouble === undefined || trouble === "none") && await warm()) {
+      mark("warm");
+      return;
+    }
+    const [{ prepareState }, { ensureContainer }, { DockerClient }] = await Promise.all([
+      import("./state_dir.ts"),
+      import("./ensure.ts"),
+      import("../docker/client.ts"),
+    ]);
+    docker ??= new DockerClient();
     volume = await prepareState(paths, { quotaBytes: config.quotaBytes });
     mark("state prepared (volume)");
     lastEnsure = await ensureContainer(docker, key, {
@@ -82,6 +97,37 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       ...(trouble === undefined ? {} : { trouble }),
     });
     mark(`container ensured (${lastEnsure.action})`);
+    const process = initMark(lastEnsure.pid);
+    const bootId = queue.heartbeat()?.bootId;
+    writeWarm(
+      paths.root,
+      process === undefined || bootId === undefined ? undefined : {
+        containerId: lastEnsure.containerId,
+        imageId: lastEnsure.imageId,
+        postureHash: lastEnsure.postureHash,
+        process,
+        bootId,
+        volume,
+      },
+    );
+  };
+  // True when the last full ensure's findings still hold (see warm.ts).
+  const warm = async (): Promise<boolean> => {
+    const record = readWarm(paths.root);
+    if (record === undefined) return false;
+    // The posture leaves the image out: any id gives today's hash.
+    const { postureHash } = containerSpec(key, { config, imageId: record.imageId, paths });
+    const imageId = await currentImageId(endpoint, config.image);
+    if (!stillWarm(record, { imageId, postureHash, queue })) return false;
+    lastEnsure = {
+      containerId: record.containerId,
+      imageId: record.imageId,
+      postureHash,
+      pid: Number(record.process.split(" ")[0]),
+      action: "warm",
+    };
+    volume = record.volume;
+    return true;
   };
   return {
     key,
@@ -102,4 +148,18 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       }),
     close: () => queue.close(),
   };
+}
+
+// The tag's image id, asked without the Docker client; undefined when the
+// daemon cannot say (the full ensure then asks properly).
+async function currentImageId(
+  endpoint: DockerEndpoint,
+  ref: string,
+): Promise<string | undefined> {
+  const reply = await quickGet(endpoint, `/images/${encodeURIComponent(ref)}/json`);
+  if (reply?.status !== 200 || typeof reply.body !== "object" || reply.body === null) {
+    return undefined;
+  }
+  const id = (reply.body as { Id?: unknown }).Id;
+  return typeof id === "string" ? id : undefined;
 }
