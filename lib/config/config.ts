@@ -9,7 +9,7 @@
  */
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { UsageError } from "../errors.ts";
 import {
   buildPolicy,
@@ -75,42 +75,45 @@ export interface LoadOptions {
   overrides?: Partial<SandboxConfig> | undefined;
 }
 
-const absolutePath = z.string().max(4096).refine((v) => v.startsWith("/") && !v.includes("\0"), {
-  error: "must be an absolute path",
-});
+const absolutePath = z.string().check(
+  z.maxLength(4096),
+  z.refine((v) => v.startsWith("/") && !v.includes("\0"), { error: "must be an absolute path" }),
+);
 
 const field = {
   mode: z.enum(["docker", "host"]),
-  image: z.string().min(1).max(256),
-  idleSeconds: z.number().min(0).max(7 * 24 * 3600),
+  image: z.string().check(z.minLength(1), z.maxLength(256)),
+  idleSeconds: z.number().check(z.minimum(0), z.maximum(7 * 24 * 3600)),
   // The runner itself uses up to ~25 tasks (threads count against pids.max).
-  pidsLimit: z.number().int().min(32).max(65536),
-  memoryBytes: z.number().int().min(32 * 1024 * 1024),
-  cpus: z.number().positive().max(1024),
-  tmpBytes: z.number().int().min(1024 * 1024),
+  pidsLimit: z.int().check(z.minimum(32), z.maximum(65536)),
+  memoryBytes: z.int().check(z.minimum(32 * 1024 * 1024)),
+  cpus: z.number().check(z.positive(), z.maximum(1024)),
+  tmpBytes: z.int().check(z.minimum(1024 * 1024)),
   network: z.enum(["none", "bridge"]),
-  envAllowlist: z.array(envNameSchema).max(256),
-  maxRunning: z.number().int().min(0),
-  quotaBytes: z.number().int().min(16 * 1024 * 1024),
+  envAllowlist: z.array(envNameSchema).check(z.maxLength(256)),
+  maxRunning: z.int().check(z.minimum(0)),
+  quotaBytes: z.int().check(z.minimum(16 * 1024 * 1024)),
   mcpCache: absolutePath,
 };
 
 // Overrides and environment variables, in the library's camelCase.
-const settingsSchema = z.object({
-  mode: field.mode.optional(),
-  image: field.image.optional(),
-  idleSeconds: field.idleSeconds.optional(),
-  pidsLimit: field.pidsLimit.optional(),
-  memoryBytes: field.memoryBytes.optional(),
-  cpus: field.cpus.optional(),
-  tmpBytes: field.tmpBytes.optional(),
-  network: field.network.optional(),
-  envAllowlist: field.envAllowlist.optional(),
-  maxRunning: field.maxRunning.optional(),
-  quotaBytes: field.quotaBytes.optional(),
-  mcpCache: field.mcpCache.optional(),
-  configPath: z.string().min(1).max(4096).refine((v) => !v.includes("\0")).optional(),
-}).strict();
+const settingsSchema = z.strictObject({
+  mode: z.optional(field.mode),
+  image: z.optional(field.image),
+  idleSeconds: z.optional(field.idleSeconds),
+  pidsLimit: z.optional(field.pidsLimit),
+  memoryBytes: z.optional(field.memoryBytes),
+  cpus: z.optional(field.cpus),
+  tmpBytes: z.optional(field.tmpBytes),
+  network: z.optional(field.network),
+  envAllowlist: z.optional(field.envAllowlist),
+  maxRunning: z.optional(field.maxRunning),
+  quotaBytes: z.optional(field.quotaBytes),
+  mcpCache: z.optional(field.mcpCache),
+  configPath: z.optional(
+    z.string().check(z.minLength(1), z.maxLength(4096), z.refine((v) => !v.includes("\0"))),
+  ),
+});
 
 type Settings = z.infer<typeof settingsSchema>;
 
@@ -130,22 +133,22 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
   mcp_cache: "mcpCache",
 });
 
-const sandboxTableSchema = z.object({
-  mode: field.mode.optional(),
-  image: field.image.optional(),
-  idle_seconds: field.idleSeconds.optional(),
-  pids_limit: field.pidsLimit.optional(),
-  memory_bytes: field.memoryBytes.optional(),
-  cpus: field.cpus.optional(),
-  tmp_bytes: field.tmpBytes.optional(),
-  network: field.network.optional(),
-  env: field.envAllowlist.optional(),
-  max_running: field.maxRunning.optional(),
-  quota_bytes: field.quotaBytes.optional(),
-  mcp_cache: field.mcpCache.optional(),
-}).strict();
+const sandboxTableSchema = z.strictObject({
+  mode: z.optional(field.mode),
+  image: z.optional(field.image),
+  idle_seconds: z.optional(field.idleSeconds),
+  pids_limit: z.optional(field.pidsLimit),
+  memory_bytes: z.optional(field.memoryBytes),
+  cpus: z.optional(field.cpus),
+  tmp_bytes: z.optional(field.tmpBytes),
+  network: z.optional(field.network),
+  env: z.optional(field.envAllowlist),
+  max_running: z.optional(field.maxRunning),
+  quota_bytes: z.optional(field.quotaBytes),
+  mcp_cache: z.optional(field.mcpCache),
+});
 
-const fileSchema = z.object({ sandbox: sandboxTableSchema.optional(), ...policyShape }).strict();
+const fileSchema = z.strictObject({ sandbox: z.optional(sandboxTableSchema), ...policyShape });
 
 const KNOWN_KEYS: Record<string, string[]> = {
   "": ["sandbox", "mcp", "groups", "cron"],

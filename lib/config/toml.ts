@@ -5,7 +5,7 @@
  * @module
  */
 import { parse, TomlError } from "smol-toml";
-import type { z } from "zod";
+import type * as z from "../schema.ts";
 import type { ConfigProblem } from "../mcp/policy.ts";
 import { UsageError } from "../errors.ts";
 

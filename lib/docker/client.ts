@@ -21,7 +21,7 @@
  * @module
  */
 import Modem from "docker-modem";
-import type { z } from "zod";
+import type * as z from "../schema.ts";
 import { DockerError } from "../errors.ts";
 import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 import { concat } from "../bytes.ts";
@@ -566,7 +566,7 @@ export class DockerClient {
     throw err;
   }
 
-  #parse<T>(schema: z.ZodType<T>, data: unknown, what: string): T {
+  #parse<T>(schema: z.ZodMiniType<T>, data: unknown, what: string): T {
     const result = schema.safeParse(data);
     if (!result.success) {
       const issue = result.error.issues[0];

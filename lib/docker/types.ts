@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "../schema.ts";
 
 /** `GET /version`, reduced. */
 export interface DockerVersion {
@@ -314,16 +314,18 @@ export interface ExecResult {
   stderr: Uint8Array;
 }
 
-const strings = z.array(z.string()).nullish().transform((v): string[] => v ?? []);
-const labels = z.record(z.string(), z.string()).nullish().transform((v): Record<string, string> =>
-  v ?? {}
+const strings = z.pipe(z.nullish(z.array(z.string())), z.transform((v): string[] => v ?? []));
+const labels = z.pipe(
+  z.nullish(z.record(z.string(), z.string())),
+  z.transform((v): Record<string, string> => v ?? {}),
 );
-const text = z.string().nullish().transform((v): string => v ?? "");
-const count = z.number().nullish().transform((v): number => v ?? 0);
-const flag = z.boolean().nullish().transform((v): boolean => v ?? false);
+const text = z.pipe(z.nullish(z.string()), z.transform((v): string => v ?? ""));
+const count = z.pipe(z.nullish(z.number()), z.transform((v): number => v ?? 0));
+const flag = z.pipe(z.nullish(z.boolean()), z.transform((v): boolean => v ?? false));
+const numberOrNull = z.pipe(z.nullish(z.number()), z.transform((v): number | null => v ?? null));
 
 /** @internal */
-export const versionSchema: z.ZodType<DockerVersion> = z.object({
+export const versionSchema: z.ZodMiniType<DockerVersion> = z.object({
   Version: z.string(),
   ApiVersion: z.string(),
   MinAPIVersion: text,
@@ -333,7 +335,7 @@ export const versionSchema: z.ZodType<DockerVersion> = z.object({
 });
 
 /** @internal */
-export const infoSchema: z.ZodType<DockerInfo> = z.object({
+export const infoSchema: z.ZodMiniType<DockerInfo> = z.object({
   ServerVersion: z.string(),
   Driver: z.string(),
   CgroupDriver: text,
@@ -346,35 +348,37 @@ export const infoSchema: z.ZodType<DockerInfo> = z.object({
 });
 
 /** @internal */
-export const imageInspectSchema: z.ZodType<ImageSummary> = z.object({
-  Id: z.string(),
-  Config: z.object({ Labels: labels }).nullish(),
-}).transform((v): ImageSummary => ({ id: v.Id, labels: v.Config?.Labels ?? {} }));
+export const imageInspectSchema: z.ZodMiniType<ImageSummary> = z.pipe(
+  z.object({
+    Id: z.string(),
+    Config: z.nullish(z.object({ Labels: labels })),
+  }),
+  z.transform((v): ImageSummary => ({ id: v.Id, labels: v.Config?.Labels ?? {} })),
+);
 
 /** @internal */
-export const createResponseSchema: z.ZodType<{ Id: string; Warnings: string[] }> = z.object({
+export const createResponseSchema: z.ZodMiniType<{ Id: string; Warnings: string[] }> = z.object({
   Id: z.string(),
   Warnings: strings,
 });
 
 const mountSchema = z.object({
   Type: z.enum(["bind", "volume", "tmpfs", "npipe", "cluster"]),
-  Source: z.string().exactOptional(),
+  Source: z.exactOptional(z.string()),
   Target: z.string(),
-  ReadOnly: z.boolean().exactOptional(),
-  BindOptions: z.object({
-    Propagation: z.string().exactOptional(),
-    NonRecursive: z.boolean().exactOptional(),
-  }).exactOptional(),
-  TmpfsOptions: z.object({
-    SizeBytes: z.number().exactOptional(),
-    Mode: z.number().exactOptional(),
-  })
-    .exactOptional(),
+  ReadOnly: z.exactOptional(z.boolean()),
+  BindOptions: z.exactOptional(z.object({
+    Propagation: z.exactOptional(z.string()),
+    NonRecursive: z.exactOptional(z.boolean()),
+  })),
+  TmpfsOptions: z.exactOptional(z.object({
+    SizeBytes: z.exactOptional(z.number()),
+    Mode: z.exactOptional(z.number()),
+  })),
 });
 
 /** @internal */
-export const containerInspectSchema: z.ZodType<ContainerInspect> = z.object({
+export const containerInspectSchema: z.ZodMiniType<ContainerInspect> = z.object({
   Id: z.string(),
   Name: z.string(),
   Image: z.string(),
@@ -403,14 +407,15 @@ export const containerInspectSchema: z.ZodType<ContainerInspect> = z.object({
     Entrypoint: strings,
     WorkingDir: text,
     StopSignal: text,
-    StopTimeout: z.number().nullish().transform((v): number | null => v ?? null),
+    StopTimeout: numberOrNull,
   }),
   HostConfig: z.object({
     GroupAdd: strings,
-    RestartPolicy: z.object({ Name: text }).nullish().transform((v): { Name: string } => ({
-      Name: v?.Name ?? "",
-    })),
-    PidsLimit: z.number().nullish().transform((v): number | null => v ?? null),
+    RestartPolicy: z.pipe(
+      z.nullish(z.object({ Name: text })),
+      z.transform((v): { Name: string } => ({ Name: v?.Name ?? "" })),
+    ),
+    PidsLimit: numberOrNull,
     Memory: count,
     MemorySwap: count,
     NanoCpus: count,
@@ -421,27 +426,34 @@ export const containerInspectSchema: z.ZodType<ContainerInspect> = z.object({
     NetworkMode: text,
     Tmpfs: labels,
     Binds: strings,
-    Mounts: z.array(mountSchema).nullish().transform((v): HostConfigMount[] => v ?? []),
-    Init: z.boolean().nullish().transform((v): boolean | null => v ?? null),
+    Mounts: z.pipe(
+      z.nullish(z.array(mountSchema)),
+      z.transform((v): HostConfigMount[] => v ?? []),
+    ),
+    Init: z.pipe(z.nullish(z.boolean()), z.transform((v): boolean | null => v ?? null)),
     AutoRemove: flag,
     Privileged: flag,
-    LogConfig: z.object({ Type: text, Config: labels }).nullish().transform((
-      v,
-    ): { Type: string; Config: Record<string, string> } => ({
-      Type: v?.Type ?? "",
-      Config: v?.Config ?? {},
-    })),
+    LogConfig: z.pipe(
+      z.nullish(z.object({ Type: text, Config: labels })),
+      z.transform((v): { Type: string; Config: Record<string, string> } => ({
+        Type: v?.Type ?? "",
+        Config: v?.Config ?? {},
+      })),
+    ),
   }),
-  Mounts: z.array(z.object({
-    Type: text,
-    Source: text,
-    Destination: z.string(),
-    RW: flag,
-  })).nullish().transform((v): ContainerMountPoint[] => v ?? []),
+  Mounts: z.pipe(
+    z.nullish(z.array(z.object({
+      Type: text,
+      Source: text,
+      Destination: z.string(),
+      RW: flag,
+    }))),
+    z.transform((v): ContainerMountPoint[] => v ?? []),
+  ),
 });
 
 /** @internal */
-export const containerListSchema: z.ZodType<ContainerSummary[]> = z.array(z.object({
+export const containerListSchema: z.ZodMiniType<ContainerSummary[]> = z.array(z.object({
   Id: z.string(),
   Names: strings,
   Image: text,
@@ -453,39 +465,46 @@ export const containerListSchema: z.ZodType<ContainerSummary[]> = z.array(z.obje
 }));
 
 /** @internal */
-export const waitResponseSchema: z.ZodType<
+export const waitResponseSchema: z.ZodMiniType<
   { StatusCode: number; Error: { Message: string } | null }
 > = z.object({
   StatusCode: z.number(),
-  Error: z.object({ Message: text }).nullish().transform((v): { Message: string } | null =>
-    v ?? null
+  Error: z.pipe(
+    z.nullish(z.object({ Message: text })),
+    z.transform((v): { Message: string } | null => v ?? null),
   ),
 });
 
 /** @internal */
-export const execCreateSchema: z.ZodType<{ Id: string }> = z.object({ Id: z.string() });
+export const execCreateSchema: z.ZodMiniType<{ Id: string }> = z.object({ Id: z.string() });
 
 /** @internal */
-export const execInspectSchema: z.ZodType<{ Running: boolean; ExitCode: number | null }> = z
+export const execInspectSchema: z.ZodMiniType<{ Running: boolean; ExitCode: number | null }> = z
   .object({
     Running: z.boolean(),
-    ExitCode: z.number().nullish().transform((v): number | null => v ?? null),
+    ExitCode: numberOrNull,
   });
 
 /** @internal */
-export const topSchema: z.ZodType<ContainerTop> = z.object({
+export const topSchema: z.ZodMiniType<ContainerTop> = z.object({
   Titles: strings,
-  Processes: z.array(z.array(z.string())).nullish().transform((v): string[][] => v ?? []),
+  Processes: z.pipe(
+    z.nullish(z.array(z.array(z.string()))),
+    z.transform((v): string[][] => v ?? []),
+  ),
 });
 
 /** @internal */
-export const statsSchema: z.ZodType<ContainerStats> = z.object({
-  memory_stats: z.object({ usage: count, limit: count }).nullish(),
-  pids_stats: z.object({ current: count }).nullish(),
-  cpu_stats: z.object({ cpu_usage: z.object({ total_usage: count }).nullish() }).nullish(),
-}).transform((v): ContainerStats => ({
-  memoryUsageBytes: v.memory_stats?.usage ?? 0,
-  memoryLimitBytes: v.memory_stats?.limit ?? 0,
-  pids: v.pids_stats?.current ?? 0,
-  cpuTotalNs: v.cpu_stats?.cpu_usage?.total_usage ?? 0,
-}));
+export const statsSchema: z.ZodMiniType<ContainerStats> = z.pipe(
+  z.object({
+    memory_stats: z.nullish(z.object({ usage: count, limit: count })),
+    pids_stats: z.nullish(z.object({ current: count })),
+    cpu_stats: z.nullish(z.object({ cpu_usage: z.nullish(z.object({ total_usage: count })) })),
+  }),
+  z.transform((v): ContainerStats => ({
+    memoryUsageBytes: v.memory_stats?.usage ?? 0,
+    memoryLimitBytes: v.memory_stats?.limit ?? 0,
+    pids: v.pids_stats?.current ?? 0,
+    cpuTotalNs: v.cpu_stats?.cpu_usage?.total_usage ?? 0,
+  })),
+);

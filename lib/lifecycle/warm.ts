@@ -23,7 +23,7 @@
  * @module
  */
 import { join } from "node:path";
-import * as z from "zod/mini";
+import * as z from "../schema.ts";
 import { processMark } from "../process_mark.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../queue/protocol.ts";
 import type { Queue } from "../queue/queue.ts";

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { ProtocolError } from "../errors.ts";
 
 /** The longest line (one message, without its newline) either side may send: 4 MiB. */
@@ -16,40 +16,40 @@ export const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 /** A JSON-RPC id: a string or a number (null only in an error response to an unreadable request). */
 export type JsonRpcId = string | number;
 
-const idSchema = z.union([z.string().max(4096), z.number().finite()]);
+const idSchema = z.union([z.string().check(z.maxLength(4096)), z.number()]);
 const paramsSchema = z.union([z.record(z.string(), z.unknown()), z.array(z.unknown())]);
 
 /** A request: `{jsonrpc: "2.0", id, method, params?}`. */
 export const requestSchema = z.looseObject({
   jsonrpc: z.literal("2.0"),
   id: idSchema,
-  method: z.string().min(1).max(4096),
-  params: paramsSchema.optional(),
+  method: z.string().check(z.minLength(1), z.maxLength(4096)),
+  params: z.optional(paramsSchema),
 });
 
 /** A notification: `{jsonrpc: "2.0", method, params?}`, without an id. */
 export const notificationSchema = z.looseObject({
   jsonrpc: z.literal("2.0"),
-  method: z.string().min(1).max(4096),
-  params: paramsSchema.optional(),
+  method: z.string().check(z.minLength(1), z.maxLength(4096)),
+  params: z.optional(paramsSchema),
 });
 
 /** An error object of a response. */
 export const errorObjectSchema = z.looseObject({
-  code: z.number().int(),
+  code: z.int(),
   message: z.string(),
-  data: z.unknown().optional(),
+  data: z.optional(z.unknown()),
 });
 
 /** A response: `{jsonrpc: "2.0", id, result}` or `{jsonrpc: "2.0", id, error}`, exactly one of them. */
 export const responseSchema = z.looseObject({
   jsonrpc: z.literal("2.0"),
-  id: idSchema.nullable(),
-  result: z.unknown().optional(),
-  error: errorObjectSchema.optional(),
-}).refine((m) => Object.hasOwn(m, "result") !== Object.hasOwn(m, "error"), {
+  id: z.nullable(idSchema),
+  result: z.optional(z.unknown()),
+  error: z.optional(errorObjectSchema),
+}).check(z.refine((m) => Object.hasOwn(m, "result") !== Object.hasOwn(m, "error"), {
   error: "a response has exactly one of 'result' and 'error'",
-});
+}));
 
 /** A validated request. */
 export type JsonRpcRequest = z.infer<typeof requestSchema>;
@@ -240,7 +240,7 @@ export function encodeMessage(message: unknown): Uint8Array {
   return new TextEncoder().encode(`${JSON.stringify(message)}\n`);
 }
 
-function issueText(error: z.ZodError): string {
+function issueText(error: z.core.$ZodError): string {
   const issue = error.issues[0];
   if (issue === undefined) return "unknown problem";
   const path = issue.path.length === 0 ? "" : `'${issue.path.join(".")}' `;

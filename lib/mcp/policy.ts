@@ -7,7 +7,7 @@
  * @module
  */
 import { posix } from "node:path";
-import { z } from "zod";
+import * as z from "../schema.ts";
 
 /** Where a server's process executes. */
 export type Execution = "host" | "sandbox";
@@ -99,50 +99,66 @@ const NAME_RULE = "must be 1-64 letters, digits, '_' or '-', starting with a let
 const noNul = (value: string): boolean => !value.includes("\0");
 
 /** Schema of an environment variable name. */
-export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME_PATTERN, {
+export const envNameSchema: z.ZodMiniString<string> = z.string().check(z.regex(ENV_NAME_PATTERN, {
   error: "must be a variable name (letters, digits and '_', not starting with a digit)",
-});
+}));
 
-const nameSchema = z.string().regex(NAME_PATTERN, { error: NAME_RULE });
+const nameSchema = z.string().check(z.regex(NAME_PATTERN, { error: NAME_RULE }));
 
-const serverSchema = z.object({
-  package: z.string().regex(PACKAGE_PATTERN, {
-    error: 'must be "npm:<name>@<version>" with a pinned version',
-  }).optional(),
-  command: z.string().refine((v) => v.startsWith("/") && noNul(v), {
-    error: "must be an absolute path",
-  }).optional(),
-  args: z.array(z.string().max(65536).refine(noNul, { error: "must not contain NUL" })).max(1024)
-    .default([]),
+const serverSchema = z.strictObject({
+  package: z.optional(
+    z.string().check(z.regex(PACKAGE_PATTERN, {
+      error: 'must be "npm:<name>@<version>" with a pinned version',
+    })),
+  ),
+  command: z.optional(
+    z.string().check(z.refine((v) => v.startsWith("/") && noNul(v), {
+      error: "must be an absolute path",
+    })),
+  ),
+  args: z._default(
+    z.array(
+      z.string().check(z.maxLength(65536), z.refine(noNul, { error: "must not contain NUL" })),
+    ).check(z.maxLength(1024)),
+    [],
+  ),
   execution: z.enum(["host", "sandbox"]),
   authority: z.enum(["host", "sandbox", "restricted"]),
-  groups: z.array(nameSchema).max(256).optional(),
-  env: z.array(envNameSchema).max(256).default([]),
-  tools: z.array(
-    z.string().regex(TOOL_NAME_PATTERN, {
-      error: "must be a tool name (1-128 letters, digits, '_', '-', '.' or '/')",
-    }),
-  ).max(4096).optional(),
-}).strict();
+  groups: z.optional(z.array(nameSchema).check(z.maxLength(256))),
+  env: z._default(z.array(envNameSchema).check(z.maxLength(256)), []),
+  tools: z.optional(
+    z.array(
+      z.string().check(z.regex(TOOL_NAME_PATTERN, {
+        error: "must be a tool name (1-128 letters, digits, '_', '-', '.' or '/')",
+      })),
+    ).check(z.maxLength(4096)),
+  ),
+});
 
-const groupSchema = z.object({ mode: z.enum(["docker", "host"]).default("docker") }).strict();
+const groupSchema = z.strictObject({ mode: z._default(z.enum(["docker", "host"]), "docker") });
 
-const cronSchema = z.object({
+const cronSchema = z.strictObject({
   group: nameSchema,
-  mcp: z.array(nameSchema).max(256).optional(),
-  network: z.enum(["none", "bridge"]).optional(),
-  workdir: z.string().min(1).max(4096).refine(
-    (v) => noNul(v) && !v.startsWith("/") && !v.split("/").includes(".."),
-    { error: "must be a relative path under /workspace without '..'" },
-  ).optional(),
-  env: z.array(envNameSchema).max(256).optional(),
-}).strict();
+  mcp: z.optional(z.array(nameSchema).check(z.maxLength(256))),
+  network: z.optional(z.enum(["none", "bridge"])),
+  workdir: z.optional(
+    z.string().check(
+      z.minLength(1),
+      z.maxLength(4096),
+      z.refine(
+        (v) => noNul(v) && !v.startsWith("/") && !v.split("/").includes(".."),
+        { error: "must be a relative path under /workspace without '..'" },
+      ),
+    ),
+  ),
+  env: z.optional(z.array(envNameSchema).check(z.maxLength(256))),
+});
 
 /** The `[mcp.*]`, `[groups.*]` and `[cron.*]` tables of `waffle.toml`, as zod shapes. */
 export const policyShape = {
-  mcp: z.record(z.string(), serverSchema).optional(),
-  groups: z.record(z.string(), groupSchema).optional(),
-  cron: z.record(z.string(), cronSchema).optional(),
+  mcp: z.optional(z.record(z.string(), serverSchema)),
+  groups: z.optional(z.record(z.string(), groupSchema)),
+  cron: z.optional(z.record(z.string(), cronSchema)),
 };
 
 /** The parsed policy tables, before the cross-key checks. */

@@ -7,7 +7,7 @@
  * @module
  */
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { statement } from "./connection.ts";
 import { ProtocolError } from "../errors.ts";
 import {

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "../schema.ts";
 
 export { SCHEMA_VERSION } from "./version.ts";
 
@@ -42,32 +42,41 @@ const noNul = (value: string): boolean => !value.includes("\0");
  *
  * @ignore
  */
-export const envNameSchema: z.ZodString = z.string().regex(ENV_NAME, "Invalid environment name");
+export const envNameSchema: z.ZodMiniString<string> = z.string().check(
+  z.regex(ENV_NAME, "Invalid environment name"),
+);
 
 /**
  * The payload of an `exec` request, as stored in `inbound.db`.
  *
  * @ignore
  */
-export const execPayloadSchema: z.ZodType<ExecPayload> = z.object({
+export const execPayloadSchema: z.ZodMiniType<ExecPayload> = z.object({
   /** Program and arguments; no implicit shell. */
-  argv: z.array(z.string().max(128 * 1024).refine(noNul, "NUL in argument")).min(1).max(4096),
+  argv: z.array(
+    z.string().check(z.maxLength(128 * 1024), z.refine(noNul, "NUL in argument")),
+  ).check(z.minLength(1), z.maxLength(4096)),
   /** Working directory, relative to (or inside) the runner's workspace root. */
-  cwd: z.string().max(4096).refine(noNul, "NUL in path").optional(),
+  cwd: z.optional(z.string().check(z.maxLength(4096), z.refine(noNul, "NUL in path"))),
   /** Extra environment; the runner starts from a minimal base, never the host's. */
-  env: z.record(envNameSchema, z.string().max(128 * 1024).refine(noNul, "NUL in value")).optional(),
+  env: z.optional(
+    z.record(
+      envNameSchema,
+      z.string().check(z.maxLength(128 * 1024), z.refine(noNul, "NUL in value")),
+    ),
+  ),
   /** Base64 stdin bytes; absent means stdin is closed. */
-  stdin: z.string().max(Math.ceil(MAX_STDIN_BYTES / 3) * 4).optional(),
+  stdin: z.optional(z.string().check(z.maxLength(Math.ceil(MAX_STDIN_BYTES / 3) * 4))),
   /** Run time limit in milliseconds, counted from start (clocks of host and sandbox may differ). */
-  timeoutMs: z.number().int().positive().max(7 * 24 * 3600 * 1000).optional(),
+  timeoutMs: z.optional(z.int().check(z.positive(), z.maximum(7 * 24 * 3600 * 1000))),
   /** Per-stream output cap in bytes. */
-  outputCap: z.number().int().positive().max(MAX_OUTPUT_CAP).optional(),
+  outputCap: z.optional(z.int().check(z.positive(), z.maximum(MAX_OUTPUT_CAP))),
   /** Present for a session: stdin streamed from `input` rows, output unbounded. */
-  session: z.object({
-    idleMs: z.number().int().positive().max(7 * 24 * 3600 * 1000),
-    leaseMs: z.number().int().min(1000).max(3600 * 1000),
-    makeCwd: z.boolean().optional(),
-  }).strict().optional(),
+  session: z.optional(z.strictObject({
+    idleMs: z.int().check(z.positive(), z.maximum(7 * 24 * 3600 * 1000)),
+    leaseMs: z.int().check(z.minimum(1000), z.maximum(3600 * 1000)),
+    makeCwd: z.optional(z.boolean()),
+  })),
 });
 
 /** A validated `exec` payload. */
@@ -108,12 +117,12 @@ export interface SessionSpec {
  *
  * @ignore
  */
-export const resultSchema: z.ZodType<ExecResult> = z.object({
-  requestId: z.string().min(1).max(128),
+export const resultSchema: z.ZodMiniType<ExecResult> = z.object({
+  requestId: z.string().check(z.minLength(1), z.maxLength(128)),
   /** Exit code; 128+n for death by signal n; 126/127 when it could not run; null when it never ran. */
-  exitCode: z.number().int().min(0).max(255).nullable(),
+  exitCode: z.nullable(z.int().check(z.minimum(0), z.maximum(255))),
   /** Signal name when the process died of a signal. */
-  signal: z.string().regex(/^SIG[A-Z0-9]+$/).max(16).nullable(),
+  signal: z.nullable(z.string().check(z.regex(/^SIG[A-Z0-9]+$/), z.maxLength(16))),
   timedOut: z.boolean(),
   /** The runner died (or was stopped) while the command ran; it is never re-run. */
   interrupted: z.boolean(),
@@ -121,13 +130,13 @@ export const resultSchema: z.ZodType<ExecResult> = z.object({
   stdoutTruncated: z.boolean(),
   stderrTruncated: z.boolean(),
   /** Total bytes the command wrote to each stream, including what was dropped. */
-  stdoutBytes: z.number().int().min(0),
-  stderrBytes: z.number().int().min(0),
-  startedAt: z.number().int().min(0).nullable(),
-  endedAt: z.number().int().min(0),
-  durationMs: z.number().min(0),
+  stdoutBytes: z.int().check(z.minimum(0)),
+  stderrBytes: z.int().check(z.minimum(0)),
+  startedAt: z.nullable(z.int().check(z.minimum(0))),
+  endedAt: z.int().check(z.minimum(0)),
+  durationMs: z.number().check(z.minimum(0)),
   /** Why the command could not run or was stopped, for the user. */
-  error: z.string().max(MAX_ERROR_CHARS).nullable(),
+  error: z.nullable(z.string().check(z.maxLength(MAX_ERROR_CHARS))),
 });
 
 /** A validated result row. */
@@ -180,15 +189,15 @@ export interface OutputChunk {
  *
  * @ignore
  */
-export const heartbeatSchema: z.ZodType<Heartbeat> = z.object({
-  runnerId: z.string().min(1).max(128),
-  bootId: z.string().min(1).max(128),
-  seq: z.number().int().min(0),
-  time: z.number().int().min(0),
+export const heartbeatSchema: z.ZodMiniType<Heartbeat> = z.object({
+  runnerId: z.string().check(z.minLength(1), z.maxLength(128)),
+  bootId: z.string().check(z.minLength(1), z.maxLength(128)),
+  seq: z.int().check(z.minimum(0)),
+  time: z.int().check(z.minimum(0)),
   /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
   state: z.enum(["running", "exited"]),
   /** Since when (epoch ms) the runner has had nothing queued or running; null while busy. */
-  idleSince: z.number().int().min(0).nullable(),
+  idleSince: z.nullable(z.int().check(z.minimum(0))),
 });
 
 /** A validated heartbeat. */

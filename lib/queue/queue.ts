@@ -5,7 +5,7 @@
  * @module
  */
 import type { DatabaseSync } from "node:sqlite";
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { concat } from "../bytes.ts";
 import { ProtocolError, QueueError, RunnerError, SandboxFileError, UsageError } from "../errors.ts";
 import { messageOf, openDatabase, statement } from "./connection.ts";
