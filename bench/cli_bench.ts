@@ -151,7 +151,8 @@ export async function runCliSection(context: BenchContext): Promise<BenchReport>
       }
     }
     if (context.wants("library_submit_warm")) {
-      const sandbox = openSandbox(LIBRARY_USER, { config: { home } });
+      const runner = await installedRunner(context);
+      const sandbox = openSandbox(LIBRARY_USER, { config: { home, runner } });
       sandboxes.push(sandbox);
       const submit = async (): Promise<string | undefined> => {
         const id = await sandbox.submit({ argv: ["true"] });
@@ -245,7 +246,32 @@ function record(samples: Samples, ran: Ran): void {
  * @returns The launcher's absolute path.
  * @throws {Error} When the install fails.
  */
-export async function installedWaffle(context: BenchContext): Promise<string> {
+export function installedWaffle(context: BenchContext): Promise<string> {
+  // One install per run, whichever section asks first.
+  let launcher = installs.get(context.root);
+  if (launcher === undefined) {
+    launcher = install(context);
+    installs.set(context.root, launcher);
+  }
+  return launcher;
+}
+
+const installs = new Map<string, Promise<string>>();
+
+/**
+ * The installed artefact (`PREFIX/lib/waffle/waffle.js`) that the benchmark's
+ * sandboxes run as their runner, as an installed `waffle` does: sections
+ * that drive the library pass it as the `runner` setting.
+ *
+ * @param context For the root and progress lines.
+ * @returns The artefact's absolute path.
+ */
+export async function installedRunner(context: BenchContext): Promise<string> {
+  const launcher = await installedWaffle(context);
+  return join(launcher, "..", "..", "lib", "waffle", "waffle.js");
+}
+
+async function install(context: BenchContext): Promise<string> {
   const given = Deno.env.get("WAFFLE_BENCH_PREFIX");
   if (given) {
     const launcher = join(given, "bin", "waffle");

@@ -18,6 +18,7 @@ import { join } from "node:path";
 import { DockerClient } from "../lib/docker/mod.ts";
 import { removeSandbox } from "../lib/lifecycle/fleet.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { installedRunner } from "./cli_bench.ts";
 import { roundtripIteration } from "./queue_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
@@ -59,7 +60,8 @@ export async function runDockerSection(context: BenchContext): Promise<BenchRepo
     return { results: [], ratios: [] };
   }
   const home = join(context.root, "docker-home");
-  const config = { home, idleSeconds: 0 };
+  // The installed artefact as the runner, as an installed waffle has it.
+  const config = { home, idleSeconds: 0, runner: await installedRunner(context) };
   const results: BenchResult[] = [];
   const sandboxes: Sandbox[] = [];
   const release = context.cleanup.add(async () => {

@@ -34,6 +34,7 @@ import { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { installedRunner } from "./cli_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
 
@@ -84,7 +85,8 @@ export async function runFleetSection(context: BenchContext): Promise<BenchRepor
     return { results: [], ratios: [] };
   }
   const home = await Deno.realPath(await makeDir(join(context.root, "fleet-home")));
-  const config = { home, idleSeconds: 0 };
+  // The installed artefact as the runner, as an installed waffle has it.
+  const config = { home, idleSeconds: 0, runner: await installedRunner(context) };
   const fleet: Sandbox[] = [];
   const release = context.cleanup.add(async () => {
     for (const sandbox of fleet.splice(0)) sandbox.close();

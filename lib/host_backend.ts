@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "./path.ts";
 import { RunnerError } from "./errors.ts";
 import { Queue, type RunnerTrouble, type SubmitOptions } from "./queue/queue.ts";
 import { runnerArgs, selfCommand } from "./config/self.ts";

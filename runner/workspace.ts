@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { resolve } from "node:path";
+import { resolve } from "../lib/path.ts";
 import { UsageError } from "../lib/errors.ts";
 import { REQUEST_ID_ENV } from "./process_tree.ts";
 

@@ -72,8 +72,21 @@ if (count === 0) {
   console.error("build_artefact: the bundle no longer requires 'ssh2'; update this script");
   Deno.exit(1);
 }
+// The bundle's `require` for npm code (docker-modem's CommonJS) comes from
+// `node:module`, imported at the top: loading it costs ~35 ms of every
+// start. Only CommonJS modules call it, and they initialise lazily, on the
+// paths that talk to Docker through docker-modem: create it on first call.
+const EAGER_REQUIRE = 'import { createRequire as __deno_internal_createRequire } from "node:module";\n' +
+  "var __require = __deno_internal_createRequire(import.meta.url);";
+const LAZY_REQUIRE = "var __deno_internal_require;\n" +
+  "var __require = (id) => (__deno_internal_require ??= globalThis.process" +
+  '.getBuiltinModule("node:module").createRequire(import.meta.url))(id);';
+if (!source.includes(EAGER_REQUIRE)) {
+  console.error("build_artefact: the bundle's require shim changed; update this script");
+  Deno.exit(1);
+}
 const text = `globalThis.${HEARTBEAT_SOURCE} = ${JSON.stringify(workerSource)};\n` +
-  source.replace(needle, STUB);
+  source.replace(EAGER_REQUIRE, LAZY_REQUIRE).replace(needle, STUB);
 // Anything else left to a runtime require would fail where the artefact runs
 // (`debug` tries `supports-color` inside a try, and does without).
 const OPTIONAL = ["supports-color"];

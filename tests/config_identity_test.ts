@@ -142,6 +142,12 @@ Deno.test("loadConfig() names the bad file, key or variable in one line", async 
     fails(/'sandbox.mode' must be "docker" or "host", found "vm"/);
     await Deno.writeTextFile(path, '[sandbox]\nmcp_cache = "relative"\n');
     fails(/'sandbox.mcp_cache' must be an absolute path, found "relative"/);
+    await Deno.writeTextFile(path, '[sandbox]\nrunner = "lib/waffle/waffle.js"\n');
+    fails(/'sandbox.runner' must be an absolute path, found "lib\/waffle\/waffle.js"/);
+    await Deno.writeTextFile(path, '[sandbox]\nrunner = "/usr/local/bin/waffle"\n');
+    fails(
+      /'sandbox.runner' must name a bundled artefact \(\*\.js\), found "\/usr\/local\/bin\/waffle"/,
+    );
     await Deno.writeTextFile(path, '[sandbox]\nenv = ["OK", "1BAD"]\n');
     fails(/'sandbox.env\[1\]' must be a variable name/);
     await Deno.writeTextFile(path, '[sandbox]\nmode = "host"\n');

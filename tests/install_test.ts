@@ -92,6 +92,13 @@ liveTest(
       const [second] = await home.containers();
       assert.ok(second !== undefined);
       assert.notEqual(second.Id, first.Id, "the container was recreated for the new artefact");
+
+      // The library from source with `runner` = the installed artefact has the
+      // CLI's posture: it takes that warm sandbox as it is, without an inspect.
+      const library = home.open(user, { config: { runner: `${prefix}/lib/waffle/waffle.js` } });
+      await library.ensure();
+      assert.equal(library.lastEnsure?.action, "warm");
+      assert.equal(library.lastEnsure?.containerId, second.Id);
     } finally {
       await Deno.remove(prefix, { recursive: true }).catch(() => {});
     }

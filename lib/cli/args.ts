@@ -1,11 +1,19 @@
 /**
- * Argument parsing shared by the subcommands: `node:util` parseArgs with
- * every failure turned into a one-line {@linkcode UsageError}.
+ * Argument parsing shared by the subcommands: `util.parseArgs` with every
+ * failure turned into a one-line {@linkcode UsageError}.
+ *
+ * It is `@pkgjs/parseargs`, the Node.js project's own package of the same
+ * code, not `node:util`: importing one of Deno's Node modules costs ~12 ms of
+ * every process start, and `waffle exec` is started per command.
  *
  * @module
  */
-import { parseArgs, type ParseArgsConfig } from "node:util";
+import type { ParseArgsConfig } from "node:util";
+import { parseArgs as untypedParseArgs } from "@pkgjs/parseargs";
 import { UsageError } from "../errors.ts";
+
+// The package ships no types; its API is node:util's (types only, erased).
+const parseArgs = untypedParseArgs as typeof import("node:util").parseArgs;
 
 /** The parsed flags and positionals of one subcommand. */
 export interface Parsed {

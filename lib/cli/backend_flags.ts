@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { resolve } from "node:path";
+import { resolve } from "../path.ts";
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
 import { type Backend, openHostBackend } from "../host_backend.ts";

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";

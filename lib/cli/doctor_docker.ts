@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import { loadConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { removeSandbox } from "../lifecycle/fleet.ts";

@@ -7,8 +7,7 @@
  *
  * @module
  */
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { join, resolve } from "../path.ts";
 import * as z from "../schema.ts";
 import { UsageError } from "../errors.ts";
 import {
@@ -50,6 +49,12 @@ export interface SandboxConfig {
   quotaBytes: number;
   /** Host directory of the npm package cache, mounted read-only into sandboxes (default `<home>/mcp-cache`). */
   mcpCache: string;
+  /**
+   * An installed artefact (`…/lib/waffle/waffle.js`, with the Deno that runs
+   * it beside it) that sandboxes run as their runner. Default: the artefact
+   * this process runs from, else (from source) the checkout.
+   */
+  runner?: string | undefined;
   /**
    * The config file to read (as an override), or the one that was read;
    * undefined when there was none.
@@ -94,6 +99,9 @@ const field = {
   maxRunning: z.int().check(z.minimum(0)),
   quotaBytes: z.int().check(z.minimum(16 * 1024 * 1024)),
   mcpCache: absolutePath,
+  runner: absolutePath.check(
+    z.refine((v) => v.endsWith(".js"), { error: "must name a bundled artefact (*.js)" }),
+  ),
 };
 
 // Overrides and environment variables, in the library's camelCase.
@@ -110,6 +118,7 @@ const settingsSchema = z.strictObject({
   maxRunning: z.optional(field.maxRunning),
   quotaBytes: z.optional(field.quotaBytes),
   mcpCache: z.optional(field.mcpCache),
+  runner: z.optional(field.runner),
   configPath: z.optional(
     z.string().check(z.minLength(1), z.maxLength(4096), z.refine((v) => !v.includes("\0"))),
   ),
@@ -131,6 +140,7 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
   max_running: "maxRunning",
   quota_bytes: "quotaBytes",
   mcp_cache: "mcpCache",
+  runner: "runner",
 });
 
 const sandboxTableSchema = z.strictObject({
@@ -146,6 +156,7 @@ const sandboxTableSchema = z.strictObject({
   max_running: z.optional(field.maxRunning),
   quota_bytes: z.optional(field.quotaBytes),
   mcp_cache: z.optional(field.mcpCache),
+  runner: z.optional(field.runner),
 });
 
 const fileSchema = z.strictObject({ sandbox: z.optional(sandboxTableSchema), ...policyShape });
@@ -185,9 +196,10 @@ const ENV_OVERRIDES: [string, keyof Settings][] = [
   ["WAFFLE_MAX_RUNNING", "maxRunning"],
   ["WAFFLE_QUOTA_BYTES", "quotaBytes"],
   ["WAFFLE_MCP_CACHE", "mcpCache"],
+  ["WAFFLE_RUNNER", "runner"],
 ];
 
-const STRING_SETTINGS = new Set<keyof Settings>(["image", "mcpCache"]);
+const STRING_SETTINGS = new Set<keyof Settings>(["image", "mcpCache", "runner"]);
 
 /**
  * The default state root: `$WAFFLE_HOME`, else `/var/lib/waffle` for root,
@@ -342,7 +354,7 @@ function readConfigFile(
     if (options.explicit) throw new UsageError(`Config file '${path}' does not exist`, { cause });
   }
   const legacy = join(options.home, "config.json");
-  if (existsSync(legacy)) {
+  if (exists(legacy)) {
     throw new UsageError(
       `Config file '${legacy}' is no longer read: move its settings to '${path}' under [sandbox] with snake_case keys (idleSeconds becomes idle_seconds)`,
     );
@@ -371,4 +383,13 @@ export function sandboxToml(settings: Partial<SandboxConfig>): string {
     if (value !== undefined) table[key] = value;
   }
   return stringify({ sandbox: table });
+}
+
+function exists(path: string): boolean {
+  try {
+    Deno.lstatSync(path);
+    return true;
+  } catch {
+    return false;
+  }
 }

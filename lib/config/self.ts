@@ -3,8 +3,8 @@
  *
  * @module
  */
-import { createHash } from "node:crypto";
-import { fileURLToPath } from "node:url";
+import { sha256Hex } from "../digest.ts";
+import { UsageError } from "../errors.ts";
 
 /** The program to execute and the arguments that precede `runner …`. */
 export interface SelfCommand {
@@ -42,21 +42,46 @@ export function selfCommand(): SelfCommand {
   }
   // Bundled: every module shares the artefact's URL.
   if (import.meta.url.endsWith(".js")) {
-    const artefact = fileURLToPath(import.meta.url);
-    return {
-      executable: Deno.execPath(),
-      prefix: [...ARTEFACT_FLAGS, artefact],
-      sourceRoot: undefined,
-      artefact,
-    };
+    return artefactCommand(import.meta.filename!, { executable: Deno.execPath() });
   }
-  const main = fileURLToPath(new URL("../../main.ts", import.meta.url));
-  const sourceRoot = fileURLToPath(new URL("../../", import.meta.url)).replace(/\/$/, "");
+  // lib/config/ → the checkout's root.
+  const sourceRoot = import.meta.dirname!.replace(/\/lib\/config$/, "");
+  const main = `${sourceRoot}/main.ts`;
   return {
     executable: Deno.execPath(),
     prefix: ["run", "--allow-all", "--quiet", "--no-prompt", main],
     sourceRoot,
   };
+}
+
+/**
+ * How to run an installed artefact: `scripts/install.sh` puts the Deno that
+ * runs it beside it (`…/lib/waffle/deno`).
+ *
+ * @param artefact The artefact, `…/waffle.js`.
+ * @param options The Deno to run it with (default: the one beside it).
+ * @returns The command.
+ * @throws {UsageError} When the artefact or its Deno is not a file.
+ */
+export function artefactCommand(
+  artefact: string,
+  options: { executable?: string } = {},
+): SelfCommand {
+  const executable = options.executable ?? `${artefact.slice(0, artefact.lastIndexOf("/"))}/deno`;
+  for (const file of [artefact, executable]) {
+    let isFile = false;
+    try {
+      isFile = Deno.statSync(file).isFile;
+    } catch {
+      // reported below
+    }
+    if (!isFile) {
+      throw new UsageError(
+        `Runner artefact '${artefact}' is not installed ('${file}' is missing): run scripts/install.sh`,
+      );
+    }
+  }
+  return { executable, prefix: [...ARTEFACT_FLAGS, artefact], sourceRoot: undefined, artefact };
 }
 
 /** Flags of `waffle runner`, as {@linkcode runnerArgs} renders them. */
@@ -116,7 +141,7 @@ export function artefactDigest(artefact: string): string {
   } catch {
     // No sidecar: hash the file.
   }
-  return createHash("sha256").update(Deno.readFileSync(artefact)).digest("hex");
+  return sha256Hex(Deno.readFileSync(artefact));
 }
 
 /**
@@ -126,7 +151,7 @@ export function artefactDigest(artefact: string): string {
  * @param artefact The artefact's path.
  */
 export function writeArtefactDigest(artefact: string): void {
-  const hex = createHash("sha256").update(Deno.readFileSync(artefact)).digest("hex");
+  const hex = sha256Hex(Deno.readFileSync(artefact));
   const temp = `${artefact}.sha256.tmp`;
   Deno.writeTextFileSync(temp, `${hex} ${stampOf(artefact)}\n`, { mode: 0o644 });
   Deno.renameSync(temp, `${artefact}.sha256`);

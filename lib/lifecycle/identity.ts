@@ -3,8 +3,8 @@
  *
  * @module
  */
-import { createHash } from "node:crypto";
-import { join } from "node:path";
+import { sha256Hex } from "../digest.ts";
+import { join } from "../path.ts";
 import { UsageError } from "../errors.ts";
 
 /** A validated (tenant, user) pair and its derived names. */
@@ -45,10 +45,8 @@ export function sandboxKey(tenant: string, user: string, options: { home: string
       );
     }
   }
-  const hash = createHash("sha256")
-    .update(`${tenant.length}:${tenant}|${user.length}:${user}`)
-    .digest("hex");
-  const home = createHash("sha256").update(options.home).digest("hex").slice(0, 8);
+  const hash = sha256Hex(`${tenant.length}:${tenant}|${user.length}:${user}`);
+  const home = sha256Hex(options.home).slice(0, 8);
   return { tenant, user, hash, containerName: `waffle-${home}-${hash.slice(0, 24)}` };
 }
 

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { dirname } from "node:path";
+import { dirname } from "../path.ts";
 
 /**
  * Runs `fn` while holding the lock file's exclusive lock.

@@ -7,11 +7,10 @@
  *
  * @module
  */
-import { createHash } from "node:crypto";
-import { realpathSync } from "node:fs";
+import { sha256Hex } from "../digest.ts";
 import { UsageError } from "../errors.ts";
 import type { SandboxConfig } from "../config/config.ts";
-import { ARTEFACT_FLAGS, artefactDigest, selfCommand } from "../config/self.ts";
+import { ARTEFACT_FLAGS, artefactCommand, artefactDigest, selfCommand } from "../config/self.ts";
 import type { ContainerCreateBody, ContainerInspect, HostConfigMount } from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 
@@ -149,7 +148,7 @@ export function containerSpec(
   // The image is compared by id on its own; the rest is the posture.
   const { Image: _image, ...posture } = { ...body, Labels: { ...body.Labels } };
   delete posture.Labels[LABELS.image];
-  const postureHash = createHash("sha256").update(JSON.stringify(posture)).digest("hex");
+  const postureHash = sha256Hex(JSON.stringify(posture));
   body.Labels = {
     ...body.Labels,
     [LABELS.posture]: postureHash,
@@ -236,7 +235,7 @@ function runnerLaunch(
   paths: StatePaths,
   options: { readOnlyWorkspace: boolean },
 ): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[] } {
-  const self = selfCommand();
+  const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
   const runnerArgs = [
     "runner",
     "--queue",
@@ -257,8 +256,8 @@ function runnerLaunch(
   if (self.artefact !== undefined) {
     // The bundled artefact and the Deno that runs it, nothing else; its
     // digest joins the posture, so a new build recycles every sandbox.
-    mounts.push(bind(realpathSync(self.executable), SANDBOX_DENO, true));
-    mounts.push(bind(realpathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
+    mounts.push(bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true));
+    mounts.push(bind(Deno.realPathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
     return {
       cmd: [SANDBOX_DENO, ...ARTEFACT_FLAGS, `${PROGRAM_DIR}/waffle.js`, ...runnerArgs],
       mounts,
@@ -266,7 +265,7 @@ function runnerLaunch(
     };
   }
   if (self.sourceRoot === undefined) {
-    mounts.push(bind(realpathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
+    mounts.push(bind(Deno.realPathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
     return {
       cmd: [`${PROGRAM_DIR}/waffle`, ...runnerArgs],
       mounts,
@@ -275,7 +274,7 @@ function runnerLaunch(
   }
   // From source: the Deno executable plus the project (sources and
   // node_modules), both read-only. --cached-only: never fetch anything.
-  mounts.push(bind(realpathSync(self.executable), SANDBOX_DENO, true));
+  mounts.push(bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true));
   // Only what the runner loads: not .git, .tools or anything else in the checkout.
   for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
     mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
@@ -328,8 +327,8 @@ export function bind(
     );
   }
   if (within !== undefined) {
-    const real = realpathSync(source);
-    const root = realpathSync(within);
+    const real = Deno.realPathSync(source);
+    const root = Deno.realPathSync(within);
     if (real !== root && !real.startsWith(`${root}/`)) {
       throw new UsageError(
         `Mount source '${source}' resolves outside the sandbox state '${within}'`,

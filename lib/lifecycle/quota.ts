@@ -16,7 +16,7 @@
  *
  * @module
  */
-import { basename, join } from "node:path";
+import { basename, join } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
 
 /** Quota of a sandbox's writable volume when the config names none: 1 GiB. */

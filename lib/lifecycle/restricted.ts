@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { RunnerError } from "../errors.ts";

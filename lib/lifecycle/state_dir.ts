@@ -19,7 +19,7 @@
  *
  * @module
  */
-import { dirname } from "node:path";
+import { dirname } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
 import { messageOf } from "../queue/connection.ts";
 import { initQueue } from "../queue/schema.ts";

@@ -22,7 +22,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import * as z from "../schema.ts";
 import { processMark } from "../process_mark.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../queue/protocol.ts";

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 
 /** How a tool call ended. */
 export type AuditOutcome = "ok" | "tool_error" | "error" | "denied" | "no_response";

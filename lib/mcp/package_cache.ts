@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 

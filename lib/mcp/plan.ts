@@ -11,7 +11,7 @@
  *
  * @module
  */
-import { posix } from "node:path";
+import { join } from "../path.ts";
 import { UsageError } from "../errors.ts";
 import type { CronConfig, McpPolicy, McpServerConfig } from "./policy.ts";
 
@@ -206,7 +206,7 @@ function planServer(
   }
   const cwd = where === "host"
     ? config.sandbox.home ?? "$WAFFLE_HOME"
-    : posix.join(CONTAINER_WORKSPACE, cron?.workdir ?? ".");
+    : join(CONTAINER_WORKSPACE, cron?.workdir ?? ".");
   if (
     where !== "host" && cwd !== CONTAINER_WORKSPACE && !cwd.startsWith(`${CONTAINER_WORKSPACE}/`)
   ) {

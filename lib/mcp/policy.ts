@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { posix } from "node:path";
+import { normalize } from "../path.ts";
 import * as z from "../schema.ts";
 
 /** Where a server's process executes. */
@@ -259,7 +259,7 @@ export function buildPolicy(
     }
     let workdir = raw.workdir === undefined
       ? undefined
-      : posix.normalize(raw.workdir).replace(/\/+$/, "");
+      : normalize(raw.workdir).replace(/\/+$/, "");
     if (workdir === ".") workdir = undefined;
     cron[name] = {
       name,

@@ -6,7 +6,7 @@
  * @module
  */
 import type { DatabaseSync } from "node:sqlite";
-import { setImmediate } from "node:timers";
+import { afterThisTask } from "../async.ts";
 import { QueueError } from "../errors.ts";
 import { isBusyError, transaction } from "./connection.ts";
 import type { Bell } from "./watch.ts";
@@ -70,9 +70,8 @@ export class GroupCommit {
       if (!this.#scheduled) {
         this.#scheduled = true;
         // After the current macrotask, not a microtask: submitters woken by the
-        // same event all get in. setImmediate, not setTimeout(0), which Deno
-        // clamps to about 2 ms, a millisecond-scale tax on every commit.
-        setImmediate(() => this.flush());
+        // same event all get in.
+        afterThisTask(() => this.flush());
       }
     });
   }

@@ -14,7 +14,7 @@
  *
  * @module
  */
-import { join } from "node:path";
+import { join } from "../path.ts";
 import { QueueError } from "../errors.ts";
 import { messageOf, openDatabase } from "./connection.ts";
 
