@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Assembles the waffle runner rootfs from files already on this host:
-# a static busybox (sh + core utils), the glibc pieces the host's Deno
-# binary links against, /etc/passwd + /etc/group with the `waffle` user
-# (uid/gid 10001), and the empty mount points waffle binds at run time.
+# a static busybox (sh + core utils), util-linux `setpriv` with its
+# libraries (the runner drops a command's uid/gid through it), the glibc
+# pieces the host's Deno binary links against, /etc/passwd + /etc/group with
+# the `waffle` user (uid/gid 10001), and the empty mount points waffle binds
+# at run time.
 #
 # No Deno binary and no waffle sources go into the image: waffle mounts the
 # Deno executable at /opt/waffle/deno and the repository at /opt/waffle/src,
@@ -64,6 +66,22 @@ find_busybox() {
   fi
 }
 
+# util-linux setpriv: the runner starts a command as `setsid setpriv --reuid=U
+# --regid=G --clear-groups -- env -i ...`, exec'ing in place, so that Deno can
+# posix_spawn it instead of forking the whole runner (busybox's setpriv has
+# no uid options). Optional: without it the runner forks as before.
+find_setpriv() {
+  local candidate
+  for candidate in /usr/bin/setpriv /bin/setpriv; do
+    if [[ -x "$candidate" ]] && "$candidate" --version 2>/dev/null | grep -q util-linux; then
+      printf '%s\n' "$candidate"
+      return
+    fi
+  done
+  log "warning: util-linux setpriv not found (Debian package 'util-linux'): commands will" \
+    "be started by forking the runner"
+}
+
 # Shared libraries (absolute paths, as the dynamic linker looks them up) of a binary.
 libs_of() {
   local out
@@ -76,13 +94,16 @@ libs_of() {
 }
 
 input_files() {
-  local deno busybox
+  local deno busybox setpriv
   deno="$(find_deno)"
   busybox="$(find_busybox)"
+  setpriv="$(find_setpriv)"
   printf '%s\n' "$SELF" "$busybox"
+  [[ -z "$setpriv" ]] || printf '%s\n' "$setpriv"
   {
     libs_of "$deno"
     libs_of "$busybox"
+    [[ -z "$setpriv" ]] || libs_of "$setpriv"
   } | sort -u
 }
 
@@ -95,11 +116,13 @@ usr_path() {
 }
 
 build_into() {
-  local root="$1" deno busybox lib dest applet libdirs
+  local root="$1" deno busybox setpriv lib dest applet libdirs
   deno="$(find_deno)"
   busybox="$(find_busybox)"
+  setpriv="$(find_setpriv)"
   log "deno (for its libraries): $deno"
   log "busybox: $busybox"
+  log "setpriv: ${setpriv:-none}"
 
   mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib,usr/local/bin,etc,root,tmp,var/tmp}
   mkdir -p "$root"/{workspace,queue,opt/waffle,proc,dev,sys}
@@ -123,8 +146,15 @@ build_into() {
   done < <({
     libs_of "$deno"
     libs_of "$busybox"
+    [[ -z "$setpriv" ]] || libs_of "$setpriv"
   } | sort -u)
   [[ ${#libdirs[@]} -gt 0 ]] || die "ldd found no libraries for '$deno'"
+
+  # Before the applets: it takes the place of busybox's setpriv.
+  if [[ -n "$setpriv" ]]; then
+    cp -L "$setpriv" "$root/usr/bin/setpriv"
+    chmod 0755 "$root/usr/bin/setpriv"
+  fi
 
   cp -L "$busybox" "$root/usr/bin/busybox"
   chmod 0755 "$root/usr/bin/busybox"

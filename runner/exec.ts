@@ -14,6 +14,7 @@ import {
   type KillTreeOptions,
   readProcStat,
 } from "./process_tree.ts";
+import { planSpawn, type Resolution, resolveProgram } from "./spawn.ts";
 import { quoteValue } from "./workspace.ts";
 
 /** What to run. */
@@ -190,21 +191,27 @@ async function execute(
     return { ...notRun(startedAt, stopMessage(kind, spec)), ...stopFlags(kind) };
   }
 
+  // Decided before spawning: the program's own exec happens in a wrapper (see spawn.ts).
+  const program = resolveProgram(argv0, spec.cwd, spec.env, spec.user);
+  if (!program.ok) return notExecutable(spec, argv0, program, startedAt);
+  const plan = planSpawn(program.path, spec.argv.slice(1), spec.env, spec.user);
   let child: Deno.ChildProcess;
   try {
-    child = new Deno.Command(argv0, {
-      args: spec.argv.slice(1),
+    child = new Deno.Command(plan.program, {
+      args: plan.args,
       cwd: spec.cwd,
-      env: spec.env,
+      env: plan.env,
       clearEnv: true,
       stdin: spec.stdin === null ? "null" : "piped",
       stdout: "piped",
       stderr: "piped",
-      // setsid(): the request gets its own session and process group (pgid = pid).
-      detached: true,
-      // Another uid than the runner's: the command can neither signal the
-      // runner nor touch its queue files. Supplementary groups are dropped.
-      ...(spec.user === undefined ? {} : { uid: spec.user.uid, gid: spec.user.gid }),
+      // Without wrappers, Deno's own setsid() and uid/gid drop (it forks the
+      // runner for them): the request gets its own session and process group
+      // (pgid = pid), and another uid than the runner's, so the command can
+      // neither signal the runner nor touch its queue files. Supplementary
+      // groups are dropped either way.
+      ...(plan.detached ? { detached: true } : {}),
+      ...(plan.user === undefined ? {} : { uid: plan.user.uid, gid: plan.user.gid }),
     }).spawn();
   } catch (error) {
     return spawnFailed(spec, argv0, error, startedAt);
@@ -232,6 +239,7 @@ async function execute(
   const stop = (kind: StopKind): void => {
     if (state.exited || state.stop !== null) return;
     state.stop = kind;
+    if (plan.sessionPending) killUnsettledRoot(pid, rootStartTime);
     kills.push(killTree(pid, treeOptions));
   };
   const fail = (message: string): void => {
@@ -434,6 +442,35 @@ function notRun(startedAt: number, error: string, exitCode: number | null = null
     endedAt: Date.now(),
     error,
   };
+}
+
+// A wrapped root spends its first moments (before the setsid wrapper ran) in
+// the runner's session and group, where killTree() never looks. Nothing of
+// the command has run yet then: SIGKILL the wrapper by pid. Still our unreaped
+// child (the caller checked `exited`), so the pid cannot have been reused.
+function killUnsettledRoot(pid: number, startTime: number | undefined): void {
+  const stat = readProcStat(pid);
+  if (stat === null || stat.sid === pid || stat.state === "Z") return;
+  if (startTime !== undefined && stat.starttime !== startTime) return;
+  try {
+    Deno.kill(pid, "SIGKILL");
+  } catch {
+    // Exited meanwhile.
+  }
+}
+
+// 127 (not found) or 126 (cannot execute) for a program resolveProgram() rejected.
+function notExecutable(
+  spec: ExecSpec,
+  argv0: string,
+  program: Exclude<Resolution, { ok: true }>,
+  startedAt: number,
+): ExecOutcome {
+  if (!isDirectory(spec.cwd)) {
+    return notRun(startedAt, `Working directory ${quoteValue(spec.cwd)} does not exist`);
+  }
+  if (program.notFound) return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, 127);
+  return notRun(startedAt, `Cannot execute ${quoteValue(argv0)}: ${program.reason}`, 126);
 }
 
 // Maps a spawn failure to 127 (not found) or 126 (cannot execute), the way shells do.

@@ -76,7 +76,8 @@ if (count === 0) {
 // `node:module`, imported at the top: loading it costs ~35 ms of every
 // start. Only CommonJS modules call it, and they initialise lazily, on the
 // paths that talk to Docker through docker-modem: create it on first call.
-const EAGER_REQUIRE = 'import { createRequire as __deno_internal_createRequire } from "node:module";\n' +
+const EAGER_REQUIRE =
+  'import { createRequire as __deno_internal_createRequire } from "node:module";\n' +
   "var __require = __deno_internal_createRequire(import.meta.url);";
 const LAZY_REQUIRE = "var __deno_internal_require;\n" +
   "var __require = (id) => (__deno_internal_require ??= globalThis.process" +

@@ -14,6 +14,7 @@ import { UsageError } from "../lib/errors.ts";
 import { type ExecOutcome, runCommand, spawnedPids } from "../runner/exec.ts";
 import { findTree, parseProcStat, readProcStat } from "../runner/process_tree.ts";
 import { enableSubreaper, reapOrphans } from "../runner/subreaper.ts";
+import { planSpawn, setSpawnWrappers, spawnWrappers } from "../runner/spawn.ts";
 import { buildEnv, resolveCwd } from "../runner/workspace.ts";
 
 const PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -708,3 +709,356 @@ Deno.test("buildEnv() adds the request marker and rejects bad variables", () => 
     });
   }
 });
+
+// --- Spawning through exec-in-place wrappers (runner/spawn.ts) ---
+
+const SANDBOX_USER = { uid: 10001, gid: 10001 };
+const IS_ROOT = Deno.uid() === 0;
+
+/** The two ways of spawning: through the wrappers found on this host, and Deno's own options. */
+const SPAWN_MODES = ["wrappers", "Deno options"] as const;
+
+async function inSpawnMode<T>(
+  mode: (typeof SPAWN_MODES)[number],
+  fn: () => Promise<T>,
+): Promise<T> {
+  setSpawnWrappers(mode === "wrappers" ? undefined : { setsid: null, setpriv: null, env: null });
+  try {
+    return await fn();
+  } finally {
+    setSpawnWrappers(undefined);
+  }
+}
+
+interface AsRun {
+  outcome: ExecOutcome;
+  stdout: string;
+  stderr: string;
+  pid: number | undefined;
+  requestId: string;
+}
+
+async function runAs(
+  argv: string[],
+  args: {
+    user?: { uid: number; gid: number } | undefined;
+    cwd?: string;
+    env?: Record<string, string>;
+    signal?: AbortSignal;
+    onSpawn?: (pid: number) => void;
+  } = {},
+): Promise<AsRun> {
+  const requestId = crypto.randomUUID();
+  const decoder = new TextDecoder();
+  const out = { stdout: "", stderr: "" };
+  let pid: number | undefined;
+  const outcome = await runCommand({
+    requestId,
+    argv,
+    cwd: args.cwd ?? "/",
+    env: buildEnv({ PATH }, { extra: args.env, requestId }),
+    stdin: null,
+    timeoutMs: SAFETY_TIMEOUT_MS,
+    outputCap: 1024 * 1024,
+    user: args.user,
+  }, {
+    onOutput(stream, data): void {
+      out[stream] += decoder.decode(data);
+    },
+    onSpawn(spawnedPid): void {
+      pid = spawnedPid;
+      args.onSpawn?.(spawnedPid);
+    },
+    signal: args.signal,
+    claimOrphans: true,
+  });
+  return { outcome, ...out, pid, requestId };
+}
+
+// Prints the shell's pid, its /proc stat line and its credentials.
+const IDENTITY_SCRIPT =
+  'echo $$; cat /proc/$$/stat; grep -E "^(Uid|Gid|Groups|CapPrm|CapEff):" /proc/$$/status';
+
+function parseIdentity(
+  stdout: string,
+): { pid: number; pgid: number; sid: number; status: Map<string, string> } {
+  const [pidLine, statLine, ...statusLines] = stdout.split("\n");
+  const stat = parseProcStat(statLine ?? "");
+  assert.ok(stat !== null, `no stat line in ${JSON.stringify(stdout)}`);
+  const status = new Map<string, string>();
+  for (const line of statusLines) {
+    const colon = line.indexOf(":");
+    if (colon > 0) status.set(line.slice(0, colon), line.slice(colon + 1).trim());
+  }
+  return { pid: Number(pidLine), pgid: stat.pgid, sid: stat.sid, status };
+}
+
+Deno.test("spawnWrappers() finds absolute wrappers, never busybox's setpriv", () => {
+  const found = spawnWrappers();
+  // Absent wrappers are allowed: the runner then uses Deno's options (tested below too).
+  for (const [name, path] of Object.entries(found)) {
+    assert.ok(path === null || path.startsWith("/"), `${name}: ${path}`);
+  }
+  if (found.setpriv !== null) {
+    assert.doesNotMatch(Deno.realPathSync(found.setpriv), /busybox/);
+  }
+});
+
+Deno.test("planSpawn() runs setsid first and drops the uid before the command's environment applies", () => {
+  const wrappers = { setsid: "/w/setsid", setpriv: "/w/setpriv", env: "/w/env" };
+  setSpawnWrappers(wrappers);
+  try {
+    const env = { PATH, LD_PRELOAD: "/x.so", EMPTY: "" };
+    const own = planSpawn("/bin/prog", ["-a", "b c"], env, undefined);
+    assert.deepEqual(own, {
+      program: "/w/setsid",
+      args: ["--", "/bin/prog", "-a", "b c"],
+      env,
+      detached: false,
+      sessionPending: true,
+    });
+    const dropped = planSpawn("/bin/prog", ["-a"], env, SANDBOX_USER);
+    assert.equal(dropped.program, "/w/setsid");
+    assert.deepEqual(dropped.args, [
+      "--",
+      "/w/setpriv",
+      "--reuid=10001",
+      "--regid=10001",
+      "--clear-groups",
+      "--",
+      "/w/env",
+      "-i",
+      "--",
+      `PATH=${PATH}`,
+      "LD_PRELOAD=/x.so",
+      "EMPTY=",
+      "/bin/prog",
+      "-a",
+    ]);
+    // The stages that run as root see no environment of the request's.
+    assert.deepEqual(dropped.env, {});
+    assert.equal(dropped.detached, false);
+    assert.equal(dropped.user, undefined);
+    if (IS_ROOT) {
+      // A program path env would take for an assignment: Deno's own options.
+      const odd = planSpawn("/w/a=b", [], env, SANDBOX_USER);
+      assert.deepEqual([odd.program, odd.detached, odd.user], ["/w/a=b", true, SANDBOX_USER]);
+    }
+    setSpawnWrappers({ setsid: null, setpriv: "/w/setpriv", env: "/w/env" });
+    const legacy = planSpawn("/bin/prog", [], env, SANDBOX_USER);
+    assert.deepEqual(legacy, {
+      program: "/bin/prog",
+      args: [],
+      env,
+      detached: true,
+      user: SANDBOX_USER,
+      sessionPending: false,
+    });
+  } finally {
+    setSpawnWrappers(undefined);
+  }
+});
+
+for (const mode of SPAWN_MODES) {
+  Deno.test(`runCommand() (${mode}) runs the command as the spawned pid, in its own session and process group`, async () => {
+    await inSpawnMode(mode, async () => {
+      const result = await runAs(["sh", "-c", IDENTITY_SCRIPT]);
+      assert.equal(result.outcome.exitCode, 0, result.stderr);
+      const identity = parseIdentity(result.stdout);
+      assert.equal(identity.pid, result.pid);
+      assert.equal(identity.pgid, identity.pid);
+      assert.equal(identity.sid, identity.pid);
+      assert.equal(spawnedPids().size, 0);
+    });
+  });
+
+  Deno.test({
+    name: `runCommand() (${mode}) drops to the given uid and gid with no supplementary groups`,
+    ignore: !IS_ROOT,
+    fn: async () => {
+      await inSpawnMode(mode, async () => {
+        const result = await runAs(["sh", "-c", IDENTITY_SCRIPT], { user: SANDBOX_USER });
+        assert.equal(result.outcome.exitCode, 0, result.stderr);
+        const identity = parseIdentity(result.stdout);
+        assert.equal(identity.pid, result.pid);
+        assert.equal(identity.pgid, identity.pid);
+        assert.equal(identity.sid, identity.pid);
+        // Real, effective, saved and filesystem ids.
+        assert.equal(identity.status.get("Uid"), "10001\t10001\t10001\t10001");
+        assert.equal(identity.status.get("Gid"), "10001\t10001\t10001\t10001");
+        assert.equal(identity.status.get("Groups"), "");
+        assert.equal(identity.status.get("CapPrm"), "0000000000000000");
+        assert.equal(identity.status.get("CapEff"), "0000000000000000");
+      });
+    },
+  });
+
+  Deno.test({
+    name: `runCommand() (${mode}) gives the request's environment to the command only`,
+    ignore: !IS_ROOT,
+    fn: async () => {
+      await inSpawnMode(mode, async () => {
+        const env = { FOO: "a b=c", EMPTY: "", ["__proto__"]: "x" };
+        const result = await runAs(["env"], { user: SANDBOX_USER, env });
+        assert.equal(result.outcome.exitCode, 0, result.stderr);
+        assert.deepEqual(result.stdout.split("\n").filter((line) => line !== "").sort(), [
+          "EMPTY=",
+          "FOO=a b=c",
+          `PATH=${PATH}`,
+          `WAFFLE_REQUEST_ID=${result.requestId}`,
+          "__proto__=x",
+        ]);
+
+        // The loader complains once per dynamically linked process that gets
+        // this LD_PRELOAD: the command's own count, no more (no root wrapper
+        // before it may see the request's environment).
+        const preload = "/waffle/no/such/preload.so";
+        const own = await new Deno.Command("true", {
+          env: { PATH, LD_PRELOAD: preload },
+          clearEnv: true,
+          stderr: "piped",
+        }).output();
+        const count = (text: string): number => text.split(preload).length - 1;
+        const expected = count(new TextDecoder().decode(own.stderr));
+        const loaded = await runAs(["true"], { user: SANDBOX_USER, env: { LD_PRELOAD: preload } });
+        assert.equal(loaded.outcome.exitCode, 0, loaded.stderr);
+        assert.equal(count(loaded.stderr), expected, loaded.stderr);
+      });
+    },
+  });
+}
+
+for (const mode of SPAWN_MODES) {
+  for (const user of IS_ROOT ? [undefined, SANDBOX_USER] : [undefined]) {
+    const as = user === undefined ? "" : " as another uid";
+    Deno.test(`runCommand() (${mode}) reports 126/127 before spawning${as}`, async () => {
+      await withTempDir(async (dir) => {
+        Deno.chmodSync(dir, 0o755);
+        Deno.mkdirSync(`${dir}/sub`);
+        Deno.mkdirSync(`${dir}/bin`);
+        writeScript(dir, "run.sh", '#!/bin/sh\necho "ran $0 $1"\n');
+        Deno.chmodSync(`${dir}/run.sh`, 0o755);
+        writeScript(dir, "data.txt", "echo nope\n");
+        writeScript(dir, "bin/plain", "#!/bin/sh\necho nope\n");
+        writeScript(dir, "bad.sh", "#!/waffle/no/such/interpreter\n");
+        Deno.chmodSync(`${dir}/bad.sh`, 0o755);
+        const cases: [string[], number | null, string | null, string][] = [
+          [
+            ["waffle-no-such-command-xyz"],
+            127,
+            "Command not found: 'waffle-no-such-command-xyz'",
+            "",
+          ],
+          [["./waffle-nope"], 127, "Command not found: './waffle-nope'", ""],
+          [["sub/../waffle-nope"], 127, "Command not found: 'sub/../waffle-nope'", ""],
+          [[`${dir}/waffle-nope`], 127, `Command not found: '${dir}/waffle-nope'`, ""],
+          [["./sub"], 126, "Cannot execute './sub': Is a directory", ""],
+          [[dir], 126, `Cannot execute '${dir}': Is a directory`, ""],
+          [["./data.txt"], 126, "Cannot execute './data.txt': Permission denied", ""],
+          [[`${dir}/data.txt`], 126, `Cannot execute '${dir}/data.txt': Permission denied`, ""],
+          [["data.txt/x"], 126, "Cannot execute 'data.txt/x': Not a directory", ""],
+          [
+            ["./bad.sh"],
+            126,
+            "Cannot execute './bad.sh': Its interpreter or loader was not found",
+            "",
+          ],
+          [["/dev/null"], 126, "Cannot execute '/dev/null': Permission denied", ""],
+          // As Deno looks names up: a PATH entry that is not executable is no match.
+          [["plain"], 127, "Command not found: 'plain'", ""],
+          // A command given as a path runs as that normalized absolute path (argv[0], as with Deno).
+          [["sub/../run.sh", "x"], 0, null, `ran ${dir}/run.sh x\n`],
+          [["./run.sh"], 0, null, `ran ${dir}/run.sh \n`],
+        ];
+        await inSpawnMode(mode, async () => {
+          for (const [argv, code, error, stdout] of cases) {
+            const result = await runAs(argv, {
+              cwd: dir,
+              user,
+              env: { PATH: `${dir}/bin:${PATH}` },
+            });
+            const what = JSON.stringify(argv);
+            assert.equal(result.outcome.exitCode, code, `${what}: ${result.stderr}`);
+            assert.equal(result.outcome.error, error, what);
+            assert.equal(result.stdout, stdout, what);
+            assert.equal(result.stderr, "", what);
+            if (code === 126 || code === 127) {
+              assert.equal(result.pid, undefined, `${what} spawned`);
+            }
+          }
+          assert.equal(spawnedPids().size, 0);
+        });
+      });
+    });
+  }
+
+  Deno.test({
+    name: `runCommand() (${mode}) reports what the dropped uid may not execute as 126`,
+    ignore: !IS_ROOT,
+    fn: async () => {
+      await withTempDir(async (dir) => {
+        Deno.chmodSync(dir, 0o755);
+        writeScript(dir, "root-only.sh", "#!/bin/sh\necho nope\n");
+        Deno.chmodSync(`${dir}/root-only.sh`, 0o700);
+        writeScript(dir, "group.sh", "#!/bin/sh\necho group\n");
+        Deno.chownSync(`${dir}/group.sh`, 0, SANDBOX_USER.gid);
+        Deno.chmodSync(`${dir}/group.sh`, 0o750);
+        Deno.mkdirSync(`${dir}/private`, { mode: 0o700 });
+        Deno.chmodSync(`${dir}/private`, 0o700);
+        Deno.mkdirSync(`${dir}/private/open`);
+        Deno.chmodSync(`${dir}/private/open`, 0o755);
+        await inSpawnMode(mode, async () => {
+          const denied = await runAs(["./root-only.sh"], { cwd: dir, user: SANDBOX_USER });
+          assert.equal(denied.outcome.exitCode, 126);
+          assert.equal(denied.outcome.error, "Cannot execute './root-only.sh': Permission denied");
+          // Root itself may.
+          const asRoot = await runAs(["./root-only.sh"], { cwd: dir });
+          assert.equal(asRoot.outcome.exitCode, 0);
+          const group = await runAs(["./group.sh"], { cwd: dir, user: SANDBOX_USER });
+          assert.equal(group.stdout, "group\n");
+          // A working directory the uid cannot enter.
+          for (const cwd of [`${dir}/private`, `${dir}/private/open`]) {
+            const shut = await runAs(["pwd"], { cwd, user: SANDBOX_USER });
+            assert.equal(shut.outcome.exitCode, 126, cwd);
+            assert.equal(shut.outcome.error, "Cannot execute 'pwd': Permission denied", cwd);
+          }
+        });
+      });
+    },
+  });
+
+  Deno.test(`runCommand() (${mode}) kills a command aborted right at spawn`, async () => {
+    // With wrappers the process is still the setsid wrapper, in the runner's
+    // own group (which killTree() skips), for a moment after spawning.
+    for (const user of IS_ROOT ? [undefined, SANDBOX_USER] : [undefined]) {
+      await inSpawnMode(mode, async () => {
+        for (let i = 0; i < 10; i++) {
+          const controller = new AbortController();
+          let deadline: ReturnType<typeof setTimeout> | undefined;
+          // A root the kill missed would run its sleep: fail instead of hanging.
+          const result = await Promise.race([
+            runAs(["sh", "-c", "sleep 1000"], {
+              user,
+              signal: controller.signal,
+              onSpawn: () => controller.abort("cancel"),
+            }),
+            new Promise<never>((_, reject) => {
+              deadline = setTimeout(
+                () => reject(new Error("the aborted command kept running")),
+                10_000,
+              );
+            }),
+          ]).finally(() => clearTimeout(deadline));
+          assert.equal(result.outcome.cancelled, true);
+          assert.ok(
+            result.outcome.signal === "SIGKILL" || result.outcome.signal === "SIGTERM",
+            JSON.stringify(result.outcome),
+          );
+          assert.ok(result.pid !== undefined);
+          assertGone(result.pid, "aborted root");
+        }
+      });
+    }
+    assert.equal(spawnedPids().size, 0);
+  });
+}

@@ -1,0 +1,508 @@
+/**
+ * How the runner starts a command cheaply.
+ *
+ * Deno (Rust's std) starts a child with `posix_spawn` (vfork + exec, about
+ * 1 ms) unless it is asked for work between fork and exec: `detached`
+ * (setsid in a pre-exec hook) or `uid`/`gid` make it fork() the whole
+ * runner, 7 to 17 ms depending on its heap. So the session and the uid/gid
+ * drop are done by wrappers that exec in place (the pid stays the command's
+ * pid, which `process_tree.ts` tracks):
+ *
+ * - `setsid` (util-linux or busybox): a posix_spawned child is no process
+ *   group leader, so both call setsid() and exec without forking (pgid =
+ *   sid = pid). Every program they are given is an absolute path, so
+ *   busybox never runs one of its applets in place of it;
+ * - util-linux `setpriv --reuid=U --regid=G --clear-groups`: drops the uid,
+ *   the gid and every supplementary group before the next exec;
+ * - `env -i NAME=VALUE...`: sets the command's environment only after the
+ *   drop. The stages that run as root get an empty environment, so the
+ *   request's `LD_PRELOAD`, `LD_LIBRARY_PATH`, `GCONV_PATH`, `LOCPATH`...
+ *   never reach a root process.
+ *
+ * The argv becomes `[setsid, --, setpriv, ..., --, env, -i, --, NAME=VALUE...,
+ * /abs/program, args...]` (just `[setsid, --, /abs/program, args...]` when no
+ * uid is dropped). setsid comes first: the process leaves the runner's
+ * session and group before anything runs as the command's uid.
+ *
+ * Where a wrapper is missing (busybox's `setpriv` has no uid options, so it
+ * does not count), or the runner is not root, Deno's own `detached`/`uid`/
+ * `gid` options are used as before.
+ *
+ * As the final exec now happens in a wrapper, its failures are decided
+ * beforehand by {@linkcode resolveProgram}, the way Deno and execve(2) would.
+ *
+ * @module
+ */
+
+/** What runs when a command is spawned. */
+export interface SpawnPlan {
+  /** Absolute path of the program Deno spawns. */
+  program: string;
+  /** Its arguments. */
+  args: string[];
+  /** The environment Deno spawns it with (`clearEnv`). */
+  env: Record<string, string>;
+  /** Deno's own setsid (forks the runner): no session wrapper is used. */
+  detached: boolean;
+  /** Deno's own uid/gid drop (forks the runner): no privilege wrapper is used. */
+  user?: { uid: number; gid: number } | undefined;
+  /**
+   * The spawned process starts in the runner's session and group and enters
+   * its own only once the setsid wrapper ran (well before the command runs).
+   */
+  sessionPending: boolean;
+}
+
+/** Absolute paths of the exec-in-place wrappers; null where unavailable. */
+export interface SpawnWrappers {
+  /** `setsid` (util-linux or busybox). */
+  setsid: string | null;
+  /** util-linux `setpriv`. */
+  setpriv: string | null;
+  /** Any `env` that takes `-i -- NAME=VALUE... PROGRAM`. */
+  env: string | null;
+}
+
+/** The program a command would execute, or why it cannot run. */
+export type Resolution =
+  | { ok: true; path: string }
+  | { ok: false; notFound: true }
+  | { ok: false; notFound: false; reason: string };
+
+const SETSID_PATHS = ["/usr/bin/setsid", "/bin/setsid"];
+const SETPRIV_PATHS = ["/usr/bin/setpriv", "/bin/setpriv"];
+const ENV_PATHS = ["/usr/bin/env", "/bin/env"];
+
+/** glibc's execvp() search path when `PATH` is unset. */
+const DEFAULT_PATH = "/bin:/usr/bin";
+/** Enough of a file for a `#!` line (the kernel reads 256 bytes) and ELF program headers. */
+const HEAD_BYTES = 2048;
+/** The kernel follows at most this many `#!` interpreters (BINPRM_MAX_RECURSION). */
+const MAX_INTERPRETERS = 4;
+/** `PT_INTERP`: the ELF program header naming the dynamic loader. */
+const PT_INTERP = 3;
+/** `X_OK` from `<unistd.h>`. */
+const X_OK = 1;
+/** `ST_NOEXEC` in `statvfs.f_flag`. */
+const ST_NOEXEC = 8;
+/** Offset of `f_flag` in glibc's `struct statvfs` on 64-bit Linux (x86-64, arm64). */
+const F_FLAG_OFFSET = 72;
+
+const NOT_FOUND: Resolution = { ok: false, notFound: true };
+
+let wrappers: SpawnWrappers | undefined;
+
+/**
+ * The wrappers in use, looked up once (on first use).
+ *
+ * @returns Their absolute paths; null for each one missing.
+ */
+export function spawnWrappers(): Readonly<SpawnWrappers> {
+  wrappers ??= {
+    setsid: findWrapper(SETSID_PATHS, true),
+    setpriv: findWrapper(SETPRIV_PATHS, false),
+    env: findWrapper(ENV_PATHS, true),
+  };
+  return wrappers;
+}
+
+/**
+ * Replaces the wrappers (tests: null entries force Deno's own options), or
+ * with undefined looks them up again on next use.
+ *
+ * @param override The wrappers to use, or undefined.
+ */
+export function setSpawnWrappers(override: SpawnWrappers | undefined): void {
+  wrappers = override === undefined ? undefined : { ...override };
+}
+
+// The first candidate that is an executable regular file; a busybox applet
+// only where `busyboxOk` (its setpriv lacks --reuid/--regid/--clear-groups).
+function findWrapper(candidates: readonly string[], busyboxOk: boolean): string | null {
+  for (const candidate of candidates) {
+    try {
+      const real = Deno.realPathSync(candidate);
+      const info = Deno.statSync(real);
+      if (!info.isFile || ((info.mode ?? 0) & 0o111) === 0) continue;
+      if (!busyboxOk && /(^|\/)busybox[^/]*$/.test(real)) continue;
+      return candidate;
+    } catch {
+      // Missing: try the next one.
+    }
+  }
+  return null;
+}
+
+/**
+ * How to spawn `path` (from {@linkcode resolveProgram}) in its own session,
+ * as `user` when given.
+ *
+ * @param path Absolute program path.
+ * @param args Its arguments (without argv[0]).
+ * @param env The command's complete environment.
+ * @param user The uid and gid to run as, or undefined for the runner's own.
+ * @returns What to hand to `Deno.Command`.
+ */
+export function planSpawn(
+  path: string,
+  args: readonly string[],
+  env: Record<string, string>,
+  user: { uid: number; gid: number } | undefined,
+): SpawnPlan {
+  const { setsid, setpriv, env: envWrapper } = spawnWrappers();
+  const legacy: SpawnPlan = {
+    program: path,
+    args: [...args],
+    env,
+    detached: true,
+    user,
+    sessionPending: false,
+  };
+  if (setsid === null) return legacy;
+  if (user === undefined) {
+    // Same uid as the runner: nothing more privileged than the command sees its environment.
+    return {
+      program: setsid,
+      args: ["--", path, ...args],
+      env,
+      detached: false,
+      sessionPending: true,
+    };
+  }
+  // setpriv needs CAP_SETUID/CAP_SETGID for --clear-groups; a runner that is
+  // not root keeps Deno's way (which skips setgroups there). A path with `=`
+  // would be taken for an assignment by env.
+  if (setpriv === null || envWrapper === null || runnerUid() !== 0 || path.includes("=")) {
+    return legacy;
+  }
+  return {
+    program: setsid,
+    args: [
+      "--",
+      setpriv,
+      `--reuid=${user.uid}`,
+      `--regid=${user.gid}`,
+      "--clear-groups",
+      "--",
+      envWrapper,
+      "-i",
+      "--",
+      ...Object.entries(env).map(([name, value]) => `${name}=${value}`),
+      path,
+      ...args,
+    ],
+    env: {},
+    detached: false,
+    sessionPending: true,
+  };
+}
+
+/**
+ * Finds the program `argv0` names, as Deno would before spawning it, and
+ * decides whether execve(2) would fail on it.
+ *
+ * A name without `/` is looked up in the command's `PATH` (relative entries
+ * against its cwd): the first regular file the runner may execute. A name
+ * with `/` is taken relative to the cwd and normalized. Either way the
+ * result is then checked as the command's user: it must be a regular file
+ * it may execute (mode bits for a dropped uid; `access(2)` otherwise), not
+ * on a `noexec` mount, and any `#!` interpreter or ELF loader must exist.
+ * Only certain failures are reported: anything this cannot see (ACLs,
+ * directory permissions of a dropped uid, a race) fails in the wrapper's
+ * exec instead, with its 126/127 exit status and message.
+ *
+ * @param argv0 The program as requested.
+ * @param cwd The command's absolute working directory.
+ * @param env The command's environment (its `PATH`).
+ * @param user The uid and gid it will run as, or undefined for the runner's own.
+ * @returns The absolute path to execute (also the command's argv[0], as with
+ *   Deno), or why it cannot run.
+ */
+export function resolveProgram(
+  argv0: string,
+  cwd: string,
+  env: Record<string, string>,
+  user: { uid: number; gid: number } | undefined,
+): Resolution {
+  const resolution = resolvePath(argv0, cwd, env, user);
+  // Deno enters the cwd after the uid drop, so a cwd the command's user
+  // cannot search made it fail; the wrappers enter it as the runner.
+  if (resolution.ok && user !== undefined && !searchable(cwd, user)) {
+    return { ok: false, notFound: false, reason: "Permission denied" };
+  }
+  return resolution;
+}
+
+function resolvePath(
+  argv0: string,
+  cwd: string,
+  env: Record<string, string>,
+  user: { uid: number; gid: number } | undefined,
+): Resolution {
+  if (argv0 === "") return NOT_FOUND;
+  if (argv0.includes("/")) {
+    const path = normalize(argv0.startsWith("/") ? argv0 : `${cwd}/${argv0}`);
+    const failure = execFailure(path, cwd, user, 0);
+    if (failure === null) return { ok: true, path };
+    if (failure === "missing") return NOT_FOUND;
+    if (failure === "interpreter") {
+      return { ok: false, notFound: false, reason: "Its interpreter or loader was not found" };
+    }
+    return { ok: false, notFound: false, reason: failure.reason };
+  }
+  const found = searchPath(argv0, cwd, Object.hasOwn(env, "PATH") ? env.PATH : undefined);
+  if (found === null) return NOT_FOUND;
+  const failure = execFailure(found, cwd, user, 0);
+  if (failure === null) return { ok: true, path: found };
+  // A found name whose interpreter is missing: Deno said "not found" (ENOENT).
+  if (failure === "missing" || failure === "interpreter") return NOT_FOUND;
+  return { ok: false, notFound: false, reason: failure.reason };
+}
+
+// False when a directory on the way to `cwd` (or `cwd`) certainly denies the
+// user search permission (mode bits; the dropped uid has no capabilities).
+function searchable(cwd: string, user: { uid: number; gid: number }): boolean {
+  if (user.uid === 0) return true;
+  let dir = "";
+  for (const part of ["", ...normalize(cwd).split("/").filter((part) => part !== "")]) {
+    dir = part === "" ? "/" : dir === "/" ? `/${part}` : `${dir}/${part}`;
+    let info: Deno.FileInfo;
+    try {
+      info = Deno.statSync(dir);
+    } catch {
+      return true; // let the spawn tell
+    }
+    if (info.isDirectory && !modeAllows(info, user.uid, user.gid)) return false;
+  }
+  return true;
+}
+
+// Like Deno's `which`: the first regular file in PATH the runner may execute.
+function searchPath(name: string, cwd: string, pathVar: string | undefined): string | null {
+  for (const entry of (pathVar ?? DEFAULT_PATH).split(":")) {
+    const dir = entry.startsWith("/") ? entry : normalize(`${cwd}/${entry}`);
+    const candidate = dir.endsWith("/") ? `${dir}${name}` : `${dir}/${name}`;
+    if (runnerMayExecute(candidate)) return candidate;
+  }
+  return null;
+}
+
+function runnerMayExecute(path: string): boolean {
+  const lib = ffi();
+  if (lib !== null && lib.access(cString(path), X_OK) !== 0) return false;
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.statSync(path);
+  } catch {
+    return false;
+  }
+  return info.isFile && (lib !== null || modeAllows(info, runnerUid(), runnerGid()));
+}
+
+type Failure = "missing" | "interpreter" | { reason: string };
+
+// Why execve(path) as `user` would fail, when certain; null otherwise.
+function execFailure(
+  path: string,
+  cwd: string,
+  user: { uid: number; gid: number } | undefined,
+  depth: number,
+): Failure | null {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.statSync(path);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return "missing";
+    return { reason: errorReason(error) };
+  }
+  if (info.isDirectory) return { reason: depth === 0 ? "Is a directory" : "Permission denied" };
+  if (!info.isFile || !mayExecute(path, info, user)) return { reason: "Permission denied" };
+  const head = readHead(path);
+  if (head === null) return null;
+  const shebang = shebangInterpreter(head);
+  if (shebang !== null) {
+    if (depth >= MAX_INTERPRETERS) return null; // the kernel's ELOOP; let it say so
+    const interpreter = shebang.startsWith("/") ? shebang : `${cwd}/${shebang}`;
+    const failure = execFailure(interpreter, cwd, user, depth + 1);
+    return failure === "missing" ? "interpreter" : failure;
+  }
+  const loader = elfInterpreter(head);
+  if (loader !== null && !exists(loader.startsWith("/") ? loader : `${cwd}/${loader}`)) {
+    return "interpreter";
+  }
+  return null;
+}
+
+// Exact for the runner's own uid (access(2) sees ACLs, noexec, capabilities);
+// mode bits and the mount's noexec flag for a dropped uid, which has no
+// capabilities and no supplementary groups.
+function mayExecute(
+  path: string,
+  info: Deno.FileInfo,
+  user: { uid: number; gid: number } | undefined,
+): boolean {
+  const lib = ffi();
+  if (user === undefined) {
+    if (lib !== null) return lib.access(cString(path), X_OK) === 0;
+    return modeAllows(info, runnerUid(), runnerGid());
+  }
+  if (!modeAllows(info, user.uid, user.gid)) return false;
+  if (lib !== null) {
+    const buffer = new BigUint64Array(32);
+    if (lib.statvfs(cString(path), buffer) === 0) {
+      const flags = new DataView(buffer.buffer).getBigUint64(F_FLAG_OFFSET, true);
+      if ((flags & BigInt(ST_NOEXEC)) !== 0n) return false;
+    }
+  }
+  return true;
+}
+
+// Permission bits as execve(2) applies them (root: any execute bit).
+function modeAllows(info: Deno.FileInfo, uid: number, gid: number): boolean {
+  const mode = info.mode ?? 0o777;
+  if (uid === 0) return (mode & 0o111) !== 0;
+  if (info.uid === uid) return (mode & 0o100) !== 0;
+  if (info.gid === gid) return (mode & 0o010) !== 0;
+  return (mode & 0o001) !== 0;
+}
+
+function readHead(path: string): Uint8Array | null {
+  let file: Deno.FsFile | undefined;
+  try {
+    file = Deno.openSync(path);
+    const buffer = new Uint8Array(HEAD_BYTES);
+    let length = 0;
+    while (length < buffer.length) {
+      const read = file.readSync(buffer.subarray(length));
+      if (read === null || read === 0) break;
+      length += read;
+    }
+    return buffer.subarray(0, length);
+  } catch {
+    return null; // not readable by the runner: let the exec decide
+  } finally {
+    file?.close();
+  }
+}
+
+// The interpreter of a `#!` line, as binfmt_script parses it.
+function shebangInterpreter(head: Uint8Array): string | null {
+  if (head[0] !== 0x23 || head[1] !== 0x21) return null;
+  const line = head.subarray(2, Math.min(head.length, 256));
+  let start = 0;
+  while (start < line.length && (line[start] === 0x20 || line[start] === 0x09)) start++;
+  let end = start;
+  while (end < line.length && ![0x20, 0x09, 0x0a, 0x00].includes(line[end] ?? 0)) end++;
+  return end > start ? new TextDecoder().decode(line.subarray(start, end)) : null;
+}
+
+// The dynamic loader (PT_INTERP) of an ELF file, when its headers are in `head`.
+function elfInterpreter(head: Uint8Array): string | null {
+  if (head.length < 64 || head[0] !== 0x7f || head[1] !== 0x45 || head[2] !== 0x4c) return null;
+  if (head[3] !== 0x46) return null;
+  const is64 = head[4] === 2;
+  const little = head[5] === 1;
+  const view = new DataView(head.buffer, head.byteOffset, head.byteLength);
+  const phoff = is64 ? Number(view.getBigUint64(32, little)) : view.getUint32(28, little);
+  const phentsize = view.getUint16(is64 ? 54 : 42, little);
+  const phnum = view.getUint16(is64 ? 56 : 44, little);
+  for (let index = 0; index < phnum; index++) {
+    const at = phoff + index * phentsize;
+    if (at + (is64 ? 56 : 32) > head.length) return null;
+    if (view.getUint32(at, little) !== PT_INTERP) continue;
+    const offset = is64
+      ? Number(view.getBigUint64(at + 8, little))
+      : view.getUint32(at + 4, little);
+    const size = is64
+      ? Number(view.getBigUint64(at + 32, little))
+      : view.getUint32(at + 16, little);
+    if (offset + size > head.length || size === 0) return null;
+    const bytes = head.subarray(offset, offset + size);
+    const nul = bytes.indexOf(0);
+    return new TextDecoder().decode(nul < 0 ? bytes : bytes.subarray(0, nul));
+  }
+  return null;
+}
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (error) {
+    // Only a certain "no such file" counts as missing.
+    return !(error instanceof Deno.errors.NotFound);
+  }
+}
+
+// Lexical normalization, as Deno resolves a command given as a path.
+function normalize(path: string): string {
+  const parts: string[] = [];
+  for (const part of path.split("/")) {
+    if (part === "" || part === ".") continue;
+    if (part === "..") parts.pop();
+    else parts.push(part);
+  }
+  return `/${parts.join("/")}`;
+}
+
+// strerror() texts of the errors stat(2) and execve(2) share.
+const ERRNO_TEXT: Readonly<Record<string, string>> = {
+  EACCES: "Permission denied",
+  ENOTDIR: "Not a directory",
+  ELOOP: "Too many levels of symbolic links",
+  ENAMETOOLONG: "File name too long",
+};
+
+function errorReason(error: unknown): string {
+  const code = typeof error === "object" && error !== null && "code" in error
+    ? String(error.code)
+    : "";
+  if (Object.hasOwn(ERRNO_TEXT, code)) return ERRNO_TEXT[code] ?? code;
+  if (error instanceof Deno.errors.PermissionDenied) return "Permission denied";
+  if (error instanceof Deno.errors.NotADirectory) return "Not a directory";
+  const message = error instanceof Error ? error.message : String(error);
+  return message.split("\n")[0]?.replace(/ \(os error \d+\).*$/, "") ?? message;
+}
+
+let uidCache: number | undefined;
+let gidCache: number | undefined;
+
+function runnerUid(): number {
+  uidCache ??= Deno.uid() ?? -1;
+  return uidCache;
+}
+
+function runnerGid(): number {
+  gidCache ??= Deno.gid() ?? -1;
+  return gidCache;
+}
+
+const FFI_SYMBOLS = {
+  access: { parameters: ["buffer", "i32"], result: "i32" },
+  statvfs: { parameters: ["buffer", "buffer"], result: "i32" },
+} as const;
+
+let ffiSymbols: Deno.DynamicLibrary<typeof FFI_SYMBOLS>["symbols"] | null | undefined;
+
+// access(2) and statvfs(3), or null off 64-bit Linux or without FFI permission.
+function ffi(): Deno.DynamicLibrary<typeof FFI_SYMBOLS>["symbols"] | null {
+  if (ffiSymbols === undefined) {
+    try {
+      ffiSymbols = Deno.build.os === "linux" &&
+          (Deno.build.arch === "x86_64" || Deno.build.arch === "aarch64")
+        ? Deno.dlopen("libc.so.6", FFI_SYMBOLS).symbols
+        : null;
+    } catch {
+      ffiSymbols = null;
+    }
+  }
+  return ffiSymbols;
+}
+
+const encoder = new TextEncoder();
+
+function cString(text: string): Uint8Array<ArrayBuffer> {
+  const bytes = new Uint8Array(text.length * 3 + 1);
+  const { written } = encoder.encodeInto(text, bytes);
+  return bytes.subarray(0, written + 1);
+}
