@@ -1,19 +1,17 @@
 /**
- * Argument parsing shared by the subcommands: `util.parseArgs` with every
- * failure turned into a one-line {@linkcode UsageError}.
+ * Argument parsing shared by the subcommands: `util.parseArgs`'s strict
+ * grammar, with every failure a one-line {@linkcode UsageError}.
  *
- * It is `@pkgjs/parseargs`, the Node.js project's own package of the same
- * code, not `node:util`: importing one of Deno's Node modules costs ~12 ms of
- * every process start, and `waffle exec` is started per command.
+ * It is written here rather than imported: Deno's `node:util` (or any of its
+ * Node modules but `node:sqlite`) costs ~12 ms of every process start, and
+ * the Node project's `@pkgjs/parseargs` as much (it copies every builtin's
+ * methods on load), while `waffle exec` starts once per command.
+ * `tests/args_test.ts` holds it to `node:util`'s results.
  *
  * @module
  */
 import type { ParseArgsConfig } from "node:util";
-import { parseArgs as untypedParseArgs } from "@pkgjs/parseargs";
 import { UsageError } from "../errors.ts";
-
-// The package ships no types; its API is node:util's (types only, erased).
-const parseArgs = untypedParseArgs as typeof import("node:util").parseArgs;
 
 /** The parsed flags and positionals of one subcommand. */
 export interface Parsed {
@@ -21,27 +19,79 @@ export interface Parsed {
   positionals: string[];
 }
 
+type Options = NonNullable<ParseArgsConfig["options"]>;
+
 /**
- * Parses `args` strictly against `options`.
+ * Parses `args` strictly against `options`, as `util.parseArgs` with
+ * `strict: true` and `allowPositionals: true` does: `--name value`,
+ * `--name=value`, `-x` (and `-xyz` for booleans, `-xVALUE` for a string),
+ * positionals anywhere, everything after `--` positional.
  *
  * @param args The arguments after the subcommand.
- * @param options parseArgs option definitions.
+ * @param options Option definitions (`type`, `short`, `multiple`).
  * @returns Flags and positionals.
- * @throws {UsageError} On an unknown flag, a missing value or a stray positional.
+ * @throws {UsageError} On an unknown flag, a missing value or a value given to a boolean.
  */
 export function parse(args: string[], options: ParseArgsConfig["options"]): Parsed {
-  try {
-    const { values, positionals } = parseArgs({
-      args,
-      options: options ?? {},
-      strict: true,
-      allowPositionals: true,
-    });
-    return { values: values as Parsed["values"], positionals };
-  } catch (cause) {
-    const message = cause instanceof Error ? cause.message : String(cause);
-    throw new UsageError(message.split("\n")[0]!.replace(/\.$/, ""), { cause });
+  const specs: Options = options ?? {};
+  const shorts = new Map(
+    Object.entries(specs).flatMap(([name, spec]) => spec.short ? [[spec.short, name]] : []),
+  );
+  const values: Parsed["values"] = {};
+  const positionals: string[] = [];
+  const set = (name: string, value: string | boolean): void => {
+    const spec = specs[name]!;
+    if (spec.multiple) {
+      values[name] = [...(values[name] as (string | boolean)[] ?? []), value] as string[];
+    } else values[name] = value;
+  };
+  const known = (name: string, shown: string): string => {
+    if (!Object.hasOwn(specs, name)) {
+      throw new UsageError(
+        `Unknown option '${shown}'; to pass it to the command, put it after '--'`,
+      );
+    }
+    return name;
+  };
+  // A string option's value: the next argument, unless that looks like an option.
+  const valueFor = (shown: string, at: number): string => {
+    const next = args[at];
+    if (next === undefined) throw new UsageError(`Option '${shown} <value>' argument missing`);
+    if (next.length > 1 && next.startsWith("-")) {
+      throw new UsageError(
+        `Option '${shown} <value>' argument is ambiguous: give it as '${shown}=${next}'`,
+      );
+    }
+    return next;
+  };
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    if (arg === "--") {
+      positionals.push(...args.slice(i + 1));
+      break;
+    }
+    if (arg.startsWith("--")) {
+      const eq = arg.indexOf("=");
+      const name = known(eq < 0 ? arg.slice(2) : arg.slice(2, eq), eq < 0 ? arg : arg.slice(0, eq));
+      if (specs[name]!.type === "boolean") {
+        if (eq >= 0) throw new UsageError(`Option '--${name}' does not take an argument`);
+        set(name, true);
+      } else set(name, eq >= 0 ? arg.slice(eq + 1) : valueFor(`--${name}`, ++i));
+    } else if (arg.startsWith("-") && arg !== "-") {
+      for (let j = 1; j < arg.length; j++) {
+        const name = known(shorts.get(arg[j]!) ?? "", `-${arg[j]}`);
+        if (specs[name]!.type === "boolean") {
+          set(name, true);
+          continue;
+        }
+        // `-xVALUE`, or `-x VALUE` when the flag ends the group.
+        const shown = `-${arg[j]}, --${name}`;
+        set(name, j + 1 < arg.length ? arg.slice(j + 1) : valueFor(shown, ++i));
+        break;
+      }
+    } else positionals.push(arg);
   }
+  return { values, positionals };
 }
 
 /**
