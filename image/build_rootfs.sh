@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Assembles the waffle runner rootfs from files already on this host:
-# a static busybox (sh + core utils), util-linux `setpriv` with its
-# libraries (the runner drops a command's uid/gid through it), the glibc
+# a static busybox (sh + core utils), waffle's spawn helper (compiled here
+# from image/spawn_helper.c with `gcc -static`: the runner starts every
+# command through it), util-linux `setpriv` with its libraries (the runner's
+# fallback where the helper is missing), the glibc
 # pieces the host's Deno binary links against, /etc/passwd + /etc/group with
 # the `waffle` user (uid/gid 10001), and the empty mount points waffle binds
 # at run time.
@@ -18,6 +20,8 @@
 # Environment:
 #   DENO_BIN   Deno binary whose shared libraries are copied
 #              (default: <repo>/.tools/bin/deno, then `deno` on PATH)
+#   CC         C compiler for the spawn helper (default: gcc); it needs the
+#              static C library (Debian: apt-get install -y gcc libc6-dev)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,10 +70,51 @@ find_busybox() {
   fi
 }
 
+# The spawn helper: its source, installed path, and the compiler that builds it.
+SPAWN_HELPER_SOURCE="$HERE/spawn_helper.c"
+SPAWN_HELPER_PATH=/usr/libexec/waffle/spawn
+
+# The compiler's absolute path; dies unless it links static programs.
+find_cc() {
+  local cc="${CC:-gcc}" path libc
+  path="$(command -v "$cc" 2>/dev/null)" ||
+    die "C compiler '$cc' not found: the spawn helper is built with it" \
+      "(apt-get install -y gcc libc6-dev, or run scripts/setup.sh --docker as root)"
+  libc="$("$path" -print-file-name=libc.a 2>/dev/null || true)"
+  [[ "$libc" == /* && -f "$libc" ]] ||
+    die "'$path' has no static C library (libc.a): apt-get install -y libc6-dev"
+  printf '%s\n' "$path"
+}
+
+# Host files that shape the helper: its source, the compiler driver, and libc.a.
+spawn_helper_inputs() {
+  local cc
+  cc="$(find_cc)"
+  printf '%s\n' "$SPAWN_HELPER_SOURCE" "$(readlink -f "$cc")" \
+    "$(readlink -f "$("$cc" -print-file-name=libc.a)")"
+}
+
+# Compiles the static helper to $1 and checks it is static.
+build_spawn_helper() {
+  local out="$1" cc headers
+  cc="$(find_cc)"
+  mkdir -p "$(dirname "$out")"
+  chmod 0755 "$(dirname "$out")" "$(dirname "$(dirname "$out")")"
+  "$cc" -static -Os -Wall -Wextra -Werror -s -o "$out" "$SPAWN_HELPER_SOURCE" ||
+    die "Could not compile '$SPAWN_HELPER_SOURCE' with '$cc -static'"
+  # Static: it runs as root with the request's environment, so no loader may
+  # honour LD_PRELOAD in it (runner/spawn.ts refuses a dynamic one anyway).
+  headers="$(LC_ALL=C readelf -lW "$out")" || die "readelf (binutils) cannot read '$out'"
+  ! grep -q 'INTERP' <<<"$headers" || die "'$out' came out dynamically linked"
+  chmod 0755 "$out"
+  log "spawn helper: $SPAWN_HELPER_PATH ($(stat -c %s "$out") bytes, $cc -static -Os)"
+}
+
 # util-linux setpriv: the runner starts a command as `setsid setpriv --reuid=U
 # --regid=G --clear-groups -- env -i ...`, exec'ing in place, so that Deno can
 # posix_spawn it instead of forking the whole runner (busybox's setpriv has
-# no uid options). Optional: without it the runner forks as before.
+# no uid options), where the spawn helper is missing. Optional: without
+# helper and setpriv the runner forks as before.
 find_setpriv() {
   local candidate
   for candidate in /usr/bin/setpriv /bin/setpriv; do
@@ -99,6 +144,7 @@ input_files() {
   busybox="$(find_busybox)"
   setpriv="$(find_setpriv)"
   printf '%s\n' "$SELF" "$busybox"
+  spawn_helper_inputs
   [[ -z "$setpriv" ]] || printf '%s\n' "$setpriv"
   {
     libs_of "$deno"
@@ -126,6 +172,7 @@ build_into() {
 
   mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib,usr/local/bin,etc,root,tmp,var/tmp}
   mkdir -p "$root"/{workspace,queue,opt/waffle,proc,dev,sys}
+  build_spawn_helper "$root$SPAWN_HELPER_PATH"
   # usr-merged layout, as on Debian bookworm: ldd's /lib64/... paths keep working.
   ln -s usr/bin "$root/bin"
   ln -s usr/sbin "$root/sbin"

@@ -191,7 +191,8 @@ async function execute(
     return { ...notRun(startedAt, stopMessage(kind, spec)), ...stopFlags(kind) };
   }
 
-  // Decided before spawning: the program's own exec happens in a wrapper (see spawn.ts).
+  // Decided before spawning: the program's own exec happens in the spawn
+  // helper or a wrapper (see spawn.ts).
   const program = resolveProgram(argv0, spec.cwd, spec.env, spec.user);
   if (!program.ok) return notExecutable(spec, argv0, program, startedAt);
   const plan = planSpawn(program.path, spec.argv.slice(1), spec.env, spec.user);
@@ -205,11 +206,11 @@ async function execute(
       stdin: spec.stdin === null ? "null" : "piped",
       stdout: "piped",
       stderr: "piped",
-      // Without wrappers, Deno's own setsid() and uid/gid drop (it forks the
-      // runner for them): the request gets its own session and process group
-      // (pgid = pid), and another uid than the runner's, so the command can
-      // neither signal the runner nor touch its queue files. Supplementary
-      // groups are dropped either way.
+      // Without helper or wrappers, Deno's own setsid() and uid/gid drop (it
+      // forks the runner for them): the request gets its own session and
+      // process group (pgid = pid), and another uid than the runner's, so the
+      // command can neither signal the runner nor touch its queue files.
+      // Supplementary groups are dropped either way.
       ...(plan.detached ? { detached: true } : {}),
       ...(plan.user === undefined ? {} : { uid: plan.user.uid, gid: plan.user.gid }),
     }).spawn();
@@ -444,10 +445,11 @@ function notRun(startedAt: number, error: string, exitCode: number | null = null
   };
 }
 
-// A wrapped root spends its first moments (before the setsid wrapper ran) in
-// the runner's session and group, where killTree() never looks. Nothing of
-// the command has run yet then: SIGKILL the wrapper by pid. Still our unreaped
-// child (the caller checked `exited`), so the pid cannot have been reused.
+// A wrapped root spends its first moments (before the helper or the setsid
+// wrapper called setsid()) in the runner's session and group, where
+// killTree() never looks. Nothing of the command has run yet then: SIGKILL
+// the wrapper by pid. Still our unreaped child (the caller checked
+// `exited`), so the pid cannot have been reused.
 function killUnsettledRoot(pid: number, startTime: number | undefined): void {
   const stat = readProcStat(pid);
   if (stat === null || stat.sid === pid || stat.state === "Z") return;

@@ -5,8 +5,22 @@
  * 1 ms) unless it is asked for work between fork and exec: `detached`
  * (setsid in a pre-exec hook) or `uid`/`gid` make it fork() the whole
  * runner, 7 to 17 ms depending on its heap. So the session and the uid/gid
- * drop are done by wrappers that exec in place (the pid stays the command's
- * pid, which `process_tree.ts` tracks):
+ * drop are done by a program that execs in place (the pid stays the
+ * command's pid, which `process_tree.ts` tracks).
+ *
+ * Preferred: waffle's spawn helper (`image/spawn_helper.c`, installed in the
+ * image at `/usr/libexec/waffle/spawn`), one small static program:
+ * `spawn UID GID /abs/program args...` calls setsid(), drops every
+ * supplementary group, the gid and the uid (checking that the drop took),
+ * and execs the program (`spawn - /abs/program args...`: no drop). Being
+ * static it has no dynamic loader, so it is given the command's environment
+ * directly: the request's `LD_PRELOAD`, `LD_LIBRARY_PATH`... load nothing
+ * into it while it is root. It is used only if it is an executable regular
+ * file owned by root (or the runner's uid), writable by no one else, and an
+ * ELF without a loader ({@linkcode spawnHelperProblem}).
+ *
+ * Where the helper is absent (a runner on a host), a chain of exec-in-place
+ * wrappers does the same work, one exec each:
  *
  * - `setsid` (util-linux or busybox): a posix_spawned child is no process
  *   group leader, so both call setsid() and exec without forking (pgid =
@@ -24,12 +38,14 @@
  * uid is dropped). setsid comes first: the process leaves the runner's
  * session and group before anything runs as the command's uid.
  *
- * Where a wrapper is missing (busybox's `setpriv` has no uid options, so it
- * does not count), or the runner is not root, Deno's own `detached`/`uid`/
- * `gid` options are used as before.
+ * Where neither the helper nor every wrapper is there (busybox's `setpriv`
+ * has no uid options, so it does not count), or a uid is to be dropped by a
+ * runner that is not root, Deno's own `detached`/`uid`/`gid` options are
+ * used as before.
  *
- * As the final exec now happens in a wrapper, its failures are decided
- * beforehand by {@linkcode resolveProgram}, the way Deno and execve(2) would.
+ * As the final exec now happens in the helper or a wrapper, its failures
+ * are decided beforehand by {@linkcode resolveProgram}, the way Deno and
+ * execve(2) would.
  *
  * @module
  */
@@ -48,13 +64,16 @@ export interface SpawnPlan {
   user?: { uid: number; gid: number } | undefined;
   /**
    * The spawned process starts in the runner's session and group and enters
-   * its own only once the setsid wrapper ran (well before the command runs).
+   * its own only once the helper or the setsid wrapper called setsid() (well
+   * before the command runs).
    */
   sessionPending: boolean;
 }
 
-/** Absolute paths of the exec-in-place wrappers; null where unavailable. */
+/** Absolute paths of the exec-in-place programs; null where unavailable. */
 export interface SpawnWrappers {
+  /** waffle's static spawn helper (preferred over all the others). */
+  helper: string | null;
   /** `setsid` (util-linux or busybox). */
   setsid: string | null;
   /** util-linux `setpriv`. */
@@ -69,6 +88,7 @@ export type Resolution =
   | { ok: false; notFound: true }
   | { ok: false; notFound: false; reason: string };
 
+const HELPER_PATHS = ["/usr/libexec/waffle/spawn"];
 const SETSID_PATHS = ["/usr/bin/setsid", "/bin/setsid"];
 const SETPRIV_PATHS = ["/usr/bin/setpriv", "/bin/setpriv"];
 const ENV_PATHS = ["/usr/bin/env", "/bin/env"];
@@ -81,6 +101,8 @@ const HEAD_BYTES = 2048;
 const MAX_INTERPRETERS = 4;
 /** `PT_INTERP`: the ELF program header naming the dynamic loader. */
 const PT_INTERP = 3;
+/** `ET_EXEC` and `ET_DYN`: the ELF types execve(2) runs. */
+const ELF_EXECUTABLE_TYPES = [2, 3];
 /** `X_OK` from `<unistd.h>`. */
 const X_OK = 1;
 /** `ST_NOEXEC` in `statvfs.f_flag`. */
@@ -99,6 +121,7 @@ let wrappers: SpawnWrappers | undefined;
  */
 export function spawnWrappers(): Readonly<SpawnWrappers> {
   wrappers ??= {
+    helper: findHelper(HELPER_PATHS),
     setsid: findWrapper(SETSID_PATHS, true),
     setpriv: findWrapper(SETPRIV_PATHS, false),
     env: findWrapper(ENV_PATHS, true),
@@ -107,13 +130,50 @@ export function spawnWrappers(): Readonly<SpawnWrappers> {
 }
 
 /**
- * Replaces the wrappers (tests: null entries force Deno's own options), or
+ * Replaces the wrappers as they are, unchecked (tests: null entries force
+ * the wrappers or Deno's own options), or
  * with undefined looks them up again on next use.
  *
  * @param override The wrappers to use, or undefined.
  */
 export function setSpawnWrappers(override: SpawnWrappers | undefined): void {
   wrappers = override === undefined ? undefined : { ...override };
+}
+
+/**
+ * Why a file must not be used as the spawn helper, which runs as root with
+ * the request's environment.
+ *
+ * @param path The candidate's absolute path (symbolic links are followed).
+ * @returns The reason, or null when it is usable: an executable regular file
+ *   owned by root or the runner's uid, not writable by group or others, and
+ *   an ELF executable without a dynamic loader (`PT_INTERP`).
+ */
+export function spawnHelperProblem(path: string): string | null {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.statSync(path);
+  } catch (error) {
+    return errorReason(error);
+  }
+  const mode = info.mode ?? 0;
+  if (!info.isFile) return "not a regular file";
+  if ((mode & 0o111) === 0) return "not executable";
+  if (info.uid !== 0 && info.uid !== runnerUid()) return `owned by uid ${info.uid}`;
+  if ((mode & 0o022) !== 0) return "writable by group or others";
+  const head = readHead(path);
+  if (head === null) return "not readable";
+  const elf = elfProgramHeaders(head);
+  if (elf === null || !ELF_EXECUTABLE_TYPES.includes(elf.type)) return "not an ELF executable";
+  if (!elf.complete) return "ELF program headers out of reach";
+  if (elf.headers.some((header) => header.type === PT_INTERP)) {
+    return "dynamically linked (the request's environment could load code into it)";
+  }
+  return null;
+}
+
+function findHelper(candidates: readonly string[]): string | null {
+  return candidates.find((candidate) => spawnHelperProblem(candidate) === null) ?? null;
 }
 
 // The first candidate that is an executable regular file; a busybox applet
@@ -149,7 +209,7 @@ export function planSpawn(
   env: Record<string, string>,
   user: { uid: number; gid: number } | undefined,
 ): SpawnPlan {
-  const { setsid, setpriv, env: envWrapper } = spawnWrappers();
+  const { helper, setsid, setpriv, env: envWrapper } = spawnWrappers();
   const legacy: SpawnPlan = {
     program: path,
     args: [...args],
@@ -158,6 +218,19 @@ export function planSpawn(
     user,
     sessionPending: false,
   };
+  // The helper needs CAP_SETUID/CAP_SETGID to drop (setgroups fails
+  // without): a runner that is not root keeps Deno's way for that.
+  if (helper !== null && (user === undefined || runnerUid() === 0)) {
+    return {
+      program: helper,
+      args: user === undefined
+        ? ["-", path, ...args]
+        : [String(user.uid), String(user.gid), path, ...args],
+      env,
+      detached: false,
+      sessionPending: true,
+    };
+  }
   if (setsid === null) return legacy;
   if (user === undefined) {
     // Same uid as the runner: nothing more privileged than the command sees its environment.
@@ -396,32 +469,48 @@ function shebangInterpreter(head: Uint8Array): string | null {
   return end > start ? new TextDecoder().decode(line.subarray(start, end)) : null;
 }
 
-// The dynamic loader (PT_INTERP) of an ELF file, when its headers are in `head`.
-function elfInterpreter(head: Uint8Array): string | null {
+interface ElfHeaders {
+  /** `e_type`. */
+  type: number;
+  /** The program headers that lie within the bytes read. */
+  headers: { type: number; offset: number; size: number }[];
+  /** Whether all of them did. */
+  complete: boolean;
+}
+
+// The type and program headers of an ELF file (from its first bytes); null if no ELF.
+function elfProgramHeaders(head: Uint8Array): ElfHeaders | null {
   if (head.length < 64 || head[0] !== 0x7f || head[1] !== 0x45 || head[2] !== 0x4c) return null;
   if (head[3] !== 0x46) return null;
   const is64 = head[4] === 2;
   const little = head[5] === 1;
   const view = new DataView(head.buffer, head.byteOffset, head.byteLength);
+  const type = view.getUint16(16, little);
   const phoff = is64 ? Number(view.getBigUint64(32, little)) : view.getUint32(28, little);
   const phentsize = view.getUint16(is64 ? 54 : 42, little);
   const phnum = view.getUint16(is64 ? 56 : 44, little);
+  const headers: ElfHeaders["headers"] = [];
   for (let index = 0; index < phnum; index++) {
     const at = phoff + index * phentsize;
-    if (at + (is64 ? 56 : 32) > head.length) return null;
-    if (view.getUint32(at, little) !== PT_INTERP) continue;
-    const offset = is64
-      ? Number(view.getBigUint64(at + 8, little))
-      : view.getUint32(at + 4, little);
-    const size = is64
-      ? Number(view.getBigUint64(at + 32, little))
-      : view.getUint32(at + 16, little);
-    if (offset + size > head.length || size === 0) return null;
-    const bytes = head.subarray(offset, offset + size);
-    const nul = bytes.indexOf(0);
-    return new TextDecoder().decode(nul < 0 ? bytes : bytes.subarray(0, nul));
+    if (at + (is64 ? 56 : 32) > head.length) return { type, headers, complete: false };
+    headers.push({
+      type: view.getUint32(at, little),
+      offset: is64 ? Number(view.getBigUint64(at + 8, little)) : view.getUint32(at + 4, little),
+      size: is64 ? Number(view.getBigUint64(at + 32, little)) : view.getUint32(at + 16, little),
+    });
   }
-  return null;
+  return { type, headers, complete: true };
+}
+
+// The dynamic loader (PT_INTERP) of an ELF file, when its headers are in `head`.
+function elfInterpreter(head: Uint8Array): string | null {
+  const interp = elfProgramHeaders(head)?.headers.find((header) => header.type === PT_INTERP);
+  if (interp === undefined) return null;
+  const { offset, size } = interp;
+  if (offset + size > head.length || size === 0) return null;
+  const bytes = head.subarray(offset, offset + size);
+  const nul = bytes.indexOf(0);
+  return new TextDecoder().decode(nul < 0 ? bytes : bytes.subarray(0, nul));
 }
 
 function exists(path: string): boolean {

@@ -10,8 +10,10 @@
 #                  (npm:@modelcontextprotocol/server-everything), world-readable for
 #                  the sandbox's uid, unless it is cached already.
 #   --docker       also: install docker.io via apt when dockerd is missing,
-#                  start dockerd when the daemon does not answer, build the
-#                  runner image (scripts/build_image.sh) when missing or stale,
+#                  start dockerd when the daemon does not answer, install gcc and
+#                  the static C library via apt when missing (the image's spawn
+#                  helper is compiled with them), build the runner image
+#                  (scripts/build_image.sh) when missing or stale,
 #                  and print the daemon's version, arch, storage and cgroup driver.
 #   --force-image  rebuild the runner image even when it is up to date.
 set -euo pipefail
@@ -29,7 +31,7 @@ for arg in "$@"; do
     --docker) with_docker=1 ;;
     --force-image) force_image=1 ;;
     -h | --help)
-      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -180,6 +182,34 @@ ensure_docker_running() {
   say "docker daemon answers after ${waited}s"
 }
 
+# gcc with the static C library: image/build_rootfs.sh compiles the spawn
+# helper (image/spawn_helper.c) with `gcc -static`.
+has_static_cc() {
+  local libc
+  command -v gcc >/dev/null 2>&1 || return 1
+  libc="$(gcc -print-file-name=libc.a 2>/dev/null)" || return 1
+  [[ "$libc" == /* && -f "$libc" ]]
+}
+
+ensure_build_tools() {
+  if has_static_cc; then
+    say "gcc with the static C library: $(command -v gcc)"
+    return
+  fi
+  is_root || die "gcc or the static C library (libc.a) is missing and installing them needs root" \
+    "(apt-get install -y gcc libc6-dev): the runner image's spawn helper is compiled with them"
+  command -v apt-get >/dev/null 2>&1 ||
+    die "gcc or the static C library (libc.a) is missing and apt-get is not available"
+  say "apt-get install -y gcc libc6-dev"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y gcc libc6-dev ||
+    {
+      DEBIAN_FRONTEND=noninteractive apt-get update &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y gcc libc6-dev
+    } ||
+    die "Could not install 'gcc libc6-dev'"
+  has_static_cc || die "gcc still cannot link statically after installing 'gcc libc6-dev'"
+}
+
 ensure_image() {
   local args=()
   ((force_image == 0)) || args+=(--force)
@@ -202,6 +232,7 @@ ensure_mcp_cache
 if ((with_docker == 1)); then
   ensure_docker_installed
   ensure_docker_running
+  ensure_build_tools
   ensure_image
   print_docker_summary
 else

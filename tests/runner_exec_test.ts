@@ -14,7 +14,7 @@ import { UsageError } from "../lib/errors.ts";
 import { type ExecOutcome, runCommand, spawnedPids } from "../runner/exec.ts";
 import { findTree, parseProcStat, readProcStat } from "../runner/process_tree.ts";
 import { enableSubreaper, reapOrphans } from "../runner/subreaper.ts";
-import { planSpawn, setSpawnWrappers, spawnWrappers } from "../runner/spawn.ts";
+import { planSpawn, setSpawnWrappers, spawnHelperProblem, spawnWrappers } from "../runner/spawn.ts";
 import { buildEnv, resolveCwd } from "../runner/workspace.ts";
 
 const PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -710,20 +710,149 @@ Deno.test("buildEnv() adds the request marker and rejects bad variables", () => 
   }
 });
 
-// --- Spawning through exec-in-place wrappers (runner/spawn.ts) ---
+// --- Spawning through the spawn helper or exec-in-place wrappers (runner/spawn.ts) ---
 
 const SANDBOX_USER = { uid: 10001, gid: 10001 };
 const IS_ROOT = Deno.uid() === 0;
 
-/** The two ways of spawning: through the wrappers found on this host, and Deno's own options. */
-const SPAWN_MODES = ["wrappers", "Deno options"] as const;
+/** Built from image/spawn_helper.c with gcc, into a temporary directory removed at exit. */
+interface Built {
+  /** The static helper, or null with `reason`. */
+  helper: string | null;
+  /** A shared library whose constructor logs its process's uid (LD_PRELOAD tests). */
+  preload: string | null;
+  /** The helper linked dynamically (must be refused), or null. */
+  dynamicHelper: string | null;
+  /** Why the helper could not be built. */
+  reason: string;
+}
 
-async function inSpawnMode<T>(
-  mode: (typeof SPAWN_MODES)[number],
-  fn: () => Promise<T>,
-): Promise<T> {
-  setSpawnWrappers(mode === "wrappers" ? undefined : { setsid: null, setpriv: null, env: null });
+const BUILT = await buildWithGcc();
+
+async function buildWithGcc(): Promise<Built> {
+  const none = (reason: string): Built => ({
+    helper: null,
+    preload: null,
+    dynamicHelper: null,
+    reason,
+  });
+  const source = new URL("../image/spawn_helper.c", import.meta.url).pathname;
+  const dir = Deno.realPathSync(Deno.makeTempDirSync({ prefix: "waffle_spawn_helper_" }));
+  globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
+  // Readable by the sandbox uid: it loads preload.so.
+  Deno.chmodSync(dir, 0o755);
+  const gcc = async (args: string[]): Promise<string | null> => {
+    try {
+      const out = await new Deno.Command("gcc", { args, stdout: "null", stderr: "piped" }).output();
+      if (out.success) return null;
+      const text = new TextDecoder().decode(out.stderr).trim().split("\n");
+      return `gcc ${args.join(" ")} failed: ${text.slice(-2).join(" / ")}`;
+    } catch (error) {
+      return error instanceof Deno.errors.NotFound
+        ? "gcc not found (apt-get install -y gcc libc6-dev)"
+        : `gcc: ${error instanceof Error ? error.message : String(error)}`;
+    }
+  };
+  const flags = ["-Os", "-Wall", "-Wextra", "-Werror"];
+  const failed = await gcc(["-static", ...flags, "-o", `${dir}/spawn`, source]);
+  if (failed !== null) return none(failed);
+  Deno.writeTextFileSync(
+    `${dir}/preload.c`,
+    `#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void logged(void) {
+  const char *log = getenv("WAFFLE_PRELOAD_LOG");
+  char exe[512] = "", line[600];
+  if (log == NULL) return;
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) exe[n] = 0;
+  int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, 0666);
+  if (fd < 0) return;
+  int length = snprintf(line, sizeof line, "uid=%d exe=%s\\n", (int)getuid(), exe);
+  if (write(fd, line, (size_t)length) < 0) {}
+  close(fd);
+}
+`,
+  );
+  const preloadFailed = await gcc([
+    "-shared",
+    "-fPIC",
+    "-o",
+    `${dir}/preload.so`,
+    `${dir}/preload.c`,
+  ]);
+  const dynamicFailed = await gcc([...flags, "-o", `${dir}/spawn-dynamic`, source]);
+  return {
+    helper: `${dir}/spawn`,
+    preload: preloadFailed === null ? `${dir}/preload.so` : null,
+    dynamicHelper: dynamicFailed === null ? `${dir}/spawn-dynamic` : null,
+    reason: preloadFailed ?? dynamicFailed ?? "",
+  };
+}
+
+type TestDefinition = { name: string; ignore?: boolean; fn: () => Promise<void> | void };
+
+/** Registers a test that needs the helper built: ignored with the reason, or failing with WAFFLE_REQUIRE_DOCKER=1. */
+function helperTest(definition: TestDefinition): void {
+  if (BUILT.helper !== null) {
+    Deno.test(definition);
+  } else if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
+    Deno.test({
+      name: definition.name,
+      fn: () => {
+        throw new Error(`The spawn helper is required (WAFFLE_REQUIRE_DOCKER=1): ${BUILT.reason}`);
+      },
+    });
+  } else {
+    Deno.test({
+      name: `${definition.name} [ignored: ${BUILT.reason}]`,
+      ignore: true,
+      fn: () => {},
+    });
+  }
+}
+
+/**
+ * The ways of spawning: waffle's static helper (built here), the wrappers
+ * found on this host, and Deno's own options.
+ */
+const SPAWN_MODES = ["helper", "wrappers", "Deno options"] as const;
+type SpawnMode = (typeof SPAWN_MODES)[number];
+
+/** A test per spawn mode; the helper's needs the helper built (see {@linkcode helperTest}). */
+function modeTest(
+  mode: SpawnMode,
+  definition: TestDefinition | string,
+  fn: () => Promise<void> = () => Promise.resolve(),
+): void {
+  const test = typeof definition === "string" ? { name: definition, fn } : definition;
+  if (mode === "helper") helperTest(test);
+  else Deno.test(test);
+}
+
+async function inSpawnMode<T>(mode: SpawnMode, fn: () => Promise<T>): Promise<T> {
+  const none = { helper: null, setsid: null, setpriv: null, env: null };
+  setSpawnWrappers(undefined);
+  const found = spawnWrappers();
+  setSpawnWrappers(
+    mode === "helper"
+      // The helper alone: no wrapper to fall back on.
+      ? { ...none, helper: BUILT.helper }
+      : mode === "wrappers"
+      ? { ...found, helper: null }
+      : none,
+  );
+  // The mode is in effect: the plan starts what it should.
+  const planned = planSpawn("/bin/true", [], {}, undefined).program;
+  const expected = mode === "helper"
+    ? BUILT.helper
+    : mode === "wrappers" && found.setsid !== null
+    ? found.setsid
+    : "/bin/true";
   try {
+    assert.equal(planned, expected, `spawn mode '${mode}'`);
     return await fn();
   } finally {
     setSpawnWrappers(undefined);
@@ -802,10 +931,11 @@ Deno.test("spawnWrappers() finds absolute wrappers, never busybox's setpriv", ()
   if (found.setpriv !== null) {
     assert.doesNotMatch(Deno.realPathSync(found.setpriv), /busybox/);
   }
+  if (found.helper !== null) assert.equal(spawnHelperProblem(found.helper), null);
 });
 
 Deno.test("planSpawn() runs setsid first and drops the uid before the command's environment applies", () => {
-  const wrappers = { setsid: "/w/setsid", setpriv: "/w/setpriv", env: "/w/env" };
+  const wrappers = { helper: null, setsid: "/w/setsid", setpriv: "/w/setpriv", env: "/w/env" };
   setSpawnWrappers(wrappers);
   try {
     const env = { PATH, LD_PRELOAD: "/x.so", EMPTY: "" };
@@ -844,7 +974,7 @@ Deno.test("planSpawn() runs setsid first and drops the uid before the command's 
       const odd = planSpawn("/w/a=b", [], env, SANDBOX_USER);
       assert.deepEqual([odd.program, odd.detached, odd.user], ["/w/a=b", true, SANDBOX_USER]);
     }
-    setSpawnWrappers({ setsid: null, setpriv: "/w/setpriv", env: "/w/env" });
+    setSpawnWrappers({ helper: null, setsid: null, setpriv: "/w/setpriv", env: "/w/env" });
     const legacy = planSpawn("/bin/prog", [], env, SANDBOX_USER);
     assert.deepEqual(legacy, {
       program: "/bin/prog",
@@ -859,20 +989,222 @@ Deno.test("planSpawn() runs setsid first and drops the uid before the command's 
   }
 });
 
-for (const mode of SPAWN_MODES) {
-  Deno.test(`runCommand() (${mode}) runs the command as the spawned pid, in its own session and process group`, async () => {
-    await inSpawnMode(mode, async () => {
-      const result = await runAs(["sh", "-c", IDENTITY_SCRIPT]);
-      assert.equal(result.outcome.exitCode, 0, result.stderr);
-      const identity = parseIdentity(result.stdout);
-      assert.equal(identity.pid, result.pid);
-      assert.equal(identity.pgid, identity.pid);
-      assert.equal(identity.sid, identity.pid);
-      assert.equal(spawnedPids().size, 0);
-    });
+Deno.test("planSpawn() prefers the spawn helper and gives it the command's environment", () => {
+  setSpawnWrappers({
+    helper: "/w/spawn",
+    setsid: "/w/setsid",
+    setpriv: "/w/setpriv",
+    env: "/w/env",
   });
+  try {
+    const env = { PATH, LD_PRELOAD: "/x.so" };
+    assert.deepEqual(planSpawn("/bin/prog", ["-a", "b c"], env, undefined), {
+      program: "/w/spawn",
+      args: ["-", "/bin/prog", "-a", "b c"],
+      env,
+      detached: false,
+      sessionPending: true,
+    });
+    const dropped = planSpawn("/w/a=b", ["-a"], env, { uid: 1234, gid: 5678 });
+    if (IS_ROOT) {
+      // Static, so the request's environment loads nothing into it.
+      assert.deepEqual(dropped, {
+        program: "/w/spawn",
+        args: ["1234", "5678", "/w/a=b", "-a"],
+        env,
+        detached: false,
+        sessionPending: true,
+      });
+    } else {
+      // It could not drop: Deno's own options, as for the wrappers.
+      assert.deepEqual([dropped.program, dropped.detached, dropped.user], [
+        "/w/a=b",
+        true,
+        { uid: 1234, gid: 5678 },
+      ]);
+    }
+  } finally {
+    setSpawnWrappers(undefined);
+  }
+});
 
-  Deno.test({
+// The helper directly, started the way the runner starts it (posix_spawn, no group leader).
+async function runHelper(
+  args: string[],
+  options: { env?: Record<string, string>; user?: { uid: number; gid: number } } = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  assert.ok(BUILT.helper !== null);
+  const out = await new Deno.Command(BUILT.helper, {
+    args,
+    env: options.env ?? { PATH },
+    clearEnv: true,
+    stdout: "piped",
+    stderr: "piped",
+    ...(options.user ?? {}),
+  }).output();
+  const decoder = new TextDecoder();
+  return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
+}
+
+helperTest({
+  name: "spawn helper: rejects bad arguments with 126 and runs nothing",
+  fn: async () => {
+    const usage = "usage: spawn UID GID PROGRAM [ARGS...] | spawn - PROGRAM [ARGS...]";
+    const echo = ["/bin/echo", "ran"];
+    const cases: [string[], string][] = [
+      [[], usage],
+      [["-"], usage],
+      [["/bin/echo"], usage],
+      [["1", "/bin/echo"], usage],
+      [["", "1", ...echo], "invalid UID"],
+      [["-1", "1", ...echo], "invalid UID"],
+      [["+1", "1", ...echo], "invalid UID"],
+      [[" 1", "1", ...echo], "invalid UID"],
+      [["1x", "1", ...echo], "invalid UID"],
+      [["0x10", "1", ...echo], "invalid UID"],
+      [["4294967295", "1", ...echo], "invalid UID"],
+      [["12345678901", "1", ...echo], "invalid UID"],
+      [["1", "4294967295", ...echo], "invalid GID"],
+      [["1", "", ...echo], "invalid GID"],
+      [["1", "-", ...echo], "invalid GID"],
+    ];
+    for (const [args, message] of cases) {
+      const result = await runHelper(args);
+      const what = JSON.stringify(args);
+      assert.equal(result.code, 126, what);
+      assert.equal(result.stderr, `waffle-spawn: ${message}\n`, what);
+      assert.equal(result.stdout, "", what);
+    }
+  },
+});
+
+helperTest({
+  name: "spawn helper: a failed exec says why, with 127 for not found and 126 otherwise",
+  fn: async () => {
+    await withTempDir(async (dir) => {
+      writeScript(dir, "data.txt", "echo nope\n");
+      const cases: [string, number, string][] = [
+        [`${dir}/missing`, 127, "No such file or directory"],
+        [`${dir}/data.txt/x`, 127, "Not a directory"],
+        [`${dir}/data.txt`, 126, "Permission denied"],
+        [dir, 126, "Permission denied"],
+      ];
+      for (const [program, code, reason] of cases) {
+        const result = await runHelper(["-", program, "arg"]);
+        assert.equal(result.code, code, program);
+        assert.equal(result.stderr, `waffle-spawn: '${program}': ${reason}\n`, program);
+      }
+      // PROGRAM is used as given, never searched for in PATH.
+      const bare = await runHelper(["-", "true"], { env: { PATH } });
+      assert.equal(bare.code, 127);
+      assert.equal(bare.stderr, "waffle-spawn: 'true': No such file or directory\n");
+    });
+  },
+});
+
+helperTest({
+  name: "spawn helper: runs the program in place in a new session with the given environment",
+  fn: async () => {
+    const env = { PATH, LD_PRELOAD: "/waffle/no/such/preload.so", A: "b c" };
+    const result = await runHelper(["-", "/bin/sh", "-c", IDENTITY_SCRIPT], { env });
+    assert.equal(result.code, 0, result.stderr);
+    const identity = parseIdentity(result.stdout);
+    assert.equal(identity.pgid, identity.pid);
+    assert.equal(identity.sid, identity.pid);
+    const printed = await runHelper(["-", "/bin/sh", "-c", 'echo "$A|$LD_PRELOAD"; exit 7'], {
+      env,
+    });
+    assert.equal(printed.code, 7);
+    assert.equal(printed.stdout, "b c|/waffle/no/such/preload.so\n");
+  },
+});
+
+helperTest({
+  name: "spawn helper: drops to the given uid and gid, not swapped, with no groups",
+  ignore: !IS_ROOT,
+  fn: async () => {
+    const result = await runHelper(["1234", "5678", "/bin/sh", "-c", IDENTITY_SCRIPT]);
+    assert.equal(result.code, 0, result.stderr);
+    const identity = parseIdentity(result.stdout);
+    assert.equal(identity.sid, identity.pid);
+    assert.equal(identity.status.get("Uid"), "1234\t1234\t1234\t1234");
+    assert.equal(identity.status.get("Gid"), "5678\t5678\t5678\t5678");
+    assert.equal(identity.status.get("Groups"), "");
+    assert.equal(identity.status.get("CapEff"), "0000000000000000");
+    assert.equal(identity.status.get("CapPrm"), "0000000000000000");
+  },
+});
+
+helperTest({
+  name: "spawn helper: fails with 126 and runs nothing when it cannot drop",
+  ignore: !IS_ROOT,
+  fn: async () => {
+    const result = await runHelper(["10002", "10002", "/bin/echo", "ran"], { user: SANDBOX_USER });
+    assert.equal(result.code, 126);
+    assert.equal(result.stderr, "waffle-spawn: setgroups: Operation not permitted\n");
+    assert.equal(result.stdout, "");
+  },
+});
+
+helperTest({
+  name: "spawnHelperProblem() accepts only a static, root-owned, unwritable executable",
+  fn: async () => {
+    assert.ok(BUILT.helper !== null);
+    assert.equal(spawnHelperProblem(BUILT.helper), null);
+    await withTempDir((dir) => {
+      const copy = (name: string, from: string, mode: number): string => {
+        Deno.copyFileSync(from, `${dir}/${name}`);
+        Deno.chmodSync(`${dir}/${name}`, mode);
+        return `${dir}/${name}`;
+      };
+      assert.equal(spawnHelperProblem(copy("ok", BUILT.helper!, 0o755)), null);
+      assert.equal(
+        spawnHelperProblem(copy("group-writable", BUILT.helper!, 0o775)),
+        "writable by group or others",
+      );
+      assert.equal(
+        spawnHelperProblem(copy("world-writable", BUILT.helper!, 0o757)),
+        "writable by group or others",
+      );
+      assert.equal(spawnHelperProblem(copy("plain", BUILT.helper!, 0o644)), "not executable");
+      writeScript(dir, "script", '#!/bin/sh\nexec "$@"\n');
+      Deno.chmodSync(`${dir}/script`, 0o755);
+      assert.equal(spawnHelperProblem(`${dir}/script`), "not an ELF executable");
+      assert.equal(spawnHelperProblem(dir), "not a regular file");
+      assert.notEqual(spawnHelperProblem(`${dir}/missing`), null);
+      if (IS_ROOT) {
+        const foreign = copy("foreign", BUILT.helper!, 0o755);
+        Deno.chownSync(foreign, SANDBOX_USER.uid, SANDBOX_USER.gid);
+        assert.equal(spawnHelperProblem(foreign), `owned by uid ${SANDBOX_USER.uid}`);
+      }
+      if (BUILT.dynamicHelper !== null) {
+        assert.equal(
+          spawnHelperProblem(BUILT.dynamicHelper),
+          "dynamically linked (the request's environment could load code into it)",
+        );
+      }
+    });
+  },
+});
+
+for (const mode of SPAWN_MODES) {
+  modeTest(
+    mode,
+    `runCommand() (${mode}) runs the command as the spawned pid, in its own session and process group`,
+    async () => {
+      await inSpawnMode(mode, async () => {
+        const result = await runAs(["sh", "-c", IDENTITY_SCRIPT]);
+        assert.equal(result.outcome.exitCode, 0, result.stderr);
+        const identity = parseIdentity(result.stdout);
+        assert.equal(identity.pid, result.pid);
+        assert.equal(identity.pgid, identity.pid);
+        assert.equal(identity.sid, identity.pid);
+        assert.equal(spawnedPids().size, 0);
+      });
+    },
+  );
+
+  modeTest(mode, {
     name: `runCommand() (${mode}) drops to the given uid and gid with no supplementary groups`,
     ignore: !IS_ROOT,
     fn: async () => {
@@ -893,7 +1225,7 @@ for (const mode of SPAWN_MODES) {
     },
   });
 
-  Deno.test({
+  modeTest(mode, {
     name: `runCommand() (${mode}) gives the request's environment to the command only`,
     ignore: !IS_ROOT,
     fn: async () => {
@@ -926,12 +1258,50 @@ for (const mode of SPAWN_MODES) {
       });
     },
   });
+
+  modeTest(mode, {
+    name:
+      `runCommand() (${mode}) loads a request's LD_PRELOAD library into the command only, never as root${
+        BUILT.preload === null && mode !== "helper" ? ` [ignored: ${BUILT.reason}]` : ""
+      }`,
+    ignore: !IS_ROOT || BUILT.preload === null,
+    fn: async () => {
+      const preload = BUILT.preload;
+      assert.ok(preload !== null);
+      await withTempDir(async (dir) => {
+        Deno.chmodSync(dir, 0o777);
+        const log = `${dir}/loads.log`;
+        const env = { LD_PRELOAD: preload, WAFFLE_PRELOAD_LOG: log };
+        const loads = (): string[] => {
+          const text = Deno.readTextFileSync(log);
+          Deno.removeSync(log);
+          return text.split("\n").filter((line) => line !== "");
+        };
+        // The library works: a dynamically linked root process given it logs uid 0.
+        const control = await new Deno.Command("/bin/true", {
+          env: { PATH, ...env },
+          clearEnv: true,
+        }).output();
+        assert.equal(control.code, 0);
+        assert.deepEqual(loads().map((line) => line.split(" ")[0]), ["uid=0"]);
+
+        await inSpawnMode(mode, async () => {
+          const result = await runAs(["true"], { user: SANDBOX_USER, env });
+          assert.equal(result.outcome.exitCode, 0, result.stderr);
+          // Exactly one load: the command's own, as the sandbox uid.
+          const lines = loads();
+          assert.equal(lines.length, 1, lines.join("\n"));
+          assert.match(lines[0] ?? "", /^uid=10001 exe=\/\S*\/true$/);
+        });
+      });
+    },
+  });
 }
 
 for (const mode of SPAWN_MODES) {
   for (const user of IS_ROOT ? [undefined, SANDBOX_USER] : [undefined]) {
     const as = user === undefined ? "" : " as another uid";
-    Deno.test(`runCommand() (${mode}) reports 126/127 before spawning${as}`, async () => {
+    modeTest(mode, `runCommand() (${mode}) reports 126/127 before spawning${as}`, async () => {
       await withTempDir(async (dir) => {
         Deno.chmodSync(dir, 0o755);
         Deno.mkdirSync(`${dir}/sub`);
@@ -992,7 +1362,7 @@ for (const mode of SPAWN_MODES) {
     });
   }
 
-  Deno.test({
+  modeTest(mode, {
     name: `runCommand() (${mode}) reports what the dropped uid may not execute as 126`,
     ignore: !IS_ROOT,
     fn: async () => {
@@ -1027,7 +1397,7 @@ for (const mode of SPAWN_MODES) {
     },
   });
 
-  Deno.test(`runCommand() (${mode}) kills a command aborted right at spawn`, async () => {
+  modeTest(mode, `runCommand() (${mode}) kills a command aborted right at spawn`, async () => {
     // With wrappers the process is still the setsid wrapper, in the runner's
     // own group (which killTree() skips), for a moment after spawning.
     for (const user of IS_ROOT ? [undefined, SANDBOX_USER] : [undefined]) {
