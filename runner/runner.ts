@@ -121,6 +121,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   acquireRunnerLock(paths.runnerLock);
   const subreaper = enableSubreaper();
   const queue = RunnerQueue.open(options.queueDir, { outboundDir: options.outboundDir });
+  mark("runner: queue open");
   const bootId = crypto.randomUUID();
   const runnerId = options.runnerId ?? Deno.hostname();
   const concurrency = Math.max(1, options.concurrency ?? 1);
@@ -182,6 +183,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     state: "running",
     idleSince,
   });
+  mark("runner: first beat");
   // From the bundled artefact: the worker's own bundle, embedded in it.
   const embedded = (globalThis as Record<string, unknown>)[HEARTBEAT_SOURCE];
   const workerUrl = typeof embedded === "string"

@@ -9,6 +9,7 @@
 #       DIR/lib/waffle/waffle.js         the artefact (CLI and runner in one)
 #       DIR/lib/waffle/waffle.js.sha256  its digest, size and mtime
 #       DIR/lib/waffle/deno              the pinned Deno
+#       DIR/lib/waffle/runner-cache/     the runner's warm Deno cache (root only)
 #       DIR/bin/waffle                   a launcher: deno run … waffle.js "$@"
 #   Where `deno compile` can fetch its runtime, DIR/lib/waffle/waffle (one
 #   binary) replaces the artefact and Deno (WAFFLE_INSTALL_BUNDLE=1: always
@@ -95,6 +96,8 @@ fi
 (cd "$REPO" && deno eval --quiet \
   "import { writeArtefactDigest } from './lib/config/self.ts'; writeArtefactDigest('$LIB/waffle.js');")
 if place "$build/deno" "$LIB/deno" 0755; then say "installed $LIB/deno"; fi
+# The runner's warm Deno cache, made for this artefact (and remade with it).
+deno run --allow-all "$REPO/scripts/runner_cache.ts" "$LIB"
 
 cat >"$build/launcher" <<EOF
 #!/bin/sh

@@ -13,6 +13,7 @@ import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
 import { DockerError, RunnerError } from "../errors.ts";
 import type { Queue, RunnerTrouble } from "../queue/queue.ts";
+import { mark } from "../trace.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 import { type ContainerSpec, containerSpec, LABELS, postureDrift } from "./posture.ts";
 import { resetOutbound, stateExists } from "./state_dir.ts";
@@ -52,6 +53,12 @@ export interface EnsureOptions {
    * The runner's own count decides nothing beyond this bound.
    */
   drainTimeoutMs?: number;
+  /**
+   * Work the container's mounts depend on (the volume), already under way:
+   * it runs beside the inspects and is awaited before anything is created
+   * or started.
+   */
+  prepared?: Promise<unknown>;
   /**
    * What a waiting host found wrong with the runner: `stale` and `locked`
    * kill the container (everything in it dies, locks included) and start it
@@ -123,7 +130,9 @@ export async function ensureContainer(
   const [imageId, found] = await Promise.all([
     resolveImage(docker, config.image),
     docker.inspectContainer(key.containerName),
+    options.prepared,
   ]);
+  mark("image and container inspected");
   const spec = containerSpec(key, { config, imageId, paths });
   const postureHash = spec.postureHash;
   let container = found;
@@ -166,6 +175,7 @@ export async function ensureContainer(
     let id: string;
     try {
       id = await docker.createContainer(spec.name, spec.body);
+      mark("container created");
       if (action === "reused") action = "created";
     } catch (error) {
       // Another process created it between our inspect and create: adopt it
@@ -178,9 +188,9 @@ export async function ensureContainer(
       }
       id = adopted.Id;
     }
-    await startReady(docker, id, { ...options, before });
+    const pid = await startReady(docker, id, { ...options, before });
     await queue.syncGeneration();
-    return { containerId: id, imageId, postureHash, pid: await pidOf(docker, id), action };
+    return { containerId: id, imageId, postureHash, pid, action };
   }
 
   if (container.State.Running) {
@@ -208,9 +218,8 @@ export async function ensureContainer(
     if (judged.state === "damaged") await resetOutbound(paths);
   }
   const before = queue.heartbeat()?.bootId;
-  await startReady(docker, container.Id, { ...options, before });
+  const pid = await startReady(docker, container.Id, { ...options, before });
   await queue.syncGeneration();
-  const pid = await pidOf(docker, container.Id);
   return { containerId: container.Id, imageId, postureHash, pid, action: "started" };
 }
 
@@ -266,19 +275,24 @@ function refuseForeign(
   );
 }
 
-// Starts the container and waits for its runner. A runner that stops during
+// Starts the container and waits for its runner; returns the pid of its
+// init process (asked while the runner boots). A runner that stops during
 // start is given a second start; then its directory, which may hold names it
 // cannot use (a compromised runner's leftovers), is replaced for a third.
 async function startReady(
   docker: DockerClient,
   id: string,
   options: EnsureOptions & { before: string | undefined },
-): Promise<void> {
+): Promise<number> {
   const ready = { queue: options.queue, before: options.before, timeoutMs: options.readyTimeoutMs };
   for (let attempt = 1;; attempt++) {
     await docker.startContainer(id);
+    mark("container started");
+    const pid = pidOf(docker, id).catch(() => 0);
     try {
-      return await waitReady(docker, id, ready);
+      await waitReady(docker, id, ready);
+      mark("runner ready");
+      return await pid;
     } catch (error) {
       if (!(error instanceof RunnerError) || attempt === 3) throw error;
     }

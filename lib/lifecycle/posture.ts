@@ -10,7 +10,15 @@
 import { sha256Hex } from "../digest.ts";
 import { UsageError } from "../errors.ts";
 import type { SandboxConfig } from "../config/config.ts";
-import { ARTEFACT_FLAGS, artefactCommand, artefactDigest, selfCommand } from "../config/self.ts";
+import {
+  ARTEFACT_FLAGS,
+  artefactCommand,
+  artefactDigest,
+  PROGRAM_DIR,
+  RUNNER_V8_FLAGS,
+  runnerCacheOf,
+  selfCommand,
+} from "../config/self.ts";
 import type { ContainerCreateBody, ContainerInspect, HostConfigMount } from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 
@@ -29,9 +37,10 @@ export const SANDBOX_UID = 10001;
 export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL"] as const;
 
 /** Where the runner's program is mounted inside the container. */
-const PROGRAM_DIR = "/opt/waffle";
 /** Deno inside the container, when waffle runs from source (it runs npm MCP servers too). */
 export const SANDBOX_DENO = `${PROGRAM_DIR}/deno`;
+/** The runner cache's mount point (read-only), the runner's `DENO_DIR` when there is one. */
+const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
 /** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
 export const SANDBOX_MCP_CACHE = `${PROGRAM_DIR}/mcp-cache`;
 /** A restricted session's home: a tmpfs owned by the commands' uid. */
@@ -96,14 +105,14 @@ export function containerSpec(
     idleSeconds: RESTRICTED_IDLE_SECONDS,
     envAllowlist: [],
   };
-  const { cmd, mounts, launchIdentity } = runnerLaunch(config, paths, {
+  const { cmd, mounts, launchIdentity, denoDir } = runnerLaunch(config, paths, {
     readOnlyWorkspace: restricted !== undefined,
   });
   const groups = hostCanChown() ? [] : [String(Deno.gid())];
   const body: ContainerCreateBody = {
     Image: imageId,
     Cmd: cmd,
-    Env: runnerEnv(config, launchIdentity),
+    Env: runnerEnv(config, launchIdentity, denoDir ?? `${RUNNER_DIR}/deno`),
     // The runner is the container's root with RUNNER_CAPS only; commands
     // run as SANDBOX_UID (see RUNNER_CAPS).
     User: "0:0",
@@ -211,12 +220,12 @@ export function postureDrift(container: ContainerInspect, spec: ContainerSpec): 
   return checks.find(([, got, expected]) => got !== expected)?.[0];
 }
 
-function runnerEnv(config: SandboxConfig, launchIdentity: string[]): string[] {
+function runnerEnv(config: SandboxConfig, launchIdentity: string[], denoDir: string): string[] {
   return [
     ...launchIdentity,
     "PATH=/usr/local/bin:/usr/bin:/bin",
     `HOME=${RUNNER_DIR}`,
-    `DENO_DIR=${RUNNER_DIR}/deno`,
+    `DENO_DIR=${denoDir}`,
     "DENO_NO_UPDATE_CHECK=1",
     "NO_COLOR=1",
     `WAFFLE_PASS_ENV=${config.envAllowlist.join(",")}`,
@@ -227,11 +236,6 @@ function runnerEnv(config: SandboxConfig, launchIdentity: string[]): string[] {
   ];
 }
 
-// A 1 MiB young generation: an idle runner keeps what its busiest moment
-// grew, and V8's default (up to 16 MiB semi-spaces) held ~7 MiB more after a
-// burst of commands with output. Scavenges of a small heap stay cheap.
-const RUNNER_V8_FLAGS = "--v8-flags=--max-semi-space-size=1";
-
 // The runner's command line and mounts: the host's inbound directory
 // read-only, the runner's outbound directory and the workspace read-write,
 // and the program read-only.
@@ -239,7 +243,7 @@ function runnerLaunch(
   config: SandboxConfig,
   paths: StatePaths,
   options: { readOnlyWorkspace: boolean },
-): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[] } {
+): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[]; denoDir?: string } {
   const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
   const runnerArgs = [
     "runner",
@@ -263,7 +267,10 @@ function runnerLaunch(
     // digest joins the posture, so a new build recycles every sandbox.
     mounts.push(bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true));
     mounts.push(bind(Deno.realPathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
+    const cache = runnerCacheOf(self.artefact);
+    if (cache !== undefined) mounts.push(bind(Deno.realPathSync(cache), RUNNER_CACHE, true));
     return {
+      ...(cache === undefined ? {} : { denoDir: RUNNER_CACHE }),
       cmd: [
         SANDBOX_DENO,
         ...ARTEFACT_FLAGS,

@@ -324,11 +324,12 @@ async function mountImage(
     (await readMounts()).filter((m) => m.backingFile === image).map((m) => m.mountPoint);
   // Still attached means live elsewhere (a container's bind mount outlived the
   // host's mount, or a lazy unmount is draining): never check or resize it
-  // offline; `mount` reuses the live loop device.
-  if ((await loopDevicesOf(image)).length === 0) {
+  // offline; `mount` reuses the live loop device. A fresh image (`check`
+  // false) is attached nowhere and has its full size: nothing to look at.
+  if (options.check && (await loopDevicesOf(image)).length === 0) {
     const grow = await filesystemBytes(image) < (await Deno.stat(image)).size;
     // After a crash or reboot; resize2fs insists on a full check (-f) first.
-    if (options.check || grow) await fsck(image, { full: grow });
+    await fsck(image, { full: grow });
     if (grow) await runOrThrow("resize2fs", [image]);
   }
   const before = await mountsOfImage();

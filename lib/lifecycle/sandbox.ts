@@ -88,12 +88,15 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       import("../docker/client.ts"),
     ]);
     docker ??= new DockerClient();
-    volume = await prepareState(paths, { quotaBytes: config.quotaBytes });
-    mark("state prepared (volume)");
+    const prepared = prepareState(paths, { quotaBytes: config.quotaBytes }).then((status) => {
+      volume = status;
+      mark("state prepared (volume)");
+    });
     lastEnsure = await ensureContainer(docker, key, {
       config,
       paths,
       queue,
+      prepared,
       ...(trouble === undefined ? {} : { trouble }),
     });
     mark(`container ensured (${lastEnsure.action})`);
@@ -107,7 +110,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
         postureHash: lastEnsure.postureHash,
         process,
         bootId,
-        volume,
+        volume: volume!,
       },
     );
   };

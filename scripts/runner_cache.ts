@@ -1,0 +1,94 @@
+/**
+ * Makes the runner cache beside an installed artefact: a Deno cache
+ * (`DENO_DIR`) warmed by running the artefact exactly as a sandbox runs it,
+ * at the same path (`PROGRAM_DIR/waffle.js`, set up in a private mount
+ * namespace, so nothing outside this process sees it) and with the same V8
+ * flags. Sandboxes mount it read-only as their runner's `DENO_DIR`
+ * (`runnerCacheOf`), which spares each container start Deno's analysis of
+ * the artefact into an empty cache. It needs root and util-linux `unshare`;
+ * without them there is no cache and sandboxes start with an empty one.
+ *
+ * Usage: deno run --allow-all scripts/runner_cache.ts LIBDIR
+ *
+ * @module
+ */
+// deno-lint-ignore-file no-console
+import { ARTEFACT_FLAGS, PROGRAM_DIR, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
+
+const [lib] = Deno.args;
+if (lib === undefined || !lib.startsWith("/")) {
+  console.error("runner_cache: give the install's lib directory as an absolute path");
+  Deno.exit(2);
+}
+const cache = `${lib}/runner-cache`;
+const temp = `${lib}/.runner-cache.${Deno.pid}`;
+const parent = PROGRAM_DIR.slice(0, PROGRAM_DIR.lastIndexOf("/")) || "/";
+const usable = Deno.uid() === 0 && onPath("unshare") && isDirectory(parent);
+if (!usable) {
+  await Deno.remove(cache, { recursive: true }).catch(() => {});
+  console.error(
+    `runner_cache: none (needs root, unshare and '${parent}'): sandboxes start with an empty Deno cache`,
+  );
+  Deno.exit(0);
+}
+await Deno.remove(temp, { recursive: true }).catch(() => {});
+await Deno.mkdir(temp, { mode: 0o755 });
+// $1 lib, $2 cache, $3 program dir, then the runner's Deno flags.
+const script = `
+mount -t tmpfs -o size=1m,mode=0755 waffle "${parent}"
+mkdir -p "$3"; : >"$3/waffle.js"; : >"$3/deno"
+mount --bind -o ro "$1/waffle.js" "$3/waffle.js"
+mount --bind -o ro "$1/deno" "$3/deno"
+shift 3
+DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1 "${PROGRAM_DIR}/deno" "$@" "${PROGRAM_DIR}/waffle.js" runner --help >/dev/null
+`;
+const made = await new Deno.Command("unshare", {
+  args: [
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-ec",
+    script,
+    "sh",
+    lib,
+    temp,
+    PROGRAM_DIR,
+    ...ARTEFACT_FLAGS,
+    RUNNER_V8_FLAGS,
+  ],
+  env: { CACHE: temp },
+  stdin: "null",
+  stdout: "inherit",
+  stderr: "piped",
+}).output();
+if (!made.success) {
+  await Deno.remove(temp, { recursive: true }).catch(() => {});
+  console.error(`runner_cache: none: ${new TextDecoder().decode(made.stderr).trim()}`);
+  Deno.exit(0);
+}
+// World-readable (the runner is root without DAC capabilities), written by nobody else.
+await new Deno.Command("chmod", { args: ["-R", "a+rX,go-w", temp] }).output();
+await Deno.remove(cache, { recursive: true }).catch(() => {});
+await Deno.rename(temp, cache);
+console.error(`runner_cache: ${cache}`);
+
+function onPath(program: string): boolean {
+  return (Deno.env.get("PATH") ?? "").split(":").some((dir) => isFile(`${dir}/${program}`));
+}
+
+function isFile(path: string): boolean {
+  try {
+    return Deno.statSync(path).isFile;
+  } catch {
+    return false;
+  }
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return Deno.statSync(path).isDirectory;
+  } catch {
+    return false;
+  }
+}
