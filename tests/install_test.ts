@@ -69,6 +69,32 @@ liveTest(
         (await Deno.readTextFile(`${prefix}/lib/waffle/waffle.js.sha256`)).split(" ")[0];
       assert.ok(inspected.Config.Env.includes(`WAFFLE_ARTEFACT_SHA256=${digest}`));
 
+      // The runner cache (made as root) is the runner's DENO_DIR, read-only:
+      // the runner cannot write it, and it is the install's, not a sandbox's.
+      const cacheMount = inspected.HostConfig.Mounts.find((m) =>
+        m.Source === `${prefix}/lib/waffle/runner-cache`
+      );
+      if (Deno.uid() === 0) {
+        assert.ok(cacheMount !== undefined, sources.join(" "));
+        assert.equal(cacheMount.ReadOnly, true);
+        assert.ok(inspected.Config.Env.includes(`DENO_DIR=${cacheMount.Target}`));
+        assert.ok((await Deno.stat(`${prefix}/lib/waffle/runner-cache/v8_code_cache_v2`)).isFile);
+        const write = await sh([
+          "waffle",
+          "exec",
+          "--user",
+          user,
+          "--",
+          "sh",
+          "-c",
+          `touch ${cacheMount.Target}/x`,
+        ], {
+          cwd: "/",
+          env: callEnv,
+        });
+        assert.notEqual(write.code, 0, "the sandbox cannot write the runner cache");
+      }
+
       // The heartbeat thread (the artefact started as its own worker) keeps beating.
       const queue = home.open(user).queue;
       const before = queue.heartbeat()?.seq ?? -1;
