@@ -16,6 +16,8 @@ const SYMBOLS = {
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
   pread: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
   read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+  access: { parameters: ["buffer", "i32"], result: "i32" },
+  statvfs: { parameters: ["buffer", "buffer"], result: "i32" },
   inotify_init1: { parameters: ["i32"], result: "i32" },
   inotify_add_watch: { parameters: ["i32", "buffer", "u32"], result: "i32" },
   inotify_rm_watch: { parameters: ["i32", "i32"], result: "i32" },
@@ -40,6 +42,8 @@ export const O_DIRECTORY = ARM ? 0o40000 : 0o200000;
 export const O_NONBLOCK = 0o4000;
 /** Not inherited by child processes. */
 export const O_CLOEXEC = 0o2000000;
+/** A terminal opened does not become the controlling terminal. */
+export const O_NOCTTY = 0o400;
 
 let loaded: Libc | null | undefined;
 

@@ -49,6 +49,7 @@
  *
  * @module
  */
+import { libc, O_CLOEXEC, O_NOCTTY, O_NONBLOCK, O_RDONLY } from "../lib/libc.ts";
 
 /** What runs when a command is spawned. */
 export interface SpawnPlan {
@@ -361,15 +362,15 @@ function searchPath(name: string, cwd: string, pathVar: string | undefined): str
 }
 
 function runnerMayExecute(path: string): boolean {
-  const lib = ffi();
-  if (lib !== null && lib.access(cString(path), X_OK) !== 0) return false;
+  const lib = libc();
+  if (lib !== undefined && lib.access(cString(path), X_OK) !== 0) return false;
   let info: Deno.FileInfo;
   try {
     info = Deno.statSync(path);
   } catch {
     return false;
   }
-  return info.isFile && (lib !== null || modeAllows(info, runnerUid(), runnerGid()));
+  return info.isFile && (lib !== undefined || modeAllows(info, runnerUid(), runnerGid()));
 }
 
 type Failure = "missing" | "interpreter" | { reason: string };
@@ -414,13 +415,13 @@ function mayExecute(
   info: Deno.FileInfo,
   user: { uid: number; gid: number } | undefined,
 ): boolean {
-  const lib = ffi();
+  const lib = libc();
   if (user === undefined) {
-    if (lib !== null) return lib.access(cString(path), X_OK) === 0;
+    if (lib !== undefined) return lib.access(cString(path), X_OK) === 0;
     return modeAllows(info, runnerUid(), runnerGid());
   }
   if (!modeAllows(info, user.uid, user.gid)) return false;
-  if (lib !== null) {
+  if (lib !== undefined) {
     const buffer = new BigUint64Array(32);
     if (lib.statvfs(cString(path), buffer) === 0) {
       const flags = new DataView(buffer.buffer).getBigUint64(F_FLAG_OFFSET, true);
@@ -439,22 +440,24 @@ function modeAllows(info: Deno.FileInfo, uid: number, gid: number): boolean {
   return (mode & 0o001) !== 0;
 }
 
+// The first bytes of a file, never blocking: the name is in directories the
+// sandbox writes, and a FIFO swapped in between a stat and an open would
+// hold this thread (the runner's only one) forever. O_NONBLOCK on the open
+// itself; the file type is checked on the open descriptor.
 function readHead(path: string): Uint8Array | null {
-  let file: Deno.FsFile | undefined;
+  const lib = libc();
+  if (lib === undefined) return null; // let the exec decide
+  const fd = lib.open(cString(path), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0);
+  if (fd < 0) return null;
   try {
-    file = Deno.openSync(path);
+    if (!Deno.statSync(`/proc/self/fd/${fd}`).isFile) return null;
     const buffer = new Uint8Array(HEAD_BYTES);
-    let length = 0;
-    while (length < buffer.length) {
-      const read = file.readSync(buffer.subarray(length));
-      if (read === null || read === 0) break;
-      length += read;
-    }
-    return buffer.subarray(0, length);
+    const read = Number(lib.pread(fd, buffer, BigInt(buffer.length), 0n));
+    return read < 0 ? null : buffer.subarray(0, read);
   } catch {
-    return null; // not readable by the runner: let the exec decide
+    return null;
   } finally {
-    file?.close();
+    lib.close(fd);
   }
 }
 
@@ -564,28 +567,6 @@ function runnerUid(): number {
 function runnerGid(): number {
   gidCache ??= Deno.gid() ?? -1;
   return gidCache;
-}
-
-const FFI_SYMBOLS = {
-  access: { parameters: ["buffer", "i32"], result: "i32" },
-  statvfs: { parameters: ["buffer", "buffer"], result: "i32" },
-} as const;
-
-let ffiSymbols: Deno.DynamicLibrary<typeof FFI_SYMBOLS>["symbols"] | null | undefined;
-
-// access(2) and statvfs(3), or null off 64-bit Linux or without FFI permission.
-function ffi(): Deno.DynamicLibrary<typeof FFI_SYMBOLS>["symbols"] | null {
-  if (ffiSymbols === undefined) {
-    try {
-      ffiSymbols = Deno.build.os === "linux" &&
-          (Deno.build.arch === "x86_64" || Deno.build.arch === "aarch64")
-        ? Deno.dlopen("libc.so.6", FFI_SYMBOLS).symbols
-        : null;
-    } catch {
-      ffiSymbols = null;
-    }
-  }
-  return ffiSymbols;
 }
 
 const encoder = new TextEncoder();

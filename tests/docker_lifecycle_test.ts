@@ -34,6 +34,16 @@ import {
 
 const START_TIMEOUT_MS = 60_000;
 
+function onPath(program: string): boolean {
+  return (Deno.env.get("PATH") ?? "").split(":").some((dir) => {
+    try {
+      return Deno.statSync(`${dir}/${program}`).isFile;
+    } catch {
+      return false;
+    }
+  });
+}
+
 function lines(text: string): string[] {
   return text.split("\n").filter((line) => line !== "");
 }
@@ -298,6 +308,52 @@ liveTest(
     assert.equal(changed.lastEnsure!.action, "reused");
     assert.equal(await runOk(changed, "echo ok"), "ok\n");
     assert.equal(changed.lastEnsure!.action, "warm");
+  },
+);
+
+liveTest(
+  "a host in another pid namespace than dockerd cannot see the init process: never warm, every call works",
+  async (docker) => {
+    // A harness in a container of its own, or rootless Docker: the pid Docker
+    // reports means nothing here, so no record is kept and each call inspects.
+    if (Deno.uid() !== 0 || !onPath("unshare")) {
+      assert.ok(!mustRun, "needs root and util-linux unshare");
+      return;
+    }
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const user = uniqueUser("pidns");
+    // Made from this namespace: the volume's loop mount must be one dockerd sees.
+    const sandbox = home.open(user);
+    await sandbox.ensure();
+    assert.ok((await Deno.stat(join(sandbox.paths.root, "warm.json"))).isFile);
+    const self = selfCommand();
+    for (let i = 0; i < 3; i++) {
+      const out = await new Deno.Command("unshare", {
+        args: [
+          "--pid",
+          "--fork",
+          "--mount-proc",
+          self.executable,
+          ...self.prefix,
+          "exec",
+          "--user",
+          user,
+          "--",
+          "echo",
+          `call ${i}`,
+        ],
+        env: { WAFFLE_HOME: home.home },
+        stdin: "null",
+      }).output();
+      const err = new TextDecoder().decode(out.stderr);
+      assert.equal(out.code, 0, `call ${i}: ${err}`);
+      assert.equal(new TextDecoder().decode(out.stdout), `call ${i}\n`);
+    }
+    assert.equal(
+      await Deno.stat(join(sandbox.paths.root, "warm.json")).catch(() => undefined),
+      undefined,
+      "no warm record where the init process cannot be seen",
+    );
   },
 );
 

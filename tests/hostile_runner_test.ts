@@ -1131,3 +1131,58 @@ liveTest(
     assert.match(quotaRow.detail, /not enforced/i);
   },
 );
+
+liveTest(
+  "a FIFO swapped in under a command's name while the runner checks it never wedges the runner",
+  async (docker) => {
+    await using home = await tempHome(docker, { idleSeconds: 600 });
+    const sandbox = home.open(uniqueUser("fifo-race"));
+    await runOk(
+      sandbox,
+      "mkdir -p /workspace/race && printf '#!/bin/sh\\nexit 0\\n' > /workspace/race/f && " +
+        "chmod 755 /workspace/race/f && mkfifo /workspace/race/p && cp /workspace/race/f /workspace/race/x",
+    );
+    const container = containerOf(sandbox);
+    // A process a command left behind (here: started beside the runner as the
+    // commands' uid) swaps a FIFO and a script under the name, atomically, as
+    // fast as Deno can, for at most a minute or until told to stop.
+    await runOk(
+      sandbox,
+      `cat > /workspace/race/racer.js <<'JS'
+const d = "/workspace/race";
+const end = Date.now() + 60_000;
+while (Date.now() < end) {
+  try { Deno.statSync(d + "/stop"); break; } catch { /* not yet */ }
+  for (let i = 0; i < 500; i++) {
+    Deno.linkSync(d + "/p", d + "/t"); Deno.renameSync(d + "/t", d + "/x");
+    Deno.linkSync(d + "/f", d + "/t"); Deno.renameSync(d + "/t", d + "/x");
+  }
+}
+JS`,
+    );
+    const racer = asCommand(
+      container,
+      "DENO_DIR=/tmp/racer HOME=/tmp /opt/waffle/deno run -A --quiet /workspace/race/racer.js",
+    );
+    try {
+      let ran = 0;
+      for (let i = 0; i < 40; i++) {
+        // Each call ends (run, refused or not found), within a bound: a runner
+        // blocked opening the FIFO would hold this and every later call.
+        const call = run(sandbox, { argv: ["/workspace/race/x"], timeoutMs: 3000 });
+        const ended = await Promise.race([
+          call.then(() => true),
+          new Promise<false>((resolve) => setTimeout(() => resolve(false), CALL_BOUND_MS)),
+        ]);
+        assert.ok(ended, `call ${i + 1} did not end within ${CALL_BOUND_MS} ms`);
+        ran++;
+      }
+      assert.equal(ran, 40);
+    } finally {
+      await asCommand(container, "touch /workspace/race/stop");
+      await racer;
+    }
+    assert.equal(await runOk(sandbox, "echo still serving"), "still serving\n");
+  },
+  { sanitizeOps: false, sanitizeResources: false },
+);

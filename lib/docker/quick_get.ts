@@ -44,9 +44,15 @@ export async function quickGet(
   if (endpoint.kind !== "unix") return undefined;
   const maxBytes = options.maxBytes ?? 256 * 1024;
   let conn: Deno.UnixConn | undefined;
-  const timer = setTimeout(() => conn?.close(), options.timeoutMs ?? 2000);
+  let late = false;
+  const timer = setTimeout(() => {
+    late = true;
+    conn?.close();
+  }, options.timeoutMs ?? 2000);
   try {
     conn = await Deno.connect({ transport: "unix", path: endpoint.socketPath });
+    // The deadline passed while connecting: it closed nothing, so stop here.
+    if (late) return undefined;
     await conn.write(new TextEncoder().encode(`GET ${path} HTTP/1.0\r\nHost: docker\r\n\r\n`));
     const parts: Uint8Array[] = [];
     let size = 0;

@@ -89,7 +89,11 @@ export function readWarm(root: string): WarmRecord | undefined {
 export function writeWarm(root: string, record: WarmRecord | undefined): void {
   const path = join(root, FILE);
   if (record === undefined) {
-    Deno.removeSync(path, { recursive: true });
+    try {
+      Deno.removeSync(path);
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    }
     return;
   }
   const temp = `${path}.${Deno.pid}.tmp`;
@@ -122,6 +126,9 @@ export function stillWarm(
   const pid = Number(record.process.split(" ")[0]);
   if (!Number.isSafeInteger(pid) || initMark(pid) !== record.process) return false;
   const judged = today.queue.liveness();
+  // The runner's own clock reading can only narrow the path, never widen it:
+  // a beat from "the future" is as suspect as an old one.
+  const age = Date.now() - (judged.beat?.time ?? Number.NaN);
   return judged.state === "alive" && judged.beat?.bootId === record.bootId &&
-    Math.abs(Date.now() - judged.beat.time) < 2 * HEARTBEAT_INTERVAL_MS;
+    age >= 0 && age < 2 * HEARTBEAT_INTERVAL_MS;
 }
