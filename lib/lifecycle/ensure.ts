@@ -302,6 +302,9 @@ async function startReady(
   }
 }
 
+/** How long a start waits on a queue file the host cannot read before giving up. */
+const DAMAGED_GRACE_MS = 2000;
+
 // Waits for a fresh heartbeat from a runner booted after `before` (any
 // runner when `before` is undefined).
 async function waitReady(
@@ -311,9 +314,18 @@ async function waitReady(
 ): Promise<void> {
   const deadline = Date.now() + (options.timeoutMs ?? 20_000);
   let checks = 0;
+  let damagedSince: number | undefined;
   while (Date.now() < deadline) {
     const judged = options.queue.liveness();
     if (judged.state === "alive" && judged.beat?.bootId !== options.before) return;
+    // A file the host cannot read (too big, not waffle's schema) never shows
+    // a heartbeat: after a moment for the runner to set it aside itself, give
+    // up on this start, so the next attempt (the third replaces outbound/)
+    // comes in seconds, not after the whole timeout each.
+    if (judged.state !== "damaged") damagedSince = undefined;
+    else if (Date.now() - (damagedSince ??= Date.now()) > DAMAGED_GRACE_MS) {
+      throw new RunnerError(`Runner in container '${id.slice(0, 12)}': ${judged.detail}`);
+    }
     if (++checks % 25 === 0) {
       const state = await docker.inspectContainer(id);
       if (state === null || !state.State.Running) {
