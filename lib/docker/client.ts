@@ -22,6 +22,13 @@
  */
 import Modem from "docker-modem";
 import type * as z from "../schema.ts";
+import {
+  DEFAULT_DOCKER_SOCKET,
+  describeDockerEndpoint,
+  type DockerEndpoint,
+  dockerHostEnv,
+  parseDockerHost,
+} from "./endpoint.ts";
 import { DockerError } from "../errors.ts";
 import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 import { concat } from "../bytes.ts";
@@ -49,15 +56,8 @@ import {
   waitResponseSchema,
 } from "./types.ts";
 
-/** Socket used when neither the `host` option nor `DOCKER_HOST` names one. */
-export const DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock";
 /** Default per-request timeout in milliseconds. */
 export const DEFAULT_DOCKER_TIMEOUT_MS = 30_000;
-
-/** Where the daemon listens, parsed from `DOCKER_HOST` or the `host` option. */
-export type DockerEndpoint =
-  | { kind: "unix"; socketPath: string }
-  | { kind: "tcp"; host: string; port: number; protocol: "http" | "https" };
 
 /** Options of {@linkcode DockerClient}. */
 export interface DockerClientOptions {
@@ -178,35 +178,6 @@ interface RequestSpec {
 }
 
 /**
- * Parses a Docker host string (`unix://`, bare path, `tcp://`, `http(s)://`).
- *
- * @param value The host string; empty or undefined means the default socket.
- * @throws {DockerError} For schemes waffle does not support (`ssh://`, `npipe://`).
- */
-export function parseDockerHost(value: string | undefined): DockerEndpoint {
-  if (value === undefined || value === "") {
-    return { kind: "unix", socketPath: DEFAULT_DOCKER_SOCKET };
-  }
-  if (value.startsWith("/")) return { kind: "unix", socketPath: value };
-  if (value.startsWith("unix://")) {
-    return { kind: "unix", socketPath: value.slice("unix://".length) || DEFAULT_DOCKER_SOCKET };
-  }
-  const match = /^(tcp|http|https):\/\/([^/:]+|\[[^\]]+\])(?::(\d+))?\/?$/.exec(value);
-  if (match === null) throw new DockerError(`Unsupported Docker host '${value}'`);
-  const scheme = match[1] as "tcp" | "http" | "https";
-  const port = match[3] === undefined ? (scheme === "https" ? 2376 : 2375) : Number(match[3]);
-  const protocol = scheme === "https" || (scheme === "tcp" && port === 2376) ? "https" : "http";
-  return { kind: "tcp", host: match[2] ?? "", port, protocol };
-}
-
-/** The endpoint as shown in error messages: the socket path or `tcp://host:port`. */
-export function describeDockerEndpoint(endpoint: DockerEndpoint): string {
-  return endpoint.kind === "unix"
-    ? endpoint.socketPath
-    : `${endpoint.protocol === "https" ? "https" : "tcp"}://${endpoint.host}:${endpoint.port}`;
-}
-
-/**
  * Docker Engine API client. Construct once and share; it holds no connection
  * state besides `docker-modem`'s HTTP agent.
  */
@@ -224,7 +195,7 @@ export class DockerClient {
    *   timeout and API version.
    */
   constructor(options: DockerClientOptions = {}) {
-    this.endpoint = parseDockerHost(options.host ?? readDockerHostEnv());
+    this.endpoint = parseDockerHost(options.host ?? dockerHostEnv());
     this.timeoutMs = options.timeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS;
     // Explicit undefineds: docker-modem merges its own DOCKER_HOST parsing underneath.
     const modemOptions: Record<string, unknown> = this.endpoint.kind === "unix"
@@ -723,15 +694,6 @@ function daemonMessage(err: ModemError): string {
 
 function oneLine(text: string): string {
   return text.replace(/\s+/g, " ").trim().replace(/\.$/, "");
-}
-
-function readDockerHostEnv(): string | undefined {
-  try {
-    return Deno.env.get("DOCKER_HOST");
-  } catch {
-    // No env permission: behave as if DOCKER_HOST were unset.
-    return undefined;
-  }
 }
 
 function remaining(deadline: number): number {

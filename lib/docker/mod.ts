@@ -6,15 +6,17 @@
  */
 export {
   DEFAULT_DOCKER_SOCKET,
-  DEFAULT_DOCKER_TIMEOUT_MS,
   describeDockerEndpoint,
+  type DockerEndpoint,
+  parseDockerHost,
+} from "./endpoint.ts";
+export {
+  DEFAULT_DOCKER_TIMEOUT_MS,
   DockerClient,
   type DockerClientOptions,
-  type DockerEndpoint,
   type ExecOptions,
   type KillOptions,
   type ListOptions,
-  parseDockerHost,
   type RemoveOptions,
   type RequestOptions,
   type StopOptions,
