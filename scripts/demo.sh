@@ -2,7 +2,8 @@
 # The main job: prepares the machine and shows what waffle does.
 #
 # Usage: bash scripts/demo.sh
-#   Runs `scripts/setup.sh --docker` (idempotent), then `waffle doctor` and a
+#   Runs `scripts/install.sh` (idempotent: `scripts/setup.sh --docker`, then
+#   `waffle` on PATH in /usr/local), then the installed `waffle doctor` and a
 #   series of `waffle exec` calls, echoing each command before running it and
 #   checking its exit status:
 #   - host backend (`--backend host --queue DIR`, a queue in a temp dir; NOT a
@@ -24,7 +25,7 @@ export DENO_NO_UPDATE_CHECK=1
 case "${1:-}" in
   "") ;;
   -h | --help)
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -33,8 +34,9 @@ case "${1:-}" in
     ;;
 esac
 
-bash "$REPO/scripts/setup.sh" --docker
+bash "$REPO/scripts/install.sh"
 cd "$REPO"
+printf '\n$ which waffle\n%s\n' "$(command -v waffle)"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/waffle-demo.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -87,7 +89,7 @@ run_stdin() {
   check "$expected" "$status" "$(show "$@")"
 }
 
-waffle=(deno task -q waffle)
+waffle=(waffle)
 host=(--backend host --queue "$queue")
 
 heading "waffle doctor: queue round trip, Docker daemon, runner image"
