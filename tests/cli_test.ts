@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { selfCommand } from "../lib/config/self.ts";
 import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../lib/queue/protocol.ts";
 import { runCliProcess, tempQueue, text, waitFor } from "./_helpers.ts";
@@ -289,6 +290,31 @@ Deno.test("waffle exec --detach prints an id that waffle wait collects", async (
   const json = await runCliProcess(["wait", second, ...flags, "--json"]);
   assert.equal(json.code, 6);
   assert.equal(JSON.parse(json.stdout).exitCode, 6);
+});
+
+Deno.test("waffle wait rides out a runner mid-commit (outbound.db locked) instead of failing", async () => {
+  await using q = await tempQueue();
+  const flags = ["--backend", "host", "--queue", q.queueDir];
+  const id = (await runCliProcess([
+    "exec",
+    ...flags,
+    "--detach",
+    "--",
+    "sh",
+    "-c",
+    "sleep 0.5; echo done; exit 4",
+  ])).stdout.trim();
+  assert.match(id, /^[0-9a-f-]{36}$/);
+  // The runner's side of a commit, held: SQLite's write lock on outbound.db.
+  const outbound = new DatabaseSync(join(q.queueDir, "outbound", "outbound.db"));
+  outbound.exec("BEGIN EXCLUSIVE");
+  const waiting = runCliProcess(["wait", id, ...flags]);
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  outbound.exec("ROLLBACK");
+  outbound.close();
+  const waited = await waiting;
+  assert.equal(waited.code, 4, waited.stderr);
+  assert.equal(waited.stdout, "done\n");
 });
 
 Deno.test("waffle's own errors exit 125 with one line naming the bad value", async () => {

@@ -119,7 +119,8 @@ export async function waitCommand(args: string[], io: CliIo): Promise<number> {
   }
   const backend = openBackend(parsed);
   try {
-    backend.queue.state(id); // fails fast on an unknown id
+    // An unknown id fails at once, from the host's own inbound.db (reading
+    // outbound.db here could meet the runner mid-commit: the wait handles that).
     return await follow(backend, id, { io, json: parsed.values.json === true });
   } finally {
     backend.close();
