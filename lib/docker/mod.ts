@@ -27,6 +27,7 @@ export { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 // The base class, so callers can catch any Docker failure from this module alone.
 export { DockerError } from "../errors.ts";
 export { demuxDockerStream, type DemuxedOutput } from "./stream.ts";
+export { quickGet, type QuickGetOptions, type QuickReply } from "./quick_get.ts";
 export type {
   ContainerConfig,
   ContainerCreateBody,

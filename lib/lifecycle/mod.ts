@@ -49,3 +49,4 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./fleet.ts";
+export { initMark, readWarm, recordedPid, stillWarm, type WarmRecord, writeWarm } from "./warm.ts";

@@ -18,7 +18,7 @@ import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./iden
 import { withLock } from "./lock.ts";
 import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
-import { initMark, readWarm, stillWarm, writeWarm } from "./warm.ts";
+import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -126,7 +126,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       containerId: record.containerId,
       imageId: record.imageId,
       postureHash,
-      pid: Number(record.process.split(" ")[0]),
+      pid: recordedPid(record),
       action: "warm",
     };
     volume = record.volume;

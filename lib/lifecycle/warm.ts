@@ -112,6 +112,16 @@ export function initMark(pid: number): string | undefined {
 }
 
 /**
+ * The init pid a record names.
+ *
+ * @param record The record.
+ * @returns The pid (NaN when the record is malformed).
+ */
+export function recordedPid(record: WarmRecord): number {
+  return Number(record.process.split(" ")[0]);
+}
+
+/**
  * Whether a warm record still holds (see the module's list).
  *
  * @param record The record.
@@ -123,7 +133,7 @@ export function stillWarm(
   today: { imageId: string | undefined; postureHash: string; queue: Queue },
 ): boolean {
   if (today.imageId !== record.imageId || today.postureHash !== record.postureHash) return false;
-  const pid = Number(record.process.split(" ")[0]);
+  const pid = recordedPid(record);
   if (!Number.isSafeInteger(pid) || initMark(pid) !== record.process) return false;
   const judged = today.queue.liveness();
   // The runner's own clock reading can only narrow the path, never widen it:
