@@ -395,6 +395,9 @@ Deno.test("RunnerQueue.recover() never skips a request committed while it reads"
     await writer.status;
     await writer.stdout.cancel();
   }
+  // Killed mid-commit, the writer may leave a hot journal that only a
+  // read-write open rolls back: the host's next open, as after a host crash.
+  Queue.open(q.queueDir).close();
   const runner = RunnerQueue.open(q.queueDir);
   const recovery = runner.recover();
   runner.close();
