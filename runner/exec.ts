@@ -16,6 +16,7 @@ import {
 } from "./process_tree.ts";
 import { planSpawn, type Resolution, resolveProgram } from "./spawn.ts";
 import { quoteValue } from "./workspace.ts";
+import { exists, isDirectory } from "../lib/fs.ts";
 
 /** What to run. */
 export interface ExecSpec {
@@ -542,23 +543,6 @@ function realtimeSignalStatus(error: unknown): { code: number; signal: string } 
 // A command given as a path is relative to the command's working directory.
 function commandPath(spec: ExecSpec, argv0: string): string {
   return argv0.startsWith("/") ? argv0 : `${spec.cwd}/${argv0}`;
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-function isDirectory(path: string): boolean {
-  try {
-    return Deno.statSync(path).isDirectory;
-  } catch {
-    return false;
-  }
 }
 
 function messageOf(error: unknown): string {

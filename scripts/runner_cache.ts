@@ -14,6 +14,7 @@
  */
 // deno-lint-ignore-file no-console
 import { ARTEFACT_FLAGS, PROGRAM_DIR, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
+import { isDirectory, onPath } from "../lib/fs.ts";
 
 const [lib] = Deno.args;
 if (lib === undefined || !lib.startsWith("/")) {
@@ -72,23 +73,3 @@ await new Deno.Command("chmod", { args: ["-R", "a+rX,go-w", temp] }).output();
 await Deno.remove(cache, { recursive: true }).catch(() => {});
 await Deno.rename(temp, cache);
 console.error(`runner_cache: ${cache}`);
-
-function onPath(program: string): boolean {
-  return (Deno.env.get("PATH") ?? "").split(":").some((dir) => isFile(`${dir}/${program}`));
-}
-
-function isFile(path: string): boolean {
-  try {
-    return Deno.statSync(path).isFile;
-  } catch {
-    return false;
-  }
-}
-
-function isDirectory(path: string): boolean {
-  try {
-    return Deno.statSync(path).isDirectory;
-  } catch {
-    return false;
-  }
-}

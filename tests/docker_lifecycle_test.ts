@@ -31,18 +31,9 @@ import {
   underHome,
   uniqueUser,
 } from "./_sandbox_helpers.ts";
+import { onPath } from "../lib/fs.ts";
 
 const START_TIMEOUT_MS = 60_000;
-
-function onPath(program: string): boolean {
-  return (Deno.env.get("PATH") ?? "").split(":").some((dir) => {
-    try {
-      return Deno.statSync(`${dir}/${program}`).isFile;
-    } catch {
-      return false;
-    }
-  });
-}
 
 function lines(text: string): string[] {
   return text.split("\n").filter((line) => line !== "");

@@ -20,6 +20,7 @@ import {
 } from "../mcp/policy.ts";
 import { stringify } from "smol-toml";
 import { issueProblem, parseToml } from "./toml.ts";
+import { exists } from "../fs.ts";
 
 /** Settings that shape the sandbox container. */
 export interface SandboxConfig {
@@ -383,13 +384,4 @@ export function sandboxToml(settings: Partial<SandboxConfig>): string {
     if (value !== undefined) table[key] = value;
   }
   return stringify({ sandbox: table });
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }

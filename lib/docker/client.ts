@@ -23,7 +23,6 @@
 import Modem from "docker-modem";
 import type * as z from "../schema.ts";
 import {
-  DEFAULT_DOCKER_SOCKET,
   describeDockerEndpoint,
   type DockerEndpoint,
   dockerHostEnv,

@@ -18,6 +18,7 @@
  */
 import { basename, join } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
+import { exists } from "../fs.ts";
 
 /** Quota of a sandbox's writable volume when the config names none: 1 GiB. */
 export const DEFAULT_QUOTA_BYTES = 1024 ** 3;
@@ -494,13 +495,4 @@ function messageOf(error: unknown): string {
 async function isEmpty(dir: string): Promise<boolean> {
   for await (const _ of Deno.readDir(dir)) return false;
   return true;
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }

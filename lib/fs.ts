@@ -1,0 +1,60 @@
+/**
+ * Yes/no questions about paths that fail quietly: anything that cannot be
+ * looked at counts as "no". Synchronous, dependency-free (the runner and the
+ * volume code load this alone).
+ *
+ * @module
+ */
+
+/**
+ * Whether something exists at `path` (a symlink is followed).
+ *
+ * @param path The path.
+ * @returns False when it is missing or cannot be looked at.
+ */
+export function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether `path` is a regular file (a symlink is followed).
+ *
+ * @param path The path.
+ * @returns False when it is anything else, missing or cannot be looked at.
+ */
+export function isFile(path: string): boolean {
+  try {
+    return Deno.statSync(path).isFile;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether `path` is a directory (a symlink is followed).
+ *
+ * @param path The path.
+ * @returns False when it is anything else, missing or cannot be looked at.
+ */
+export function isDirectory(path: string): boolean {
+  try {
+    return Deno.statSync(path).isDirectory;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether a program is a file in one of `PATH`'s directories.
+ *
+ * @param program The program's name.
+ * @returns True when found.
+ */
+export function onPath(program: string): boolean {
+  return (Deno.env.get("PATH") ?? "").split(":").some((dir) => isFile(`${dir}/${program}`));
+}
