@@ -306,7 +306,9 @@ Deno.test("waffle wait rides out a runner mid-commit (outbound.db locked) instea
   ])).stdout.trim();
   assert.match(id, /^[0-9a-f-]{36}$/);
   // The runner's side of a commit, held: SQLite's write lock on outbound.db.
-  const outbound = new DatabaseSync(join(q.queueDir, "outbound", "outbound.db"));
+  const outbound = new DatabaseSync(join(q.queueDir, "outbound", "outbound.db"), {
+    timeout: 5000, // the runner may be mid-commit itself
+  });
   outbound.exec("BEGIN EXCLUSIVE");
   const waiting = runCliProcess(["wait", id, ...flags]);
   await new Promise((resolve) => setTimeout(resolve, 1500));

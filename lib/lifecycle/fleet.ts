@@ -7,7 +7,7 @@
  */
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import { QueueError, UsageError } from "../errors.ts";
+import { QueueError, SandboxFileError, UsageError } from "../errors.ts";
 import { messageOf, openDatabase } from "../queue/connection.ts";
 import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.ts";
 import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
@@ -47,7 +47,11 @@ export interface SandboxStatus {
 // What a sandbox's runner last wrote, read without waiting on any lock and
 // without touching anything but its outbound file (see sandbox_file.ts): a
 // hostile sandbox can make this undefined, never slow.
-function peekRunner<T>(root: string, read: Parameters<SandboxFile["read"]>[0]): T | undefined {
+function peekRunner<T>(
+  root: string,
+  read: Parameters<SandboxFile["read"]>[0],
+  options: { busy?: "retry" } = {},
+): T | undefined {
   const file = new SandboxFile(`${stateLayout(root).outbound}/outbound.db`, {
     schema: OUTBOUND_SCHEMA,
     maxValueBytes: 16 * MAX_CHUNK_BYTES,
@@ -55,12 +59,21 @@ function peekRunner<T>(root: string, read: Parameters<SandboxFile["read"]>[0]): 
   });
   try {
     return file.read(read) as T;
-  } catch {
+  } catch (error) {
+    // `retry`: undefined only for a file locked now; anything else reads as empty.
+    if (
+      options.busy === "retry" && !(error instanceof SandboxFileError && error.problem === "busy")
+    ) {
+      return [] as T;
+    }
     return undefined;
   } finally {
     file.close();
   }
 }
+
+/** How many times a sweep looks at a locked queue file before calling it idle. */
+const BUSY_TRIES = 10;
 
 /**
  * Lists every waffle-labelled container with its runner's liveness.
@@ -173,7 +186,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
         await docker.removeContainer(container.Id, { force: true });
         return record("removed", "state directory is gone");
       }
-      const busy = container.State.Running && inFlight(paths.root) > 0;
+      const busy = container.State.Running && await inFlight(paths.root) > 0;
       const expected = image === null ? undefined : {
         imageId: image.id,
         postureHash: containerSpec(key, { config, imageId: image.id, paths }).postureHash,
@@ -205,7 +218,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
     for (const { status, key } of running.slice(0, running.length - cap)) {
       const paths = statePaths(config.home, key);
       await withLock(paths.lock, async () => {
-        if (inFlight(paths.root) > 0) return;
+        if (await inFlight(paths.root) > 0) return;
         await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
         actions.push({
           tenant: status.tenant,
@@ -220,8 +233,16 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
   return actions;
 }
 
-function inFlight(root: string): number {
-  const ids = peekRunner<string[]>(root, readInFlight) ?? [];
+async function inFlight(root: string): Promise<number> {
+  // A runner mid-commit holds its file for a moment: look again, briefly,
+  // rather than call a busy sandbox idle. (A missing or damaged file has
+  // nothing in flight that the host could know of.)
+  let ids: string[] | undefined;
+  for (let tries = 0; ids === undefined && tries < BUSY_TRIES; tries++) {
+    if (tries > 0) await new Promise((resolve) => setTimeout(resolve, 20));
+    ids = peekRunner<string[]>(root, readInFlight, { busy: "retry" });
+  }
+  ids ??= [];
   if (ids.length === 0) return 0;
   let inbound: DatabaseSync | undefined;
   try {
