@@ -1,25 +1,17 @@
 /**
  * waffle's error hierarchy. Every error that reaches the user is a
- * {@linkcode WaffleError} carrying the exit code the CLI returns; anything
- * else is a bug and `main.ts` prints its stack.
+ * {@linkcode WaffleError} carrying the exit code the CLI returns (from
+ * `exit_codes.ts`); anything else is a bug and `runCli` prints its stack.
  *
  * @module
  */
-
-/** Exit code for waffle's own failures (bad input, queue or daemon unavailable). */
-export const EXIT_WAFFLE = 125;
-/** Exit code when the command exists but cannot be executed. */
-export const EXIT_CANNOT_EXECUTE = 126;
-/** Exit code when the command is not found. */
-export const EXIT_NOT_FOUND = 127;
-/** Exit code when the command hit its timeout. */
-export const EXIT_TIMEOUT = 124;
+import { EXIT_WAFFLE } from "./exit_codes.ts";
 
 /** Options shared by every waffle error. */
 export interface WaffleErrorOptions {
   /** The underlying error. */
   cause?: unknown;
-  /** Process exit code the CLI uses for this error; defaults to 125. */
+  /** Process exit code the CLI uses for this error; defaults to `EXIT_WAFFLE`. */
   exitCode?: number;
 }
 

@@ -8,7 +8,9 @@
  */
 import { join } from "./path.ts";
 import { RunnerError } from "./errors.ts";
-import { Queue, type RunnerTrouble, type SubmitOptions } from "./queue/queue.ts";
+import { EXIT_LOCKED } from "./exit_codes.ts";
+import { Queue, type SubmitOptions } from "./queue/queue.ts";
+import type { RunnerTrouble } from "./queue/liveness.ts";
 import { runnerArgs, selfCommand } from "./config/self.ts";
 
 /** Options for {@linkcode openHostBackend}. */
@@ -125,7 +127,8 @@ async function ensureHostRunner(
     ]);
     // Lost the race to a runner another host started: use that one.
     if (done !== undefined && runnerAlive(queue)) return;
-    if (done !== undefined && done.code !== 75) {
+    // EXIT_LOCKED: another runner took the queue first; wait for its beat.
+    if (done !== undefined && done.code !== EXIT_LOCKED) {
       throw new RunnerError(
         `Runner for queue '${queue.paths.dir}' exited with code ${done.code}; see '${
           join(queue.paths.outboundDir, "runner.log")

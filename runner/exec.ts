@@ -7,7 +7,8 @@
  */
 import { mark } from "../lib/trace.ts";
 import { settlesWithin } from "../lib/async.ts";
-import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
+import { EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, exitCodeOfSignal } from "../lib/exit_codes.ts";
+import { MAX_CHUNK_BYTES, notRunResult, type StreamName } from "../lib/queue/protocol.ts";
 import {
   DEFAULT_KILL_GRACE_MS,
   killTree,
@@ -313,8 +314,10 @@ async function execute(
 
   const signal = status?.signal ?? null;
   const number = signal === null ? undefined : signalNumber(signal);
+  let exitCode = status?.code ?? null;
+  if (status !== null && number !== undefined) exitCode = exitCodeOfSignal(number);
   return {
-    exitCode: status === null ? null : number === undefined ? status.code : 128 + number,
+    exitCode,
     signal,
     ...stopFlags(state.stop),
     stdoutTruncated: stdout.stats.truncated,
@@ -429,21 +432,15 @@ function stopMessage(kind: StopKind, spec: ExecSpec): string {
   }
 }
 
+// The protocol's one not-run result, as an outcome: the caller adds the
+// request id and the duration back.
 function notRun(startedAt: number, error: string, exitCode: number | null = null): ExecOutcome {
-  return {
-    exitCode,
-    signal: null,
-    timedOut: false,
-    cancelled: false,
-    interrupted: false,
-    stdoutTruncated: false,
-    stderrTruncated: false,
-    stdoutBytes: 0,
-    stderrBytes: 0,
-    startedAt,
-    endedAt: Date.now(),
+  const { requestId: _id, durationMs: _ms, ...outcome } = notRunResult("", {
     error,
-  };
+    exitCode,
+    startedAt,
+  });
+  return { ...outcome, startedAt };
 }
 
 // A wrapped root spends its first moments (before the helper or the setsid
@@ -462,7 +459,7 @@ function killUnsettledRoot(pid: number, startTime: number | undefined): void {
   }
 }
 
-// 127 (not found) or 126 (cannot execute) for a program resolveProgram() rejected.
+// Not found or cannot execute, for a program resolveProgram() rejected.
 function notExecutable(
   spec: ExecSpec,
   argv0: string,
@@ -472,11 +469,17 @@ function notExecutable(
   if (!isDirectory(spec.cwd)) {
     return notRun(startedAt, `Working directory ${quoteValue(spec.cwd)} does not exist`);
   }
-  if (program.notFound) return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, 127);
-  return notRun(startedAt, `Cannot execute ${quoteValue(argv0)}: ${program.reason}`, 126);
+  if (program.notFound) {
+    return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, EXIT_NOT_FOUND);
+  }
+  return notRun(
+    startedAt,
+    `Cannot execute ${quoteValue(argv0)}: ${program.reason}`,
+    EXIT_CANNOT_EXECUTE,
+  );
 }
 
-// Maps a spawn failure to 127 (not found) or 126 (cannot execute), the way shells do.
+// Maps a spawn failure to not found or cannot execute, the way shells do.
 function spawnFailed(
   spec: ExecSpec,
   argv0: string,
@@ -494,15 +497,15 @@ function spawnFailed(
       return notRun(
         startedAt,
         `Cannot execute ${quoteValue(argv0)}: Its interpreter or loader was not found`,
-        126,
+        EXIT_CANNOT_EXECUTE,
       );
     }
-    return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, 127);
+    return notRun(startedAt, `Command not found: ${quoteValue(argv0)}`, EXIT_NOT_FOUND);
   }
   return notRun(
     startedAt,
     `Cannot execute ${quoteValue(argv0)}: ${execFailureReason(spec, argv0, error)}`,
-    126,
+    EXIT_CANNOT_EXECUTE,
   );
 }
 
@@ -537,7 +540,7 @@ function realtimeSignalStatus(error: unknown): { code: number; signal: string } 
   const match = /^Invalid signal: (\d+)$/.exec(messageOf(error));
   const number = Number(match?.[1]);
   if (match === null || !Number.isSafeInteger(number) || number < 32 || number > 64) return null;
-  return { code: 128 + number, signal: `SIGRT${number}` };
+  return { code: exitCodeOfSignal(number), signal: `SIGRT${number}` };
 }
 
 // A command given as a path is relative to the command's working directory.

@@ -3,6 +3,6 @@
  *
  * @module
  */
-export { resultOf, type RunnerOptions, runRunner } from "./runner.ts";
+export { type RunnerOptions, runRunner } from "./runner.ts";
 export { type ExecOutcome, type ExecSpec, runCommand, type RunOptions } from "./exec.ts";
 export { enableSubreaper, reapOrphans } from "./subreaper.ts";

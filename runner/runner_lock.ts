@@ -7,6 +7,7 @@
  * @module
  */
 import { RunnerError } from "../lib/errors.ts";
+import { EXIT_LOCKED } from "../lib/exit_codes.ts";
 import { libc, O_CLOEXEC, O_NOFOLLOW } from "../lib/libc.ts";
 import { setAsideUnlessRegular } from "../lib/queue/runner_queue.ts";
 
@@ -40,6 +41,3 @@ export function acquireRunnerLock(path: string): void {
     });
   }
 }
-
-/** Exit code of a runner that found another runner on its queue. */
-export const EXIT_LOCKED = 75;

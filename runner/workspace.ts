@@ -7,9 +7,9 @@
  */
 import { resolve } from "../lib/path.ts";
 import { UsageError } from "../lib/errors.ts";
+import { isEnvName } from "../lib/env_name.ts";
 import { REQUEST_ID_ENV } from "./process_tree.ts";
 
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 /** Longest value shown in a message before it is cut. */
 const MAX_QUOTED_CHARS = 200;
 
@@ -135,7 +135,7 @@ export function buildEnv(
 }
 
 function checkVariable(name: string, value: unknown): void {
-  if (!ENV_NAME.test(name)) {
+  if (!isEnvName(name)) {
     throw new UsageError(`Environment variable name ${quoteValue(name)} is invalid`);
   }
   if (typeof value !== "string") {

@@ -7,7 +7,16 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { selfCommand } from "../lib/config/self.ts";
 import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../lib/queue/protocol.ts";
-import { runCliProcess, tempQueue, text, waitFor } from "./_helpers.ts";
+import {
+  EXIT_CANCELLED,
+  EXIT_CANNOT_EXECUTE,
+  EXIT_NOT_FOUND,
+  EXIT_TIMEOUT,
+  EXIT_WAFFLE,
+  exitCodeOfSignal,
+} from "../lib/exit_codes.ts";
+import { queuePaths } from "../lib/queue/schema.ts";
+import { alive, runCliProcess, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 
 Deno.test("waffle exec exits with the command's status, 124 on timeout, 126, 127, 128+n", async () => {
   await using q = await tempQueue();
@@ -15,11 +24,12 @@ Deno.test("waffle exec exits with the command's status, 124 on timeout, 126, 127
   const cases: [string[], number, RegExp | null][] = [
     [["true"], 0, null],
     [["sh", "-c", "exit 23"], 23, null],
+    // A command's own 124 passes through as its status.
     [["sh", "-c", "exit 124"], 124, null],
-    [["--timeout", "0.3", "--", "sleep", "30"], 124, /timed out after/],
-    [["/etc/passwd"], 126, /Cannot execute/],
-    [["no-such-command-xyz"], 127, /not found/],
-    [["sh", "-c", "kill -KILL $$"], 137, null],
+    [["--timeout", "0.3", "--", "sleep", "30"], EXIT_TIMEOUT, /timed out after/],
+    [["/etc/passwd"], EXIT_CANNOT_EXECUTE, /Cannot execute/],
+    [["no-such-command-xyz"], EXIT_NOT_FOUND, /not found/],
+    [["sh", "-c", "kill -KILL $$"], exitCodeOfSignal(9), null],
   ];
   for (const [args, code, stderr] of cases) {
     const out = await runCliProcess([
@@ -130,7 +140,7 @@ Deno.test("waffle exec -i refuses stdin over the limit with one line, before sub
     .then(() => writer.close()).catch(() => {});
   const out = await child.output();
   await writing;
-  assert.equal(out.code, 125);
+  assert.equal(out.code, EXIT_WAFFLE);
   const stderr = text(out.stderr);
   assert.equal(stderr.trim().split("\n").length, 1, stderr);
   assert.match(stderr, new RegExp(`^waffle: Stdin exceeds the ${MAX_STDIN_BYTES}-byte limit`));
@@ -282,7 +292,7 @@ Deno.test("waffle exec --detach prints an id that waffle wait collects", async (
   const again = await runCliProcess(["wait", id, ...flags]);
   if (again.code === 5) assert.equal(again.stdout, "later\n");
   else {
-    assert.equal(again.code, 125);
+    assert.equal(again.code, EXIT_WAFFLE);
     assert.match(again.stderr, /already collected|No request/);
   }
   const second = (await runCliProcess(["exec", ...flags, "--detach", "--", "sh", "-c", "exit 6"]))
@@ -347,7 +357,7 @@ Deno.test("waffle's own errors exit 125 with one line naming the bad value", asy
   ];
   for (const [args, pattern] of cases) {
     const out = await runCliProcess(args);
-    assert.equal(out.code, 125, `${args.join(" ")}: ${out.stderr}`);
+    assert.equal(out.code, EXIT_WAFFLE, `${args.join(" ")}: ${out.stderr}`);
     assert.match(out.stderr, pattern);
     assert.equal(out.stderr.trim().split("\n").length, 1, out.stderr);
     assert.doesNotMatch(out.stderr, /\.\n$/);
@@ -382,7 +392,7 @@ Deno.test("Ctrl-C on waffle exec cancels the request and kills its tree", async 
   const sleeper = Number(await Deno.readTextFile(pidFile));
   child.kill("SIGINT");
   const out = await child.output();
-  assert.equal(out.code, 130);
+  assert.equal(out.code, EXIT_CANCELLED);
   assert.match(text(out.stderr), /cancelled/);
   await waitFor(() => {
     try {
@@ -392,6 +402,61 @@ Deno.test("Ctrl-C on waffle exec cancels the request and kills its tree", async 
       return true;
     }
   }, { what: "sleeper to die" });
+});
+
+Deno.test("a second Ctrl-C stops the wait at once and exits through runCli's error path", async () => {
+  await using q = await tempQueue();
+  // Our own runner, frozen once the command runs: the first Ctrl-C's cancel
+  // is then never served, so only the second Ctrl-C can end the wait.
+  await using runner = await startRunner(q.queueDir, { workspace: q.workspace });
+  const pidFile = join(q.workspace, "sleeper.pid");
+  const self = selfCommand();
+  const child = new Deno.Command(self.executable, {
+    args: [
+      ...self.prefix,
+      ...["exec", "--backend", "host", "--queue", q.queueDir, "--"],
+      ...["sh", "-c", `echo $$ > ${pidFile}; exec sleep 1000`],
+    ],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let sleeper = 0;
+  let ended = false;
+  try {
+    await waitFor(async () => (await Deno.readTextFile(pidFile).catch(() => "")).trim() !== "", {
+      what: "pid file",
+      timeoutMs: 20_000,
+    });
+    sleeper = Number(await Deno.readTextFile(pidFile));
+    Deno.kill(runner.pid, "SIGSTOP");
+    child.kill("SIGINT");
+    // The first Ctrl-C was handled once its cancel is in the host's inbound.db.
+    const inbound = new DatabaseSync(queuePaths(q.queueDir).inbound, { readOnly: true });
+    try {
+      await waitFor(() => inbound.prepare("SELECT count(*) AS n FROM cancels").get()?.n === 1, {
+        what: "the first Ctrl-C's cancel",
+      });
+    } finally {
+      inbound.close();
+    }
+    child.kill("SIGINT");
+    const out = await child.output();
+    ended = true;
+    const stderr = text(out.stderr);
+    assert.equal(out.code, EXIT_CANCELLED, stderr);
+    assert.match(
+      stderr,
+      /^waffle: Stopped waiting for request '[^']+' at a second Ctrl-C \(the first asked for its cancel\)\n$/,
+    );
+  } finally {
+    if (!ended) {
+      child.kill("SIGKILL");
+      await child.output();
+    }
+    Deno.kill(runner.pid, "SIGCONT");
+    if (sleeper > 0 && alive(sleeper)) Deno.kill(sleeper, "SIGKILL");
+  }
 });
 
 Deno.test("waffle doctor reports the host queue round trip", async () => {

@@ -13,7 +13,8 @@ import {
   DockerNotFoundError,
   parseDockerHost,
 } from "../lib/docker/mod.ts";
-import { DockerError, EXIT_WAFFLE } from "../lib/errors.ts";
+import { DockerError } from "../lib/errors.ts";
+import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import { liveTest } from "./_docker_gate.ts";
 
 const IMAGE = Deno.env.get("WAFFLE_IMAGE") ?? "waffle-runner:latest";

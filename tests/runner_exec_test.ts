@@ -11,6 +11,7 @@
 import assert from "node:assert/strict";
 import { MAX_CHUNK_BYTES, type StreamName } from "../lib/queue/protocol.ts";
 import { UsageError } from "../lib/errors.ts";
+import { EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, exitCodeOfSignal } from "../lib/exit_codes.ts";
 import { type ExecOutcome, runCommand, spawnedPids } from "../runner/exec.ts";
 import { findTree, parseProcStat, readProcStat } from "../runner/process_tree.ts";
 import { enableSubreaper, reapOrphans } from "../runner/subreaper.ts";
@@ -153,7 +154,7 @@ Deno.test("runCommand() treats a command's own exit 124 as an ordinary exit", as
 
 Deno.test("runCommand() reports a missing command as 127", async () => {
   const result = await run(["waffle-no-such-command-xyz", "arg"]);
-  assert.equal(result.outcome.exitCode, 127);
+  assert.equal(result.outcome.exitCode, EXIT_NOT_FOUND);
   assert.equal(result.outcome.signal, null);
   assert.equal(result.outcome.error, "Command not found: 'waffle-no-such-command-xyz'");
   assert.equal(spawnedPids().size, 0);
@@ -164,7 +165,7 @@ Deno.test("runCommand() reports a non-executable file as 126", async () => {
     const path = writeScript(dir, "script.sh", "#!/bin/sh\necho nope\n");
     Deno.chmodSync(path, 0o644);
     const result = await run([path]);
-    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(result.outcome.exitCode, EXIT_CANNOT_EXECUTE);
     assert.equal(result.outcome.error, `Cannot execute '${path}': Permission denied`);
     assert.equal(result.stdout, "");
   });
@@ -173,14 +174,14 @@ Deno.test("runCommand() reports a non-executable file as 126", async () => {
 Deno.test("runCommand() reports a directory as 126", async () => {
   await withTempDir(async (dir) => {
     const result = await run([dir]);
-    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(result.outcome.exitCode, EXIT_CANNOT_EXECUTE);
     assert.equal(result.outcome.error, `Cannot execute '${dir}': Is a directory`);
   });
 });
 
 Deno.test("runCommand() reports death by SIGKILL as 137", async () => {
   const result = await run(["sh", "-c", "kill -KILL $$"]);
-  assert.equal(result.outcome.exitCode, 137);
+  assert.equal(result.outcome.exitCode, exitCodeOfSignal(9));
   assert.equal(result.outcome.signal, "SIGKILL");
   assert.deepEqual(baseOutcome(result), NOT_STOPPED);
 });
@@ -198,7 +199,7 @@ Deno.test("runCommand() reports a script with a missing interpreter as 126", asy
     writeScript(dir, "bad.sh", "#!/waffle/no/such/interpreter\n");
     Deno.chmodSync(`${dir}/bad.sh`, 0o755);
     const result = await run(["./bad.sh"], { cwd: dir });
-    assert.equal(result.outcome.exitCode, 126);
+    assert.equal(result.outcome.exitCode, EXIT_CANNOT_EXECUTE);
     assert.equal(
       result.outcome.error,
       "Cannot execute './bad.sh': Its interpreter or loader was not found",
@@ -351,7 +352,7 @@ Deno.test("runCommand() times out and kills a setsid escapee", async () => {
     assert.equal(result.stdout, "started\n");
     assert.equal(outcome.timedOut, true);
     assert.equal(outcome.signal, "SIGTERM");
-    assert.equal(outcome.exitCode, 143);
+    assert.equal(outcome.exitCode, exitCodeOfSignal(15));
     assert.equal(outcome.error, "Command timed out after 1500 ms");
     assertGone(readPid(`${dir}/pid`), "setsid escapee");
   });
@@ -364,7 +365,7 @@ Deno.test("runCommand() escalates to SIGKILL when SIGTERM is ignored", async () 
   });
   assert.equal(result.outcome.timedOut, true);
   assert.equal(result.outcome.signal, "SIGKILL");
-  assert.equal(result.outcome.exitCode, 137);
+  assert.equal(result.outcome.exitCode, exitCodeOfSignal(9));
 });
 
 Deno.test("runCommand() returns when the foreground exits although a background child holds stdout", async () => {
@@ -446,7 +447,7 @@ for (const reason of ["cancel", "interrupt"] as const) {
         interrupted: reason === "interrupt",
       });
       assert.equal(outcome.signal, "SIGTERM");
-      assert.equal(outcome.exitCode, 143);
+      assert.equal(outcome.exitCode, exitCodeOfSignal(15));
       assert.ok(
         outcome.error !== null && /^Command was (cancelled|interrupted)/.test(outcome.error),
       );
@@ -1071,7 +1072,7 @@ helperTest({
     for (const [args, message] of cases) {
       const result = await runHelper(args);
       const what = JSON.stringify(args);
-      assert.equal(result.code, 126, what);
+      assert.equal(result.code, EXIT_CANNOT_EXECUTE, what);
       assert.equal(result.stderr, `waffle-spawn: ${message}\n`, what);
       assert.equal(result.stdout, "", what);
     }
@@ -1084,10 +1085,10 @@ helperTest({
     await withTempDir(async (dir) => {
       writeScript(dir, "data.txt", "echo nope\n");
       const cases: [string, number, string][] = [
-        [`${dir}/missing`, 127, "No such file or directory"],
-        [`${dir}/data.txt/x`, 127, "Not a directory"],
-        [`${dir}/data.txt`, 126, "Permission denied"],
-        [dir, 126, "Permission denied"],
+        [`${dir}/missing`, EXIT_NOT_FOUND, "No such file or directory"],
+        [`${dir}/data.txt/x`, EXIT_NOT_FOUND, "Not a directory"],
+        [`${dir}/data.txt`, EXIT_CANNOT_EXECUTE, "Permission denied"],
+        [dir, EXIT_CANNOT_EXECUTE, "Permission denied"],
       ];
       for (const [program, code, reason] of cases) {
         const result = await runHelper(["-", program, "arg"]);
@@ -1096,7 +1097,7 @@ helperTest({
       }
       // PROGRAM is used as given, never searched for in PATH.
       const bare = await runHelper(["-", "true"], { env: { PATH } });
-      assert.equal(bare.code, 127);
+      assert.equal(bare.code, EXIT_NOT_FOUND);
       assert.equal(bare.stderr, "waffle-spawn: 'true': No such file or directory\n");
     });
   },
@@ -1140,7 +1141,7 @@ helperTest({
   ignore: !IS_ROOT,
   fn: async () => {
     const result = await runHelper(["10002", "10002", "/bin/echo", "ran"], { user: SANDBOX_USER });
-    assert.equal(result.code, 126);
+    assert.equal(result.code, EXIT_CANNOT_EXECUTE);
     assert.equal(result.stderr, "waffle-spawn: setgroups: Operation not permitted\n");
     assert.equal(result.stdout, "");
   },
@@ -1315,27 +1316,37 @@ for (const mode of SPAWN_MODES) {
         const cases: [string[], number | null, string | null, string][] = [
           [
             ["waffle-no-such-command-xyz"],
-            127,
+            EXIT_NOT_FOUND,
             "Command not found: 'waffle-no-such-command-xyz'",
             "",
           ],
-          [["./waffle-nope"], 127, "Command not found: './waffle-nope'", ""],
-          [["sub/../waffle-nope"], 127, "Command not found: 'sub/../waffle-nope'", ""],
-          [[`${dir}/waffle-nope`], 127, `Command not found: '${dir}/waffle-nope'`, ""],
-          [["./sub"], 126, "Cannot execute './sub': Is a directory", ""],
-          [[dir], 126, `Cannot execute '${dir}': Is a directory`, ""],
-          [["./data.txt"], 126, "Cannot execute './data.txt': Permission denied", ""],
-          [[`${dir}/data.txt`], 126, `Cannot execute '${dir}/data.txt': Permission denied`, ""],
-          [["data.txt/x"], 126, "Cannot execute 'data.txt/x': Not a directory", ""],
+          [["./waffle-nope"], EXIT_NOT_FOUND, "Command not found: './waffle-nope'", ""],
+          [["sub/../waffle-nope"], EXIT_NOT_FOUND, "Command not found: 'sub/../waffle-nope'", ""],
+          [[`${dir}/waffle-nope`], EXIT_NOT_FOUND, `Command not found: '${dir}/waffle-nope'`, ""],
+          [["./sub"], EXIT_CANNOT_EXECUTE, "Cannot execute './sub': Is a directory", ""],
+          [[dir], EXIT_CANNOT_EXECUTE, `Cannot execute '${dir}': Is a directory`, ""],
+          [
+            ["./data.txt"],
+            EXIT_CANNOT_EXECUTE,
+            "Cannot execute './data.txt': Permission denied",
+            "",
+          ],
+          [
+            [`${dir}/data.txt`],
+            EXIT_CANNOT_EXECUTE,
+            `Cannot execute '${dir}/data.txt': Permission denied`,
+            "",
+          ],
+          [["data.txt/x"], EXIT_CANNOT_EXECUTE, "Cannot execute 'data.txt/x': Not a directory", ""],
           [
             ["./bad.sh"],
-            126,
+            EXIT_CANNOT_EXECUTE,
             "Cannot execute './bad.sh': Its interpreter or loader was not found",
             "",
           ],
-          [["/dev/null"], 126, "Cannot execute '/dev/null': Permission denied", ""],
+          [["/dev/null"], EXIT_CANNOT_EXECUTE, "Cannot execute '/dev/null': Permission denied", ""],
           // As Deno looks names up: a PATH entry that is not executable is no match.
-          [["plain"], 127, "Command not found: 'plain'", ""],
+          [["plain"], EXIT_NOT_FOUND, "Command not found: 'plain'", ""],
           // A command given as a path runs as that normalized absolute path (argv[0], as with Deno).
           [["sub/../run.sh", "x"], 0, null, `ran ${dir}/run.sh x\n`],
           [["./run.sh"], 0, null, `ran ${dir}/run.sh \n`],
@@ -1352,7 +1363,7 @@ for (const mode of SPAWN_MODES) {
             assert.equal(result.outcome.error, error, what);
             assert.equal(result.stdout, stdout, what);
             assert.equal(result.stderr, "", what);
-            if (code === 126 || code === 127) {
+            if (code === EXIT_CANNOT_EXECUTE || code === EXIT_NOT_FOUND) {
               assert.equal(result.pid, undefined, `${what} spawned`);
             }
           }
@@ -1379,7 +1390,7 @@ for (const mode of SPAWN_MODES) {
         Deno.chmodSync(`${dir}/private/open`, 0o755);
         await inSpawnMode(mode, async () => {
           const denied = await runAs(["./root-only.sh"], { cwd: dir, user: SANDBOX_USER });
-          assert.equal(denied.outcome.exitCode, 126);
+          assert.equal(denied.outcome.exitCode, EXIT_CANNOT_EXECUTE);
           assert.equal(denied.outcome.error, "Cannot execute './root-only.sh': Permission denied");
           // Root itself may.
           const asRoot = await runAs(["./root-only.sh"], { cwd: dir });
@@ -1389,7 +1400,7 @@ for (const mode of SPAWN_MODES) {
           // A working directory the uid cannot enter.
           for (const cwd of [`${dir}/private`, `${dir}/private/open`]) {
             const shut = await runAs(["pwd"], { cwd, user: SANDBOX_USER });
-            assert.equal(shut.outcome.exitCode, 126, cwd);
+            assert.equal(shut.outcome.exitCode, EXIT_CANNOT_EXECUTE, cwd);
             assert.equal(shut.outcome.error, "Cannot execute 'pwd': Permission denied", cwd);
           }
         });

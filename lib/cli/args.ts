@@ -12,6 +12,7 @@
  */
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
+import { isEnvName } from "../env_name.ts";
 
 /** The parsed flags and positionals of one subcommand. */
 export interface Parsed {
@@ -149,7 +150,7 @@ export function envFlags(values: string[]): Record<string, string> {
   for (const entry of values) {
     const at = entry.indexOf("=");
     const name = at < 0 ? entry : entry.slice(0, at);
-    if (at < 0 || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+    if (at < 0 || !isEnvName(name)) {
       throw new UsageError(`Invalid --env '${entry}': expected NAME=VALUE`);
     }
     env[name] = entry.slice(at + 1);

@@ -7,14 +7,22 @@
  */
 import { mark } from "../trace.ts";
 import { concat } from "../bytes.ts";
-import { UsageError } from "../errors.ts";
+import { UsageError, WaffleError } from "../errors.ts";
+import {
+  EXIT_CANCELLED,
+  EXIT_CANNOT_EXECUTE,
+  EXIT_NOT_FOUND,
+  EXIT_SIGNAL_BASE,
+  EXIT_TIMEOUT,
+  EXIT_WAFFLE,
+} from "../exit_codes.ts";
 import type { Backend } from "../host_backend.ts";
-import type { RunnerTrouble } from "../queue/queue.ts";
+import type { RunnerTrouble } from "../queue/liveness.ts";
 import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../queue/protocol.ts";
 import { envFlags, numberFlag, parse, stringFlag } from "./args.ts";
 import { BACKEND_OPTIONS, openBackend } from "./backend_flags.ts";
 import type { CliIo } from "./io.ts";
-import { EXIT_CANCELLED, exitStatusOf, jsonOf, noteOf, truncationNotesOf } from "./report.ts";
+import { exitStatusOf, jsonOf, noteOf, truncationNotesOf } from "./report.ts";
 
 /** Help text of `waffle exec`. */
 export const EXEC_HELP = `Usage: waffle exec [options] -- CMD [ARG...]
@@ -29,7 +37,7 @@ Options:
   --queue DIR        queue directory for --backend host
   -i, --interactive  pass stdin to CMD, read to its end first (at most ${MAX_STDIN_BYTES} bytes);
                      without -i stdin is not read and CMD's stdin is closed
-  --timeout SECONDS  kill the command's whole process tree after this long (exit 124)
+  --timeout SECONDS  kill the command's whole process tree after this long (exit ${EXIT_TIMEOUT})
   --output-cap BYTES keep at most BYTES of each of stdout and stderr (default ${DEFAULT_OUTPUT_CAP},
                      at most ${MAX_OUTPUT_CAP}); a stream cut short is named on stderr
   --cwd DIR          working directory inside the workspace
@@ -37,8 +45,8 @@ Options:
   --json             print one JSON object with the result and output
   --detach           print the request id and exit; collect with 'waffle wait ID'
 
-Exit status: the command's; 124 timeout; 125 waffle error; 126 cannot execute;
-127 not found; 128+n killed by signal n; 130 cancelled (Ctrl-C)
+Exit status: the command's; ${EXIT_TIMEOUT} timeout; ${EXIT_WAFFLE} waffle error; ${EXIT_CANNOT_EXECUTE} cannot execute;
+${EXIT_NOT_FOUND} not found; ${EXIT_SIGNAL_BASE}+n killed by signal n; ${EXIT_CANCELLED} cancelled (Ctrl-C)
 `;
 
 /**
@@ -127,65 +135,90 @@ export async function waitCommand(args: string[], io: CliIo): Promise<number> {
   }
 }
 
-// Streams (or collects for --json) until the result is in; Ctrl-C cancels.
-// `outputCap` is the request's cap when this process submitted it; `wait`
-// does not know it, and names the bytes it received instead: the runner
-// forwards exactly the cap's worth of a stream before cutting it.
+// Streams (or collects for --json) until the result is in. The first Ctrl-C
+// cancels the request; a second stops waiting at once, whatever the wait is
+// blocked on (a revival, a full pipe), and ends through runCli like any
+// other error.
 async function follow(
   backend: Backend,
   id: string,
   options: { io: CliIo; json: boolean; outputCap?: number },
 ): Promise<number> {
-  const { io, queue } = { io: options.io, queue: backend.queue };
+  const forced = Promise.withResolvers<never>();
+  const stopWaiting = new AbortController();
   let interrupts = 0;
   const onInterrupt = (): void => {
     interrupts++;
     if (interrupts === 1) {
-      void queue.cancel(id).catch(() => {});
-    } else {
-      Deno.exit(EXIT_CANCELLED);
+      void backend.queue.cancel(id).catch(() => {});
+      return;
     }
+    const error = new WaffleError(
+      `Stopped waiting for request '${id}' at a second Ctrl-C (the first asked for its cancel)`,
+      { exitCode: EXIT_CANCELLED },
+    );
+    stopWaiting.abort(error);
+    forced.reject(error);
   };
   Deno.addSignalListener("SIGINT", onInterrupt);
   try {
-    const wait = { revive: (trouble: RunnerTrouble) => backend.ensure(trouble) };
-    const notes: string[] = [];
-    let stderrMidLine = false;
-    let collected;
-    if (options.json) {
-      // The object carries the truncation flags itself.
-      collected = await queue.collect(id, wait);
-      await io.stdout(`${JSON.stringify(jsonOf(id, collected))}\n`);
-    } else {
-      const received = { stdout: 0, stderr: 0 };
-      const stream = queue.output(id, wait);
-      let next = await stream.next();
-      while (!next.done) {
-        const { stream: name, data } = next.value;
-        received[name] += data.byteLength;
-        if (name === "stderr" && data.byteLength > 0) stderrMidLine = data.at(-1) !== 0x0a;
-        await (name === "stdout" ? io.stdout : io.stderr)(data);
-        next = await stream.next();
-      }
-      collected = { result: next.value };
-      const caps = options.outputCap === undefined
-        ? received
-        : { stdout: options.outputCap, stderr: options.outputCap };
-      notes.push(...truncationNotesOf(collected.result, caps));
-    }
-    mark("result");
-    const note = noteOf(id, collected.result);
-    if (note !== undefined) notes.push(note);
-    // waffle's lines start a line of their own, even after a stream cut mid-line.
-    if (notes.length > 0) await io.stderr(`${stderrMidLine ? "\n" : ""}${notes.join("\n")}\n`);
-    await queue.ack(id);
-    mark("acknowledged");
-    await queue.gc().catch(() => 0);
-    mark("gc");
-    return exitStatusOf(collected.result);
+    return await Promise.race([
+      report(backend, id, { ...options, signal: stopWaiting.signal }),
+      forced.promise,
+    ]);
   } finally {
     Deno.removeSignalListener("SIGINT", onInterrupt);
   }
+}
+
+// The output, the notes, the acknowledgement and the exit status of one request.
+// `outputCap` is the request's cap when this process submitted it; `wait`
+// does not know it, and names the bytes it received instead: the runner
+// forwards exactly the cap's worth of a stream before cutting it.
+async function report(
+  backend: Backend,
+  id: string,
+  options: { io: CliIo; json: boolean; outputCap?: number; signal: AbortSignal },
+): Promise<number> {
+  const { io, queue } = { io: options.io, queue: backend.queue };
+  const wait = {
+    signal: options.signal,
+    revive: (trouble: RunnerTrouble) => backend.ensure(trouble),
+  };
+  const notes: string[] = [];
+  let stderrMidLine = false;
+  let collected;
+  if (options.json) {
+    // The object carries the truncation flags itself.
+    collected = await queue.collect(id, wait);
+    await io.stdout(`${JSON.stringify(jsonOf(id, collected))}\n`);
+  } else {
+    const received = { stdout: 0, stderr: 0 };
+    const stream = queue.output(id, wait);
+    let next = await stream.next();
+    while (!next.done) {
+      const { stream: name, data } = next.value;
+      received[name] += data.byteLength;
+      if (name === "stderr" && data.byteLength > 0) stderrMidLine = data.at(-1) !== 0x0a;
+      await (name === "stdout" ? io.stdout : io.stderr)(data);
+      next = await stream.next();
+    }
+    collected = { result: next.value };
+    const caps = options.outputCap === undefined
+      ? received
+      : { stdout: options.outputCap, stderr: options.outputCap };
+    notes.push(...truncationNotesOf(collected.result, caps));
+  }
+  mark("result");
+  const note = noteOf(id, collected.result);
+  if (note !== undefined) notes.push(note);
+  // waffle's lines start a line of their own, even after a stream cut mid-line.
+  if (notes.length > 0) await io.stderr(`${stderrMidLine ? "\n" : ""}${notes.join("\n")}\n`);
+  await queue.ack(id);
+  mark("acknowledged");
+  await queue.gc().catch(() => 0);
+  mark("gc");
+  return exitStatusOf(collected.result);
 }
 
 // Reads all of stdin for `-i`, refusing more than a request may carry before

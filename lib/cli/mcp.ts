@@ -4,6 +4,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
+import { EXIT_WAFFLE } from "../exit_codes.ts";
 import type { CliIo } from "./io.ts";
 
 /** Help of `waffle mcp`. */
@@ -50,7 +51,7 @@ export async function mcpCommand(args: string[], io: CliIo): Promise<number> {
   const [name, ...rest] = args;
   if (name === undefined || name === "--help" || name === "-h") {
     await io.stdout(MCP_HELP);
-    return name === undefined ? 125 : 0;
+    return name === undefined ? EXIT_WAFFLE : 0;
   }
   const load = Object.hasOwn(SUBCOMMANDS, name) ? SUBCOMMANDS[name] : undefined;
   if (load === undefined) {

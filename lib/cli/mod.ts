@@ -6,6 +6,7 @@
  */
 import { mark } from "../trace.ts";
 import { UsageError, WaffleError } from "../errors.ts";
+import { EXIT_WAFFLE } from "../exit_codes.ts";
 import type { CliIo } from "./io.ts";
 
 export { type CliIo, processIo } from "./io.ts";
@@ -101,7 +102,7 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
   const [name, ...rest] = args;
   if (name === undefined || name === "--help" || name === "-h" || name === "help") {
     await io.stdout(usage());
-    return name === undefined ? 125 : 0;
+    return name === undefined ? EXIT_WAFFLE : 0;
   }
   const command = commands.get(name);
   try {
@@ -127,6 +128,6 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     await io.stderr(
       `waffle: internal error: ${error instanceof Error ? error.stack : String(error)}\n`,
     );
-    return 125;
+    return EXIT_WAFFLE;
   }
 }

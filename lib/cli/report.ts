@@ -1,14 +1,11 @@
 /**
- * Turns a request's result into the CLI's exit status, stderr notes and
- * `--json` object. The one place the exit-code contract lives.
+ * Turns a request's result into the CLI's exit status (by the map in
+ * `lib/exit_codes.ts`), stderr notes and `--json` object.
  *
  * @module
  */
-import { EXIT_TIMEOUT, EXIT_WAFFLE } from "../errors.ts";
+import { EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_WAFFLE } from "../exit_codes.ts";
 import type { ExecResult } from "../queue/protocol.ts";
-
-/** Exit status of a command cancelled by Ctrl-C (128 + SIGINT). */
-export const EXIT_CANCELLED = 130;
 
 /**
  * The exit status `waffle exec` returns for a result.

@@ -2,7 +2,7 @@
  * A small, typed Docker Engine API client over `docker-modem`. waffle never
  * shells out to the docker CLI: everything goes through this class.
  *
- * Every failure becomes a one-line {@linkcode DockerError} (exit code 125)
+ * Every failure becomes a one-line {@linkcode DockerError} (exit code `EXIT_WAFFLE`)
  * carrying the HTTP status when the daemon answered; 404 and 409 use the
  * {@linkcode DockerNotFoundError} and {@linkcode DockerConflictError}
  * subclasses. Every request has a timeout, so a stalled daemon cannot hang a

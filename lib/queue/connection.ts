@@ -1,6 +1,7 @@
 /**
- * The one place that opens SQLite connections to the queue files and sets
- * their pragmas.
+ * The one place that opens SQLite connections to the queue files, sets and
+ * verifies their pragmas, and checks their schema version (the host's
+ * in-memory copies of `outbound.db` in `sandbox_file.ts` use the same check).
  *
  * Why TRUNCATE and not WAL: WAL needs a shared-memory index (`-shm`) that is
  * mmap-ed by every connection, which does not work across the host/VM
@@ -45,9 +46,10 @@ export interface OpenOptions {
 }
 
 /**
- * Opens one queue file with `journal_mode=TRUNCATE`, `synchronous=FULL` and
- * `busy_timeout=5000`, checks that each took effect, and checks the schema
- * version.
+ * Opens one queue file: sets `busy_timeout` (and, for an owner,
+ * `journal_mode=TRUNCATE` and `synchronous=FULL`), checks that each took
+ * effect, creates or upgrades the schema where the options allow, and
+ * checks the schema version.
  *
  * @param path The database file. It must exist unless `options.schema` is given.
  * @param options Role and (for the creator) the schema.
@@ -65,44 +67,79 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
     throw new QueueError(`Cannot open queue file '${path}': ${messageOf(cause)}`, { cause });
   }
   try {
-    db.exec(`PRAGMA busy_timeout = ${busyTimeout}`);
+    setBusyTimeout(db, busyTimeout);
     if (!readOnly) {
       expectPragma(db, path, "journal_mode", "TRUNCATE", "truncate");
       expectPragma(db, path, "synchronous", "FULL", 2);
     }
-    const busy = pragma(db, "busy_timeout");
+    const busy = readPragma(db, "busy_timeout");
     if (Number(busy) !== busyTimeout) {
       throw new QueueError(`Queue file '${path}' refused busy_timeout: got '${busy}'`);
     }
-    let version = Number(pragma(db, "user_version"));
+    const version = userVersion(db);
     const upgrade = readOnly ? undefined : options.upgrades?.[version];
     if ((version === 0 && options.schema !== undefined) || upgrade !== undefined) {
-      const ddl = version === 0 ? options.schema! : upgrade!;
-      db.exec("BEGIN IMMEDIATE");
-      try {
-        // Re-read under the write lock: the other side may have just created it.
-        if (Number(pragma(db, "user_version")) === version) {
-          db.exec(ddl);
-          db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
-        }
-        db.exec("COMMIT");
-      } catch (cause) {
-        db.exec("ROLLBACK");
-        throw cause;
-      }
-      version = SCHEMA_VERSION;
+      migrate(db, version, version === 0 ? options.schema! : upgrade!);
     }
-    if (version !== SCHEMA_VERSION) {
-      throw new QueueError(
-        `Queue file '${path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
-      );
-    }
+    const problem = schemaVersionProblem(db, path);
+    if (problem !== undefined) throw new QueueError(problem);
     return db;
   } catch (cause) {
     db.close();
     if (cause instanceof QueueError) throw cause;
     throw new QueueError(`Cannot use queue file '${path}': ${messageOf(cause)}`, { cause });
   }
+}
+
+// Runs the DDL that creates (from version 0) or upgrades the file, once:
+// the version is read again under the write lock, as the other side may
+// have just done it.
+function migrate(db: DatabaseSync, version: number, ddl: string): void {
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    if (userVersion(db) === version) {
+      db.exec(ddl);
+      db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
+    }
+    db.exec("COMMIT");
+  } catch (cause) {
+    db.exec("ROLLBACK");
+    throw cause;
+  }
+}
+
+/**
+ * The schema-version check every queue file passes, however it is opened:
+ * its `user_version` must be this waffle's {@linkcode SCHEMA_VERSION}.
+ *
+ * @param db A connection to the file, or the host's copy of it.
+ * @param path The file, for the message.
+ * @returns Undefined when the versions match, else a one-line reason naming the file.
+ */
+export function schemaVersionProblem(db: DatabaseSync, path: string): string | undefined {
+  const version = userVersion(db);
+  if (version === SCHEMA_VERSION) return undefined;
+  return `Queue file '${path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`;
+}
+
+/**
+ * Sets how long SQLite itself waits on a lock held by another connection.
+ *
+ * @param db Any connection.
+ * @param ms Milliseconds; 0 fails at once with SQLITE_BUSY.
+ */
+export function setBusyTimeout(db: DatabaseSync, ms: number): void {
+  db.exec(`PRAGMA busy_timeout = ${ms}`);
+}
+
+/**
+ * The connection's current busy timeout.
+ *
+ * @param db Any connection.
+ * @returns Milliseconds.
+ */
+export function busyTimeoutOf(db: DatabaseSync): number {
+  return Number(readPragma(db, "busy_timeout"));
 }
 
 /**
@@ -145,7 +182,7 @@ export function isBusyError(error: unknown): boolean {
  * @returns The current data version.
  */
 export function dataVersion(db: DatabaseSync): number {
-  return Number(pragma(db, "data_version"));
+  return Number(readPragma(db, "data_version"));
 }
 
 /**
@@ -158,9 +195,13 @@ export function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-function pragma(db: DatabaseSync, name: string): unknown {
+function readPragma(db: DatabaseSync, name: string): unknown {
   const row = db.prepare(`PRAGMA ${name}`).get() as Record<string, unknown> | undefined;
   return row === undefined ? undefined : Object.values(row)[0];
+}
+
+function userVersion(db: DatabaseSync): number {
+  return Number(readPragma(db, "user_version"));
 }
 
 function expectPragma(
@@ -171,7 +212,7 @@ function expectPragma(
   expected: string | number,
 ): void {
   db.exec(`PRAGMA ${name} = ${value}`);
-  const got = pragma(db, name);
+  const got = readPragma(db, name);
   if (got !== expected && String(got).toLowerCase() !== String(expected)) {
     throw new QueueError(`Queue file '${path}' refused ${name}=${value}: got '${String(got)}'`);
   }

@@ -8,7 +8,7 @@
 import type { DatabaseSync } from "node:sqlite";
 import { afterThisTask } from "../async.ts";
 import { QueueError } from "../errors.ts";
-import { isBusyError, transaction } from "./connection.ts";
+import { busyTimeoutOf, isBusyError, setBusyTimeout, transaction } from "./connection.ts";
 import type { Bell } from "./watch.ts";
 
 interface Pending {
@@ -51,9 +51,7 @@ export class GroupCommit {
     this.#db = db;
     this.#bell = options.bell;
     this.#lockWaitMs = options.lockWaitMs;
-    this.#busyTimeout = Number(
-      Object.values(db.prepare("PRAGMA busy_timeout").get() as Record<string, unknown>)[0],
-    );
+    this.#busyTimeout = busyTimeoutOf(db);
   }
 
   #busyTimeout: number;
@@ -106,7 +104,7 @@ export class GroupCommit {
         });
         // COMMIT waits for the other side's readers to leave: never on this
         // thread when the other side may hold its lock for good.
-        if (this.#lockWaitMs !== undefined) this.#db.exec("PRAGMA busy_timeout = 0");
+        if (this.#lockWaitMs !== undefined) setBusyTimeout(this.#db, 0);
       });
       this.commits++;
       this.#busySince = undefined;
@@ -117,7 +115,7 @@ export class GroupCommit {
       return;
     } finally {
       if (this.#lockWaitMs !== undefined) {
-        this.#db.exec(`PRAGMA busy_timeout = ${this.#busyTimeout}`);
+        setBusyTimeout(this.#db, this.#busyTimeout);
       }
     }
     batch.forEach((item, index) => {
