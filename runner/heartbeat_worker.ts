@@ -1,62 +1,67 @@
 /**
- * Writes the runner's heartbeat from its own thread with its own connection,
- * so nothing on the main thread (a lock wait, a burst of output) can starve it.
+ * Writes the runner's heartbeat file from its own thread, so nothing on the
+ * main thread (a lock wait, a burst of output, a busy event loop) can starve
+ * it.
  *
  * @module
  */
 /// <reference lib="deno.worker" />
-import type { DatabaseSync } from "node:sqlite";
-import { openDatabase, transaction } from "../lib/queue/connection.ts";
 import type { Heartbeat } from "../lib/queue/protocol.ts";
-import { writeHeartbeatRow } from "../lib/queue/heartbeat_row.ts";
+import { writeHeartbeatFile } from "../lib/queue/heartbeat_file.ts";
 
 /** Messages the runner sends to this worker. */
 export type HeartbeatMessage =
-  | { type: "start"; outbound: string; beat: Heartbeat; intervalMs: number }
-  | { type: "update"; idleSince: number | null }
+  | { type: "start"; path: string; beat: Heartbeat; intervalMs: number }
   | { type: "stop" };
 
-let db: DatabaseSync | undefined;
+let path: string | undefined;
 let beat: Heartbeat | undefined;
 let timer: ReturnType<typeof setInterval> | undefined;
 
 function write(): void {
-  if (db === undefined || beat === undefined) return;
+  if (path === undefined || beat === undefined) return;
   beat = { ...beat, seq: beat.seq + 1, time: Date.now() };
-  const current = beat;
-  transaction(db, () => writeHeartbeatRow(db!, current));
+  writeHeartbeatFile(path, beat);
 }
+
+/** Beats missed in a row after which hosts call the runner dead: it stops itself first. */
+const MISSED_BEATS_FATAL = 3;
+let missed = 0;
 
 function writeOrReport(): void {
   try {
     write();
+    missed = 0;
   } catch (error) {
-    // A missed beat is visible to the host as a gap; keep trying.
-    self.postMessage({ type: "error", message: String(error) });
+    // One missed beat is a gap the host tolerates; a disk that refuses them
+    // all is a runner that cannot serve, as with any other write.
+    missed += 1;
+    self.postMessage({
+      type: missed >= MISSED_BEATS_FATAL ? "failed" : "error",
+      message: String(error),
+    });
+    if (missed >= MISSED_BEATS_FATAL) clearInterval(timer);
   }
 }
 
 self.onmessage = (event: MessageEvent<HeartbeatMessage>): void => {
   const message = event.data;
   if (message.type === "start") {
+    path = message.path;
+    beat = message.beat;
     try {
-      db = openDatabase(message.outbound, { role: "owner" });
+      write();
     } catch (error) {
-      // Only a file that cannot be opened is fatal; a write that meets a
-      // lock (busy past the timeout) is a missed beat, retried next tick.
+      // A first beat that cannot be written at all is fatal; a later failed
+      // write is a missed beat, tried again next tick.
       self.postMessage({ type: "failed", message: String(error) });
       return;
     }
-    beat = message.beat;
-    writeOrReport();
     timer = setInterval(writeOrReport, message.intervalMs);
     self.postMessage({ type: "started" });
-  } else if (message.type === "update" && beat !== undefined) {
-    beat = { ...beat, idleSince: message.idleSince };
   } else if (message.type === "stop") {
     clearInterval(timer);
-    db?.close();
-    db = undefined;
+    path = undefined;
     self.postMessage({ type: "stopped" });
   }
 };

@@ -8,12 +8,14 @@
  */
 import { mark } from "../lib/trace.ts";
 import { UsageError } from "../lib/errors.ts";
+import { EXIT_RUNNER_FAILED } from "../lib/exit_codes.ts";
 import { isBusyError, messageOf } from "../lib/queue/connection.ts";
 import {
   DEFAULT_OUTPUT_CAP,
   type ExecResult,
   HEARTBEAT_INTERVAL_MS,
   MAX_CHUNK_BYTES,
+  notRunResult,
   type StreamName,
 } from "../lib/queue/protocol.ts";
 import { type InboundRequest, RunnerQueue } from "../lib/queue/runner_queue.ts";
@@ -144,7 +146,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   // stays fresh: stop instead, so hosts see the runner gone and restart it.
   const fail = (why: string): void => {
     logLine(`stopping: ${why}`);
-    exitCode = 70;
+    exitCode = EXIT_RUNNER_FAILED;
     stop.abort();
   };
   const onSignal = (): void => stop.abort();
@@ -158,7 +160,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   await Promise.all(
     recovery.interrupted.map((request) =>
       queue.finish(
-        resultOf(request.id, {
+        notRunResult(request.id, {
           interrupted: true,
           error: "The runner stopped while this request ran; it was not re-run",
         }),
@@ -175,14 +177,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   // The first beat comes from this thread, so the host sees the runner as
   // soon as it serves; the worker (a second isolate, slower to boot) takes
   // over the timer without delaying that.
-  await queue.writeHeartbeat({
-    runnerId,
-    bootId,
-    seq: 0,
-    time: Date.now(),
-    state: "running",
-    idleSince,
-  });
+  queue.writeHeartbeat({ runnerId, bootId, seq: 0, time: Date.now(), state: "running" });
   mark("runner: first beat");
   // From the bundled artefact: the worker's own bundle, embedded in it.
   const embedded = (globalThis as Record<string, unknown>)[HEARTBEAT_SOURCE];
@@ -195,9 +190,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   heartbeat.onmessage = (event): void => {
     const data = event.data as { type?: string; message?: string } | undefined;
     if (data?.type === "failed") {
-      // Without beats every host would call this runner dead: stop cleanly.
-      logLine(`cannot write the heartbeat, stopping: ${data.message}`);
-      stop.abort();
+      // Without beats every host would call this runner dead: stop, as after any failed write.
+      fail(`cannot write the heartbeat: ${data.message}`);
     } else if (data?.type === "error") {
       logLine(`heartbeat write failed: ${data.message}`);
     }
@@ -209,8 +203,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   };
   post(heartbeat, {
     type: "start",
-    outbound: queue.paths.outbound,
-    beat: { runnerId, bootId, seq: 1, time: Date.now(), state: "running", idleSince },
+    path: queue.paths.heartbeat,
+    beat: { runnerId, bootId, seq: 1, time: Date.now(), state: "running" },
     intervalMs: options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
   });
   const reaper = subreaper ? setInterval(() => reapOrphans(spawnedPids()), REAP_MS) : undefined;
@@ -218,12 +212,6 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
   });
   options.onReady?.();
-
-  const setIdle = (value: number | null): void => {
-    if ((value === null) === (idleSince === null)) return;
-    idleSince = value;
-    post(heartbeat, { type: "update", idleSince });
-  };
 
   // Writes a result together with the output not yet durable (one group
   // commit). A lock held past busy_timeout (the host, an operator's sqlite3,
@@ -287,7 +275,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       // "started" could not be written, so the command did not run: say so,
       // or stop if even that cannot be written.
       await record(
-        resultOf(request.id, { error: `Could not record the start: ${messageOf(error)}` }),
+        notRunResult(request.id, { error: `Could not record the start: ${messageOf(error)}` }),
       );
     } finally {
       entry.feed?.stop();
@@ -311,7 +299,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       queue.accept(valid.map((request) => request.id), bootId).catch(onWriteError("acceptance"));
     }
     for (const request of fresh.filter((r) => r.payload === undefined)) {
-      void record(resultOf(request.id, { error: `Invalid request: ${request.invalid}` }));
+      void record(notRunResult(request.id, { error: `Invalid request: ${request.invalid}` }));
     }
     for (const entry of sessions.values()) entry.feed?.poll();
     const open = [...waiting.map((r) => r.id), ...running.keys(), ...sessions.keys()];
@@ -320,7 +308,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       const index = waiting.findIndex((request) => request.id === id);
       if (index >= 0) {
         waiting.splice(index, 1);
-        void record(resultOf(id, { cancelled: true, error: "Cancelled before it started" }));
+        void record(notRunResult(id, { cancelled: true, error: "Cancelled before it started" }));
       }
     }
   };
@@ -351,7 +339,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       }
       const now = Date.now();
       const busy = running.size > 0 || waiting.length > 0 || sessions.size > 0;
-      setIdle(busy ? null : (idleSince ?? now));
+      // The runner's own idle exit; hosts judge idleness from inbound.db, never from this.
+      idleSince = busy ? null : (idleSince ?? now);
       if (idleExitMs > 0 && idleSince !== null && now - idleSince >= idleExitMs) {
         // A last look, so a request committed just now is served, not stranded.
         if (queue.inboundChanged()) {
@@ -372,14 +361,17 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     clearInterval(reaper);
     watcher.close();
     await stopWorker(heartbeat);
-    await queue.writeHeartbeat({
-      runnerId,
-      bootId,
-      seq: Number.MAX_SAFE_INTEGER,
-      time: Date.now(),
-      state: "exited",
-      idleSince,
-    }).catch(() => {});
+    try {
+      queue.writeHeartbeat({
+        runnerId,
+        bootId,
+        seq: Number.MAX_SAFE_INTEGER,
+        time: Date.now(),
+        state: "exited",
+      });
+    } catch {
+      // Hosts see the beat go stale instead.
+    }
     queue.close();
     for (const name of signals) Deno.removeSignalListener(name, onSignal);
   }
@@ -419,7 +411,7 @@ async function runOne(
     env = buildEnv(options.baseEnv, { extra: payload.env, requestId: request.id });
   } catch (error) {
     if (error instanceof UsageError) {
-      return { result: resultOf(request.id, { error: error.message }), unsent: [] };
+      return { result: notRunResult(request.id, { error: error.message }), unsent: [] };
     }
     throw error;
   }
@@ -435,7 +427,7 @@ async function runOne(
   if (options.abort.aborted) {
     const cancelled = options.abort.reason !== "interrupt";
     return {
-      result: resultOf(request.id, {
+      result: notRunResult(request.id, {
         ...(cancelled ? { cancelled } : { interrupted: true }),
         error: cancelled
           ? "Cancelled before it started"
@@ -570,36 +562,6 @@ async function retryBusy<T>(
       await new Promise((resolve) => setTimeout(resolve, pause));
     }
   }
-}
-
-/**
- * A result for a request that did not run to an exit status.
- *
- * @param requestId The request.
- * @param fields What happened.
- * @returns A complete result.
- */
-export function resultOf(
-  requestId: string,
-  fields: Partial<Pick<ExecResult, "interrupted" | "cancelled" | "error">>,
-): ExecResult {
-  const now = Date.now();
-  return {
-    requestId,
-    exitCode: null,
-    signal: null,
-    timedOut: false,
-    interrupted: fields.interrupted ?? false,
-    cancelled: fields.cancelled ?? false,
-    stdoutTruncated: false,
-    stderrTruncated: false,
-    stdoutBytes: 0,
-    stderrBytes: 0,
-    startedAt: null,
-    endedAt: now,
-    durationMs: 0,
-    error: fields.error ?? null,
-  };
 }
 
 function post(worker: Worker, message: HeartbeatMessage): void {

@@ -14,7 +14,8 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
-import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
+import { listSandboxes, removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
+import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
 import { resolveImage } from "../lib/lifecycle/ensure.ts";
@@ -286,9 +287,10 @@ liveTest(
     const recreated = changed.lastEnsure!.containerId;
     assert.equal((await docker.inspectContainer(recreated))!.HostConfig.PidsLimit, 300);
 
-    // Paused: its runner stops beating, so the record stops holding.
+    // Paused: its runner stops beating, so the record stops holding once the
+    // beat is stale (the inode change time is read in whole seconds).
     await docker.pauseContainer(recreated);
-    await delay(2 * 2000 + 500);
+    await delay(STALE_AFTER_MS + 1500);
     await changed.ensure();
     assert.equal(changed.lastEnsure!.action, "recreated", "a paused container is replaced");
     assert.notEqual(changed.lastEnsure!.containerId, recreated);
@@ -477,11 +479,15 @@ liveTest(
     // An operator deleting the state: the quota volume first (it is mounted).
     await removeVolume(orphan.paths.root);
     await Deno.remove(orphan.paths.root, { recursive: true });
-    // Idle for more than a second, by the runner's own heartbeat.
-    await waitFor(() => {
-      const beat = idle.queue.heartbeat();
-      return beat !== undefined && beat.idleSince !== null && beat.time - beat.idleSince > 1500;
-    }, { timeoutMs: 30_000, what: "an idle heartbeat" });
+    // Idle for more than a second, by the host's own record of use.
+    const idleFor = async (): Promise<number> =>
+      (await listSandboxes(docker, { config: idle.config })).find((row) =>
+        row.containerId === idleId
+      )?.idleMs ?? 0;
+    await waitFor(async () => await idleFor() > 1500, {
+      timeoutMs: 30_000,
+      what: "an idle sandbox",
+    });
 
     const out = await home.cli(["sweep", "--idle-seconds", "1", "--json"]);
     assert.equal(out.code, 0, out.stderr);
@@ -564,12 +570,18 @@ liveTest("waffle ps --json, stop and rm --purge", async (docker) => {
   assert.ok((row.lastHeartbeat as number) <= Date.now());
   assert.equal(typeof row.idleMs, "number");
   assert.ok((row.idleMs as number) >= 0);
+  assert.equal(row.runner, "alive");
+  assert.equal(row.openRequests, 0);
+  assert.equal(row.problem, undefined);
   const table = await home.cli(["ps"]);
   assert.equal(table.code, 0);
-  assert.match(table.stdout, /^TENANT\s+USER\s+CONTAINER\s+STATE\s+IMAGE\s+HEARTBEAT\s+IDLE/);
   assert.match(
     table.stdout,
-    new RegExp(`acme\\s+${user}\\s+${containerId.slice(0, 12)}\\s+running`),
+    /^TENANT\s+USER\s+CONTAINER\s+STATE\s+IMAGE\s+RUNNER\s+HEARTBEAT\s+OPEN\s+IDLE\n/,
+  );
+  assert.match(
+    table.stdout,
+    new RegExp(`acme\\s+${user}\\s+${containerId.slice(0, 12)}\\s+running\\s+\\S+\\s+alive\\s`),
   );
 
   const stop = await home.cli(["stop", "--user", user, "--tenant", tenant]);

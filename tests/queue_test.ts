@@ -8,9 +8,17 @@ import { DatabaseSync } from "node:sqlite";
 import { openDatabase } from "../lib/queue/connection.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { RunnerQueue } from "../lib/queue/runner_queue.ts";
-import { SCHEMA_VERSION } from "../lib/queue/protocol.ts";
-import { initQueue, queuePaths } from "../lib/queue/schema.ts";
-import { ProtocolError, QueueError, RunnerError, UsageError } from "../lib/errors.ts";
+import { notRunResult, resultSchema, SCHEMA_VERSION } from "../lib/queue/protocol.ts";
+import { initQueue, OUTBOUND_SCHEMA, queuePaths } from "../lib/queue/schema.ts";
+import { SandboxFile, SMALL_FILE_BYTES } from "../lib/queue/sandbox_file.ts";
+import {
+  ProtocolError,
+  QueueError,
+  RunnerError,
+  SandboxFileError,
+  UsageError,
+} from "../lib/errors.ts";
+import { EXIT_NOT_FOUND, EXIT_RUNNER_FAILED } from "../lib/exit_codes.ts";
 import { delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 import { spawnClient } from "./_stress_client.ts";
 
@@ -43,6 +51,63 @@ Deno.test("openDatabase() rejects another schema version, naming both", async ()
       error instanceof QueueError && /schema version 7/.test(error.message) &&
       new RegExp(`speaks ${SCHEMA_VERSION}`).test(error.message),
   );
+});
+
+Deno.test("the host's copy of outbound.db fails the same schema-version check", async () => {
+  await using q = await tempQueue();
+  const path = queuePaths(q.queueDir).outbound;
+  const raw = new DatabaseSync(path);
+  raw.exec("PRAGMA user_version = 7");
+  raw.close();
+  let opened = "";
+  assert.throws(() => openDatabase(path, { role: "reader" }), (error: unknown) => {
+    opened = error instanceof QueueError ? error.message : "";
+    return opened !== "";
+  });
+  const file = new SandboxFile(path, {
+    schema: OUTBOUND_SCHEMA,
+    maxValueBytes: 1024 * 1024,
+    maxFileBytes: SMALL_FILE_BYTES,
+  });
+  try {
+    assert.throws(
+      () => file.read(() => 0),
+      (error: unknown) =>
+        error instanceof SandboxFileError && error.problem === "damaged" &&
+        error.message === opened,
+    );
+  } finally {
+    file.close();
+  }
+  assert.equal(
+    opened,
+    `Queue file '${path}' has schema version 7, this waffle speaks ${SCHEMA_VERSION}`,
+  );
+});
+
+Deno.test("notRunResult() builds a valid result that ran nothing", () => {
+  const lost = notRunResult("r1", { interrupted: true, endedAt: 5, error: "Lost" });
+  assert.deepEqual(lost, {
+    requestId: "r1",
+    exitCode: null,
+    signal: null,
+    timedOut: false,
+    interrupted: true,
+    cancelled: false,
+    stdoutTruncated: false,
+    stderrTruncated: false,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    startedAt: null,
+    endedAt: 5,
+    durationMs: 0,
+    error: "Lost",
+  });
+  const rejected = notRunResult("r2", { exitCode: EXIT_NOT_FOUND, startedAt: 10, endedAt: 12 });
+  assert.equal(rejected.durationMs, 2);
+  for (const result of [lost, rejected, notRunResult("r3", { cancelled: true })]) {
+    assert.deepEqual(resultSchema.parse(result), result, "the host accepts what the runner writes");
+  }
 });
 
 Deno.test("initQueue() upgrades a version 2 inbound.db in place, keeping its requests", async () => {
@@ -457,7 +522,7 @@ Deno.test("a runner that cannot write its results stops, and the host's wait end
     );
     assert.ok(Date.now() - started < 30_000, "the wait must be bounded");
     const status = await runner.child.status;
-    assert.equal(status.code, 70, "the runner stops with EX_SOFTWARE when it cannot write");
+    assert.equal(status.code, EXIT_RUNNER_FAILED, "the runner stops when it cannot write");
     queue.close();
   } finally {
     await new Deno.Command("umount", { args: ["-l", outbound] }).output();

@@ -4,8 +4,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { Queue, STALE_AFTER_MS } from "../lib/queue/queue.ts";
+import { Queue } from "../lib/queue/queue.ts";
+import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { RunnerError } from "../lib/errors.ts";
+import { EXIT_LOCKED } from "../lib/exit_codes.ts";
 import { alive, delay, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 
 Deno.test("runner reports the exit code matrix exactly", async () => {
@@ -272,7 +274,7 @@ Deno.test("a second runner on the same queue is refused", async () => {
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const second = await startRunner(q.queueDir, { workspace: q.workspace, waitReady: false });
   const status = await second.child.status;
-  assert.equal(status.code, 75);
+  assert.equal(status.code, EXIT_LOCKED);
 });
 
 Deno.test("wait without a runner fails with a clear error within the staleness limit", async () => {

@@ -15,8 +15,11 @@ import type { CliIo } from "./io.ts";
 /** Help of `waffle ps`. */
 export const PS_HELP = `Usage: waffle ps [--json]
 
-Lists sandbox containers: tenant, user, container id, state, image id, last
-heartbeat and idle time.
+Lists sandbox containers: tenant, user, container id, Docker state, image id,
+the runner (alive, stale, exited, none: judged by its heartbeat changing by
+this host's clock), when its heartbeat last changed, requests open, and idle
+time (since a host last used the sandbox, while none is open). A sandbox whose
+state cannot be read says why in PROBLEM; the others are listed all the same.
 `;
 
 /**
@@ -34,7 +37,12 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
     await io.stdout(`${JSON.stringify({ sandboxes: rows })}\n`);
     return 0;
   }
-  const lines = [["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "HEARTBEAT", "IDLE"]];
+  const anyProblem = rows.some((row) => row.problem !== undefined);
+  const lines = [
+    ["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
+  ];
+  if (anyProblem) lines[0]!.push("PROBLEM");
+  const now = Date.now();
   for (const row of rows) {
     lines.push([
       row.tenant,
@@ -42,10 +50,13 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
       row.containerId.slice(0, 12),
       row.state,
       row.imageId.replace(/^sha256:/, "").slice(0, 12),
+      row.runner,
       row.lastHeartbeat === null
         ? "-"
-        : `${Math.round((Date.now() - row.lastHeartbeat) / 1000)} s ago`,
+        : `${Math.max(0, Math.round((now - row.lastHeartbeat) / 1000))} s ago`,
+      String(row.openRequests),
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
+      ...(anyProblem ? [row.problem ?? "-"] : []),
     ]);
   }
   await io.stdout(table(lines));
@@ -57,10 +68,13 @@ export const SWEEP_HELP = `Usage: waffle sweep [--idle-seconds S] [--max-running
 
 Reconciles every waffle container on the daemon, including ones whose host
 process died: removes paused, dead or incompatible (image or posture changed)
-containers and those whose state directory is gone; stops containers idle for
-S seconds (default: the configured idle time; 0 never); stops the least
-recently used beyond N running (0: no cap). Never touches a container with a
-request in flight.
+containers and those whose state directory is gone; stops containers whose
+runner is dead (its heartbeat unchanged for three beats by this host's clock,
+whatever it wrote); stops containers idle for S seconds (default: the
+configured idle time; 0 never; idle by this host's own record of use, never
+the sandbox's word); stops the least recently used beyond N running (0: no
+cap). Never touches a container whose live runner has a request in flight. A
+sandbox it cannot judge is reported 'failed' and the sweep goes on.
 `;
 
 /**

@@ -3,24 +3,33 @@
  * remove. They work from labels and the state directories alone, so a fresh
  * host process reconciles containers it never saw (or whose host died).
  *
+ * What they read of each sandbox is small and the host's own wherever it can
+ * be: the runner's liveness from its heartbeat file (`judgeRunner`, the one
+ * judgement every caller uses), idleness and open requests from the host's
+ * `inbound.db`, and `outbound.db` only to narrow an open request down to one
+ * the runner still runs, bounded by what those requests asked for. One
+ * sandbox that cannot be read is reported as such; the others go on.
+ *
  * @module
  */
 import type { SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import { QueueError, SandboxFileError, UsageError } from "../errors.ts";
+import { SandboxFileError, UsageError } from "../errors.ts";
 import { messageOf, openDatabase } from "../queue/connection.ts";
-import { readHeartbeat as readBeat, readInFlight } from "../queue/outbound_rows.ts";
-import { type Heartbeat, MAX_CHUNK_BYTES } from "../queue/protocol.ts";
+import { judgeRunner, type Liveness, STALE_AFTER_MS } from "../queue/liveness.ts";
+import { openRequestCount, outboundAllowance, submittedAndOpen } from "../queue/open_requests.ts";
+import { readInFlight } from "../queue/outbound_rows.ts";
+import { MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
-import { OUTBOUND_SCHEMA, queuePaths } from "../queue/schema.ts";
-import { MAX_OUTBOUND_BYTES, submittedAndOpen } from "../queue/queue.ts";
+import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "../queue/schema.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec, hostCanChown, LABELS, SANDBOX_UID } from "./posture.ts";
-import { stateExists } from "./state_dir.ts";
+import { purgeState, stateExists } from "./state_dir.ts";
+import { writeWarm } from "./warm.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
@@ -36,47 +45,79 @@ export interface SandboxStatus {
   state: string;
   /** Id of the image the container was created from. */
   imageId: string;
-  /** Time of the runner's last heartbeat (ms since epoch), or null. */
+  /** The runner as `judgeRunner` judges it; `unknown` when its state cannot be read. */
+  runner: Liveness["state"] | "unknown";
+  /** When the runner's heartbeat last changed, by the host's clock (ms since epoch), or null. */
   lastHeartbeat: number | null;
-  /** How long the runner has had nothing to do, in ms; null while busy or unknown. */
+  /** Requests open by the host's own record: submitted, neither acknowledged nor lost. */
+  openRequests: number;
+  /**
+   * When a host last wrote this sandbox's queue (submitted, collected,
+   * cancelled, renewed a session): the mtime of the host's own `inbound.db`,
+   * which the sandbox mounts read-only. Null when unknown.
+   */
+  lastUsed: number | null;
+  /** How long since {@linkcode SandboxStatus.lastUsed}, in ms, while no request is open; else null. */
   idleMs: number | null;
   /** The sandbox's state root on the host, from the container's label (empty when missing). */
   statePath: string;
+  /** Why the sandbox's state could not be read, when it could not. */
+  problem?: string;
 }
 
-// What a sandbox's runner last wrote, read without waiting on any lock and
-// without touching anything but its outbound file (see sandbox_file.ts): a
-// hostile sandbox can make this undefined, never slow.
-function peekRunner<T>(
-  root: string,
-  read: Parameters<SandboxFile["read"]>[0],
-  options: { busy?: "retry" } = {},
-): T | undefined {
-  const file = new SandboxFile(`${stateLayout(root).outbound}/outbound.db`, {
-    schema: OUTBOUND_SCHEMA,
-    maxValueBytes: 16 * MAX_CHUNK_BYTES,
-    maxFileBytes: MAX_OUTBOUND_BYTES,
-  });
+/** What a sandbox's state directory says, as {@linkcode listSandboxes} reports it. */
+type StateView = Pick<
+  SandboxStatus,
+  "runner" | "lastHeartbeat" | "openRequests" | "lastUsed" | "idleMs" | "problem"
+>;
+
+function queueOf(root: string): QueuePaths {
+  const layout = stateLayout(root);
+  return queuePaths(layout.queue, { outboundDir: layout.outbound });
+}
+
+// Reads what ps and sweep need: the heartbeat file (at most a kilobyte) and
+// the host's own inbound.db. Never outbound.db, whatever its size.
+function viewState(root: string, now: number): StateView {
+  const paths = queueOf(root);
+  const judged = judgeRunner(paths.heartbeat, { queue: paths.dir, now });
+  const view: StateView = {
+    runner: judged.state,
+    lastHeartbeat: judged.changedAt ?? null,
+    openRequests: 0,
+    lastUsed: null,
+    idleMs: null,
+  };
+  let inbound: DatabaseSync | undefined;
   try {
-    return file.read(read) as T;
-  } catch (error) {
-    // `retry`: undefined only for a file locked now; anything else reads as empty.
-    if (
-      options.busy === "retry" && !(error instanceof SandboxFileError && error.problem === "busy")
-    ) {
-      return [] as T;
+    inbound = openDatabase(paths.inbound, { role: "reader" });
+    view.openRequests = openRequestCount(inbound);
+    view.lastUsed = Deno.statSync(paths.inbound).mtime?.getTime() ?? null;
+    if (view.openRequests === 0 && view.lastUsed !== null) {
+      view.idleMs = Math.max(0, now - view.lastUsed);
     }
-    return undefined;
+  } catch (error) {
+    view.problem = `Cannot read '${paths.inbound}': ${messageOf(error)}`;
   } finally {
-    file.close();
+    inbound?.close();
   }
+  return view;
 }
 
-/** How many times a sweep looks at a locked queue file before calling it idle. */
-const BUSY_TRIES = 10;
+function unreadable(problem: string): StateView {
+  return {
+    runner: "unknown",
+    lastHeartbeat: null,
+    openRequests: 0,
+    lastUsed: null,
+    idleMs: null,
+    problem,
+  };
+}
 
 /**
- * Lists every waffle-labelled container with its runner's liveness.
+ * Lists every waffle-labelled container with its runner's liveness and the
+ * host's record of its use.
  *
  * @param docker The Docker client.
  * @param options Config (for the state root of this waffle home).
@@ -90,12 +131,14 @@ export async function listSandboxes(
   const containers = await docker.listContainers({ all: true, labels: [LABELS.key] });
   return containers.map((summary) => {
     const statePath = summary.Labels[LABELS.state] ?? "";
-    const beat = stateExists(statePath) ? peekRunner<Heartbeat>(statePath, readBeat) : undefined;
-    const idleMs = beat === undefined
-      ? null
-      : beat.idleSince === null
-      ? null
-      : Math.max(0, now - beat.idleSince);
+    let view: StateView;
+    try {
+      view = stateExists(statePath)
+        ? viewState(statePath, now)
+        : unreadable(`State directory '${statePath}' is gone`);
+    } catch (error) {
+      view = unreadable(messageOf(error));
+    }
     return {
       tenant: summary.Labels[LABELS.tenant] ?? "?",
       user: summary.Labels[LABELS.user] ?? "?",
@@ -103,8 +146,7 @@ export async function listSandboxes(
       name: (summary.Names[0] ?? "").replace(/^\//, ""),
       state: summary.State,
       imageId: summary.ImageID,
-      lastHeartbeat: beat?.time ?? null,
-      idleMs,
+      ...view,
       statePath,
     };
   }).sort((a, b) => `${a.tenant}/${a.user}`.localeCompare(`${b.tenant}/${b.user}`));
@@ -118,8 +160,8 @@ export interface SweepAction {
   user: string;
   /** The container's id. */
   containerId: string;
-  /** What sweep did to the container. */
-  action: "stopped" | "removed" | "kept";
+  /** What sweep did to the container; `failed` when it could not judge or act on it. */
+  action: "stopped" | "removed" | "kept" | "failed";
   /** Why, for the operator. */
   reason: string;
 }
@@ -136,12 +178,22 @@ export interface SweepOptions {
   now?: number;
 }
 
+/** What sweep needs to judge one sandbox of this home. */
+interface SweepContext {
+  docker: DockerClient;
+  config: SandboxConfig;
+  idleMs: number;
+  expected: { imageId: string; key: SandboxKey } | undefined;
+}
+
 /**
  * Reconciles every labelled container: removes paused, dead, restarting and
  * incompatible ones (image or posture changed) and those whose state
- * directory is gone; stops idle ones; enforces the running cap by stopping
- * the least recently used. A container with a request in flight is never
- * stopped or removed by sweep.
+ * directory is gone; stops those whose runner is dead (by the one liveness
+ * judgement, whatever its files say) and idle ones; enforces the running cap
+ * by stopping the least recently used. A container whose live runner has a
+ * request in flight is never stopped or removed. A sandbox sweep cannot
+ * judge or act on is reported `failed` and the sweep goes on.
  *
  * @param docker The Docker client.
  * @param options Config, thresholds.
@@ -149,108 +201,169 @@ export interface SweepOptions {
  */
 export async function sweep(docker: DockerClient, options: SweepOptions): Promise<SweepAction[]> {
   const { config } = options;
-  const idleMs = (options.idleSeconds ?? config.idleSeconds) * 1000;
-  const cap = options.maxRunning ?? config.maxRunning;
   const image = await docker.inspectImage(config.image);
   const actions: SweepAction[] = [];
-  const running: { status: SandboxStatus; key: SandboxKey }[] = [];
-  for (
-    const status of await listSandboxes(
-      docker,
-      options.now === undefined ? { config } : { config, now: options.now },
-    )
-  ) {
+  const running: SandboxStatus[] = [];
+  const statuses = await listSandboxes(
+    docker,
+    options.now === undefined ? { config } : { config, now: options.now },
+  );
+  for (const status of statuses) {
     const record = (action: SweepAction["action"], reason: string): void => {
-      actions.push({
-        tenant: status.tenant,
-        user: status.user,
-        containerId: status.containerId,
-        action,
-        reason,
-      });
+      const { tenant, user, containerId } = status;
+      actions.push({ tenant, user, containerId, action, reason });
     };
     const key = sandboxKey(status.tenant, status.user, { home: config.home });
-    const paths = statePaths(config.home, key);
-    if (status.statePath !== paths.root) {
-      // Labelled by another waffle home: not ours to judge beyond removal of orphans.
-      if (!stateExists(status.statePath)) {
-        await docker.removeContainer(status.containerId, { force: true });
-        record("removed", "state directory is gone");
-      } else record("kept", "belongs to another WAFFLE_HOME");
-      continue;
+    const context: SweepContext = {
+      docker,
+      config,
+      idleMs: (options.idleSeconds ?? config.idleSeconds) * 1000,
+      expected: image === null ? undefined : { imageId: image.id, key },
+    };
+    try {
+      const verdict = await sweepOne(status, context);
+      if (verdict === "running") running.push(status);
+      else record(verdict[0], verdict[1]);
+    } catch (error) {
+      record("failed", messageOf(error));
     }
-    await withLock(paths.lock, async () => {
-      const container = await docker.inspectContainer(status.containerId);
-      if (container === null) return;
-      if (!stateExists(paths.root)) {
-        await docker.removeContainer(container.Id, { force: true });
-        return record("removed", "state directory is gone");
-      }
-      const busy = container.State.Running && await inFlight(paths.root) > 0;
-      const expected = image === null ? undefined : {
-        imageId: image.id,
-        postureHash: containerSpec(key, { config, imageId: image.id, paths }).postureHash,
-      };
-      const reason = expected === undefined
-        ? "image missing"
-        : incompatibility(container, expected);
-      if (
-        reason !== undefined &&
-        !(busy && (reason === "image changed" || reason === "posture changed"))
-      ) {
-        await docker.removeContainer(container.Id, { force: true });
-        return record("removed", reason);
-      }
-      if (!container.State.Running) {
-        return record("kept", `not running (${container.State.Status})`);
-      }
-      if (busy) return record("kept", "request in flight");
-      if (idleMs > 0 && status.idleMs !== null && status.idleMs >= idleMs) {
-        await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
-        return record("stopped", `idle for ${Math.round(status.idleMs / 1000)} s`);
-      }
-      running.push({ status, key });
-    });
   }
-  if (cap > 0 && running.length > cap) {
-    // Least recently used first: the longest idle; busy ones last.
-    running.sort((a, b) => (b.status.idleMs ?? -1) - (a.status.idleMs ?? -1));
-    for (const { status, key } of running.slice(0, running.length - cap)) {
-      const paths = statePaths(config.home, key);
-      await withLock(paths.lock, async () => {
-        if (await inFlight(paths.root) > 0) return;
-        await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
+  const cap = options.maxRunning ?? config.maxRunning;
+  for (const status of overCap(running, cap)) {
+    try {
+      const stopped = await withLock(
+        statePaths(
+          config.home,
+          sandboxKey(status.tenant, status.user, {
+            home: config.home,
+          }),
+        ).lock,
+        async () => {
+          if (await inFlight(status.statePath) > 0) return false;
+          return await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
+        },
+      );
+      if (stopped) {
+        const { tenant, user, containerId } = status;
         actions.push({
-          tenant: status.tenant,
-          user: status.user,
-          containerId: status.containerId,
+          tenant,
+          user,
+          containerId,
           action: "stopped",
           reason: `over the cap of ${cap} running`,
         });
-      });
+      }
+    } catch (error) {
+      const { tenant, user, containerId } = status;
+      actions.push({ tenant, user, containerId, action: "failed", reason: messageOf(error) });
     }
   }
   return actions;
 }
 
-async function inFlight(root: string): Promise<number> {
-  // A runner mid-commit holds its file for a moment: look again, briefly,
-  // rather than call a busy sandbox idle. (A missing or damaged file has
-  // nothing in flight that the host could know of.)
-  let ids: string[] | undefined;
-  for (let tries = 0; ids === undefined && tries < BUSY_TRIES; tries++) {
-    if (tries > 0) await new Promise((resolve) => setTimeout(resolve, 20));
-    ids = peekRunner<string[]>(root, readInFlight, { busy: "retry" });
+// Least recently used first: the longest idle; those with open requests last.
+function overCap(running: SandboxStatus[], cap: number): SandboxStatus[] {
+  if (cap <= 0 || running.length <= cap) return [];
+  const sorted = [...running].sort((a, b) => (b.idleMs ?? -1) - (a.idleMs ?? -1));
+  return sorted.slice(0, running.length - cap);
+}
+
+// Decides (and does) what sweep does to one sandbox; "running" when it stays
+// up and counts towards the cap.
+async function sweepOne(
+  status: SandboxStatus,
+  context: SweepContext,
+): Promise<"running" | [SweepAction["action"], string]> {
+  const { docker, config } = context;
+  const key = sandboxKey(status.tenant, status.user, { home: config.home });
+  const paths = statePaths(config.home, key);
+  if (status.statePath !== paths.root) {
+    // Labelled by another waffle home: not ours to judge beyond removal of orphans.
+    if (stateExists(status.statePath)) return ["kept", "belongs to another WAFFLE_HOME"];
+    await docker.removeContainer(status.containerId, { force: true });
+    return ["removed", "state directory is gone"];
   }
-  ids ??= [];
-  if (ids.length === 0) return 0;
+  return await withLock(paths.lock, async () => {
+    const container = await docker.inspectContainer(status.containerId);
+    if (container === null) return ["kept", "gone meanwhile"];
+    if (!stateExists(paths.root)) {
+      await docker.removeContainer(container.Id, { force: true });
+      return ["removed", "state directory is gone"];
+    }
+    const now = Date.now();
+    const judged = judgeRunner(queueOf(paths.root).heartbeat, { queue: paths.root, now });
+    const started = Date.parse(container.State.StartedAt);
+    // A runner that has had its chance to beat and does not is dead, whatever it wrote.
+    const dead = judged.state === "stale" || judged.state === "exited" ||
+      (judged.state === "none" && !(now - started < STALE_AFTER_MS));
+    const busy = container.State.Running && !dead && await inFlight(paths.root) > 0;
+    const reason = context.expected === undefined ? "image missing" : incompatibility(container, {
+      imageId: context.expected.imageId,
+      postureHash: containerSpec(key, { config, imageId: context.expected.imageId, paths })
+        .postureHash,
+    });
+    if (
+      reason !== undefined &&
+      !(busy && (reason === "image changed" || reason === "posture changed"))
+    ) {
+      await docker.removeContainer(container.Id, { force: true });
+      return ["removed", reason];
+    }
+    if (!container.State.Running) return ["kept", `not running (${container.State.Status})`];
+    if (dead) {
+      // Nothing it holds can finish: its waiting hosts would kill it too.
+      await docker.stopContainer(container.Id, { timeoutSeconds: 2 });
+      return ["stopped", `runner ${judged.state}: ${judged.detail}`];
+    }
+    if (busy) return ["kept", "request in flight"];
+    if (status.problem !== undefined) return ["kept", `cannot judge: ${status.problem}`];
+    // Idle since the host's last use, once nothing it submitted still runs
+    // (a detached request never collected does not keep a sandbox up).
+    const idleFor = status.lastUsed === null ? null : Math.max(0, now - status.lastUsed);
+    if (context.idleMs > 0 && idleFor !== null && idleFor >= context.idleMs) {
+      await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
+      return ["stopped", `idle for ${Math.round(idleFor / 1000)} s`];
+    }
+    return "running";
+  });
+}
+
+/** How many times a sweep looks at a locked queue file before calling it busy. */
+const BUSY_TRIES = 10;
+
+// Requests the runner still runs, among those the host holds open. Nothing
+// open: nothing to ask the runner. Otherwise outbound.db is read, bounded by
+// what the open requests asked for; a file locked on every try counts as
+// busy (never stop what may be busy), a missing or damaged one as idle.
+async function inFlight(root: string): Promise<number> {
+  const paths = queueOf(root);
   let inbound: DatabaseSync | undefined;
   try {
-    inbound = openDatabase(queuePaths(stateLayout(root).queue).inbound, { role: "reader" });
-    return submittedAndOpen(inbound, ids).length;
+    inbound = openDatabase(paths.inbound, { role: "reader" });
+    const open = openRequestCount(inbound);
+    if (open === 0) return 0;
+    const allowance = outboundAllowance(inbound);
+    const file = new SandboxFile(paths.outbound, {
+      schema: OUTBOUND_SCHEMA,
+      maxValueBytes: 16 * MAX_CHUNK_BYTES,
+      maxFileBytes: allowance,
+    });
+    try {
+      for (let tries = 0; tries < BUSY_TRIES; tries++) {
+        if (tries > 0) await new Promise((resolve) => setTimeout(resolve, 20));
+        try {
+          return submittedAndOpen(inbound, file.read(readInFlight)).length;
+        } catch (error) {
+          if (!(error instanceof SandboxFileError && error.problem === "busy")) return 0;
+        }
+      }
+      return open;
+    } finally {
+      file.close();
+    }
   } catch {
     // Cannot check now: never stop what may be busy.
-    return ids.length;
+    return 1;
   } finally {
     inbound?.close();
   }
@@ -310,18 +423,15 @@ export async function removeSandbox(
       ], { user: `${SANDBOX_UID}:${SANDBOX_UID}`, timeoutMs: 60_000 });
     }
     const removed = ours && await docker.removeContainer(container.Id, { force: true });
-    if (options.purge) {
-      await removeVolume(paths.root);
-      try {
-        await Deno.remove(paths.root, { recursive: true });
-      } catch (error) {
-        if (!(error instanceof Deno.errors.NotFound)) {
-          throw new QueueError(`Cannot purge sandbox state '${paths.root}': ${messageOf(error)}`, {
-            cause: error,
-          });
-        }
-      }
+    if (!options.purge) {
+      // The state stays for the next call to heal: no warm record outlives its container.
+      writeWarm(paths.root, undefined);
+      return removed;
     }
+    await removeVolume(paths.root);
+    // Never a recursive delete in this process: the workspace and outbound/
+    // are trees the sandbox shaped (see remove_tree.ts).
+    await purgeState(paths);
     return removed;
   });
 }

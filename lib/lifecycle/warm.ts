@@ -12,9 +12,10 @@
  *   container's (a config change or a new build must recycle);
  * - the container's init process is alive: the pid and start time Docker
  *   reported, read from `/proc` (the kernel's word, not the sandbox's);
- * - the runner the host saw boot in that container still beats: the same
- *   boot id, judged alive by `Queue.liveness`, with a beat newer than two
- *   intervals (a paused container stops beating).
+ * - the runner the host saw boot in that container still serves: the same
+ *   boot id, judged alive by `Queue.liveness` (the one judgement: its
+ *   heartbeat changing by the host's clock; a paused container stops
+ *   changing it).
  *
  * A sandbox that forges its heartbeat can only make its own, running
  * container look warm; the host's wait still judges liveness and revives
@@ -25,7 +26,6 @@
 import { join } from "../path.ts";
 import * as z from "../schema.ts";
 import { processMark } from "../process_mark.ts";
-import { HEARTBEAT_INTERVAL_MS } from "../queue/protocol.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { VolumeStatus } from "./quota.ts";
 
@@ -136,9 +136,5 @@ export function stillWarm(
   const pid = recordedPid(record);
   if (!Number.isSafeInteger(pid) || initMark(pid) !== record.process) return false;
   const judged = today.queue.liveness();
-  // The runner's own clock reading can only narrow the path, never widen it:
-  // a beat from "the future" is as suspect as an old one.
-  const age = Date.now() - (judged.beat?.time ?? Number.NaN);
-  return judged.state === "alive" && judged.beat?.bootId === record.bootId &&
-    age >= 0 && age < 2 * HEARTBEAT_INTERVAL_MS;
+  return judged.state === "alive" && judged.beat?.bootId === record.bootId;
 }

@@ -16,17 +16,29 @@ export { GroupCommit } from "./group_commit.ts";
 export * from "./protocol.ts";
 export {
   type Collected,
-  type Liveness,
   LOCK_WAIT_MS,
-  MAX_OUTBOUND_BYTES,
   Queue,
   type QueueOpenOptions,
-  type RunnerTrouble,
-  STALE_AFTER_MS,
   type SubmitOptions,
-  submittedAndOpen,
   type WaitOptions,
 } from "./queue.ts";
+export {
+  judgeRunner,
+  type JudgeRunnerOptions,
+  type Liveness,
+  type ObservedBeat,
+  readHeartbeatFile,
+  type RunnerTrouble,
+  STALE_AFTER_MS,
+} from "./liveness.ts";
+export {
+  MAX_OUTBOUND_BYTES,
+  OPEN_REQUEST,
+  openRequestCount,
+  outboundAllowance,
+  submittedAndOpen,
+} from "./open_requests.ts";
+export { HEARTBEAT_FILE_BYTES, writeHeartbeatFile } from "./heartbeat_file.ts";
 export {
   hasSchema,
   SandboxFile,

@@ -12,8 +12,6 @@ import { statement } from "./connection.ts";
 import { ProtocolError } from "../errors.ts";
 import {
   type ExecResult,
-  type Heartbeat,
-  heartbeatSchema,
   MAX_CHUNK_BYTES,
   type OutputChunk,
   type RequestState,
@@ -168,31 +166,6 @@ export function readState(db: DatabaseSync, requestId: string): RequestState {
   const row = all(db, "SELECT state FROM states WHERE request_id = ? LIMIT 1", requestId)[0];
   if (row === undefined) return "queued";
   return row.state === "started" ? "started" : "accepted";
-}
-
-/**
- * Reads the runner's heartbeat.
- *
- * @param db Any connection to outbound.db.
- * @returns The validated heartbeat, or undefined when none was written or it is malformed.
- */
-export function readHeartbeat(db: DatabaseSync): Heartbeat | undefined {
-  const row = all(
-    db,
-    `SELECT ${capped("runner_id", 128)}, ${capped("boot_id", 128)}, seq, time, ${
-      capped("state", 16)
-    }, idle_since FROM heartbeat WHERE id = 1 LIMIT 1`,
-  )[0];
-  if (row === undefined) return undefined;
-  const parsed = heartbeatSchema.safeParse({
-    runnerId: row.runner_id,
-    bootId: row.boot_id,
-    seq: row.seq,
-    time: row.time,
-    state: row.state,
-    idleSince: row.idle_since,
-  });
-  return parsed.success ? parsed.data : undefined;
 }
 
 /**

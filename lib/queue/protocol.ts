@@ -6,8 +6,10 @@
  * @module
  */
 import * as z from "../schema.ts";
+import { envNameSchema } from "../env_name.ts";
 
 export { SCHEMA_VERSION } from "./version.ts";
+export { envNameSchema };
 
 /** Largest single output chunk a runner may write, in bytes. */
 export const MAX_CHUNK_BYTES = 64 * 1024;
@@ -27,24 +29,14 @@ export const MAX_INPUT_CHUNK_BYTES = 64 * 1024;
  * lease row says it caught up. It bounds `outbound.db` however long a session lives.
  */
 export const SESSION_WINDOW_BYTES = 512 * 1024;
-/** Runner heartbeat interval. Hosts call a runner dead after twice this. */
+/** Runner heartbeat interval. Hosts call a runner dead after three (see `liveness.ts`). */
 export const HEARTBEAT_INTERVAL_MS = 2000;
 
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const noNul = (value: string): boolean => !value.includes("\0");
 
 // The schemas are `@ignore`d in the docs: their types are zod's internals,
 // which `deno doc` cannot show. The interfaces they are annotated with
 // (`ExecPayload`, `ExecResult`, `Heartbeat`) document the shapes instead.
-
-/**
- * Environment variable name rule shared by host and runner.
- *
- * @ignore
- */
-export const envNameSchema: z.ZodMiniString<string> = z.string().check(
-  z.regex(ENV_NAME, "Invalid environment name"),
-);
 
 /**
  * The payload of an `exec` request, as stored in `inbound.db`.
@@ -171,6 +163,53 @@ export interface ExecResult {
   error: string | null;
 }
 
+/** What {@linkcode notRunResult} records; everything else is null, false or 0. */
+export interface NotRunFields {
+  /** The runner stopped, or the queue was lost, before the command could end. */
+  interrupted?: boolean;
+  /** Cancelled by the host before it started. */
+  cancelled?: boolean;
+  /** Why it did not run, for the user. */
+  error?: string | null;
+  /** `EXIT_CANNOT_EXECUTE` or `EXIT_NOT_FOUND` when the program was rejected; else null. */
+  exitCode?: number | null;
+  /** When running it was attempted (epoch ms); null (the default) when it never was. */
+  startedAt?: number | null;
+  /** When it ended (epoch ms); default now. */
+  endedAt?: number;
+}
+
+/**
+ * The one builder of a result for a request that never ran to an exit
+ * status: no output, no signal, nothing truncated. Used by the runner (a
+ * request it could not start, or was stopped before) and by the host (a
+ * request lost with its queue file).
+ *
+ * @param requestId The request.
+ * @param fields What happened instead.
+ * @returns A complete result.
+ */
+export function notRunResult(requestId: string, fields: NotRunFields = {}): ExecResult {
+  const startedAt = fields.startedAt ?? null;
+  const endedAt = fields.endedAt ?? Date.now();
+  return {
+    requestId,
+    exitCode: fields.exitCode ?? null,
+    signal: null,
+    timedOut: false,
+    interrupted: fields.interrupted ?? false,
+    cancelled: fields.cancelled ?? false,
+    stdoutTruncated: false,
+    stderrTruncated: false,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    startedAt,
+    endedAt,
+    durationMs: startedAt === null ? 0 : Math.max(0, endedAt - startedAt),
+    error: fields.error ?? null,
+  };
+}
+
 /** Which stream a chunk belongs to. */
 export type StreamName = "stdout" | "stderr";
 
@@ -184,22 +223,6 @@ export interface OutputChunk {
   data: Uint8Array;
 }
 
-/**
- * The runner's liveness record in `outbound.db`.
- *
- * @ignore
- */
-export const heartbeatSchema: z.ZodMiniType<Heartbeat> = z.object({
-  runnerId: z.string().check(z.minLength(1), z.maxLength(128)),
-  bootId: z.string().check(z.minLength(1), z.maxLength(128)),
-  seq: z.int().check(z.minimum(0)),
-  time: z.int().check(z.minimum(0)),
-  /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
-  state: z.enum(["running", "exited"]),
-  /** Since when (epoch ms) the runner has had nothing queued or running; null while busy. */
-  idleSince: z.nullable(z.int().check(z.minimum(0))),
-});
-
 /** A validated heartbeat. */
 export interface Heartbeat {
   /** Which runner wrote it (by default its hostname). */
@@ -208,12 +231,10 @@ export interface Heartbeat {
   bootId: string;
   /** Counts the beats of one boot. */
   seq: number;
-  /** Epoch milliseconds (sandbox clock) of the beat. */
+  /** Epoch milliseconds of the beat by the sandbox's clock: for the record, never judged by. */
   time: number;
   /** `running`, or `exited` once the runner has decided to stop (idle exit, SIGTERM). */
   state: "running" | "exited";
-  /** Since when (epoch ms) the runner has had nothing queued or running; null while busy. */
-  idleSince: number | null;
 }
 
 /** Lifecycle of a request as the runner reports it. */

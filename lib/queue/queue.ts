@@ -16,7 +16,6 @@ import {
   newCursor,
   readChunks,
   readGeneration,
-  readHeartbeat,
   readInFlight,
   readResult,
   readState,
@@ -28,16 +27,15 @@ import {
   execPayloadSchema,
   type ExecResult,
   type Heartbeat,
-  HEARTBEAT_INTERVAL_MS,
   MAX_CHUNK_BYTES,
   MAX_INPUT_CHUNK_BYTES,
-  MAX_OUTPUT_CAP,
   MAX_STDIN_BYTES,
+  notRunResult,
   type OutputChunk,
   type RequestState,
   type SessionSpec,
 } from "./protocol.ts";
-import { SandboxFile, SMALL_FILE_BYTES } from "./sandbox_file.ts";
+import { SandboxFile } from "./sandbox_file.ts";
 import {
   INBOUND_UPGRADES,
   initQueue,
@@ -46,41 +44,18 @@ import {
   queuePaths,
 } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
+import { judgeRunner, type Liveness, type RunnerTrouble, STALE_AFTER_MS } from "./liveness.ts";
 
-/**
- * How long the runner's heartbeat may stay unchanged, by the host's own
- * clock, before the host calls the runner dead: three beats. The time the
- * runner writes is never used (the sandbox could write any time).
- */
-export const STALE_AFTER_MS = 3 * HEARTBEAT_INTERVAL_MS;
+import { OPEN_REQUEST, outboundAllowance, submittedAndOpen } from "./open_requests.ts";
+
 /**
  * How long the host keeps retrying a queue file that is locked before it
  * gives up on the runner. Every wait is asynchronous: a lock held by one
  * sandbox never stalls the event loop that serves the others.
  */
 export const LOCK_WAIT_MS = 10_000;
-/**
- * Largest `outbound.db` anyone reads without knowing the requests (it is
- * copied to be read): both streams of one request at the largest output cap,
- * and room for the rest. A queue's own host allows what its open requests
- * asked for instead (see `Queue`).
- */
-export const MAX_OUTBOUND_BYTES: number = 2 * MAX_OUTPUT_CAP + SMALL_FILE_BYTES;
 /** How many times one wait restarts a runner before it gives up. */
 const MAX_REVIVALS = 3;
-
-/** Why a wait found the runner unable to serve, as `revive` is told. */
-export type RunnerTrouble = "none" | "exited" | "stale" | "locked" | "damaged";
-
-/** The host's judgement of the runner, from what it observed itself. */
-export interface Liveness {
-  /** `alive`, or what is wrong. */
-  state: "alive" | RunnerTrouble;
-  /** One line for the user. */
-  detail: string;
-  /** The last valid heartbeat, when there is one. */
-  beat?: Heartbeat;
-}
 
 /** What to run. Exactly one of `argv` and `shell`. */
 export interface SubmitOptions {
@@ -176,7 +151,6 @@ export class Queue {
   #closed = new AbortController();
   #caps = new Map<string, number>();
   #generation: string | undefined;
-  #observed: { key: string; at: number; beat: Heartbeat } | undefined;
   #gcTimer: ReturnType<typeof setTimeout> | undefined;
 
   private constructor(paths: QueuePaths, options: QueueOpenOptions) {
@@ -193,7 +167,7 @@ export class Queue {
       schema: OUTBOUND_SCHEMA,
       // Sorted rows carry a whole chunk and more: room for that, never a huge value.
       maxValueBytes: 16 * Math.max(MAX_CHUNK_BYTES, MAX_RESULT_BYTES),
-      maxFileBytes: () => this.#outboundAllowance(),
+      maxFileBytes: () => outboundAllowance(this.#inbound),
     });
     this.#bell = new Bell(paths.inboundBell);
     this.#commits = new GroupCommit(this.#inbound, { bell: this.#bell, lockWaitMs: LOCK_WAIT_MS });
@@ -435,18 +409,16 @@ export class Queue {
   }
 
   /**
-   * Whether the runner serves this queue, judged by this host alone: alive
-   * while its heartbeat keeps changing (by the host's clock; the time the
-   * runner writes is ignored), dead after {@linkcode STALE_AFTER_MS} without
-   * a change. A process that has just opened the queue gives a runner that
-   * says `running` one staleness period.
+   * Whether the runner serves this queue: the outbound file must be readable
+   * (not damaged, not locked for {@linkcode LOCK_WAIT_MS}), and the runner is
+   * then judged by `judgeRunner` (its heartbeat file changing by the host's
+   * clock), the judgement every other caller uses too.
    *
    * @returns The judgement with a one-line detail.
    */
   liveness(): Liveness {
-    let beat: Heartbeat | undefined;
     try {
-      beat = this.#outbound.read(readHeartbeat);
+      this.#outbound.read(() => undefined);
     } catch (error) {
       return this.#troubleOf(error);
     }
@@ -460,25 +432,7 @@ export class Queue {
         } s`,
       };
     }
-    if (beat === undefined) {
-      return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
-    }
-    const key = `${beat.bootId}/${beat.seq}/${beat.state}`;
-    if (this.#observed?.key !== key) this.#observed = { key, at: now, beat };
-    if (beat.state === "exited") {
-      return { state: "exited", detail: `The runner of queue '${this.paths.dir}' exited`, beat };
-    }
-    const still = now - this.#observed.at;
-    if (still > STALE_AFTER_MS) {
-      return {
-        state: "stale",
-        detail: `The runner of queue '${this.paths.dir}' stopped beating: no heartbeat for ${
-          Math.round(still / 1000)
-        } s`,
-        beat,
-      };
-    }
-    return { state: "alive", detail: "alive", beat };
+    return judgeRunner(this.paths.heartbeat, { queue: this.paths.dir, now });
   }
 
   /**
@@ -647,8 +601,7 @@ export class Queue {
         const orphans = statement(
           this.#inbound,
           `SELECT id FROM requests r WHERE (generation IS NULL OR generation <> ?)
-             AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
-             AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`,
+             AND ${OPEN_REQUEST}`,
         ).all(generation) as { id: string }[];
         const mark = statement(
           this.#inbound,
@@ -665,40 +618,17 @@ export class Queue {
     this.#generation = generation;
   }
 
-  // What the runner may legitimately hold: both streams of every open
-  // request at its cap, plus room for the rest. A larger file is refused
-  // unread, so a sandbox cannot make this host copy more than it asked for.
-  #outboundAllowance(): number {
-    const row = statement(
-      this.#inbound,
-      `SELECT coalesce(sum(coalesce(json_extract(payload, '$.outputCap'), ?)), 0) AS caps
-         FROM requests r WHERE NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)`,
-    ).get(DEFAULT_OUTPUT_CAP) as { caps: number };
-    return Math.min(SMALL_FILE_BYTES + 2 * row.caps, MAX_OUTBOUND_BYTES);
-  }
-
   #lostResult(id: string): ExecResult | undefined {
     const row = statement(this.#inbound, "SELECT created_at FROM lost WHERE request_id = ?").get(
       id,
     ) as { created_at: number } | undefined;
     if (row === undefined) return undefined;
-    return {
-      requestId: id,
-      exitCode: null,
-      signal: null,
-      timedOut: false,
+    return notRunResult(id, {
       interrupted: true,
-      cancelled: false,
-      stdoutTruncated: false,
-      stderrTruncated: false,
-      stdoutBytes: 0,
-      stderrBytes: 0,
-      startedAt: null,
       endedAt: row.created_at,
-      durationMs: 0,
       error:
         "The sandbox's queue was lost or replaced while this request was pending; it was not re-run",
-    };
+    });
   }
 
   #read<T>(id: string, read: (db: DatabaseSync) => T): T {
@@ -836,7 +766,6 @@ export class Queue {
       throw new RunnerError(`${judged.detail} (after ${MAX_REVIVALS} restarts)`);
     }
     await options.revive(judged.state);
-    this.#observed = undefined;
     await this.#syncGeneration().catch(() => {});
     return true;
   }
@@ -856,31 +785,6 @@ export class Queue {
       this.#pumping = false;
     }
   }
-}
-
-/**
- * The ids among `ids` that a host submitted to this queue and has neither
- * acknowledged nor given up on: the sandbox's claims about what is in
- * flight, checked against the host's own record.
- *
- * @param inbound A connection to the queue's `inbound.db`.
- * @param ids Ids the runner reports.
- * @param options `sessions: false` leaves sessions out.
- * @returns The ones the host knows as open.
- */
-export function submittedAndOpen(
-  inbound: DatabaseSync,
-  ids: string[],
-  options: { sessions?: boolean } = {},
-): string[] {
-  const open = statement(
-    inbound,
-    `SELECT 1 AS hit FROM requests r WHERE r.id = ?
-       AND (r.kind = 'exec' OR ${options.sessions === false ? 0 : 1})
-       AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
-       AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`,
-  );
-  return ids.filter((id) => open.get(id) !== undefined);
 }
 
 // A session's output has no total: the runner's window bounds what is unread.

@@ -10,6 +10,7 @@ import { QueueError } from "../errors.ts";
 import { dataVersion, messageOf, openDatabase, statement } from "./connection.ts";
 import { GroupCommit } from "./group_commit.ts";
 import { idsWithOutboundRows } from "./outbound_rows.ts";
+import { OPEN_REQUEST } from "./open_requests.ts";
 import {
   type ExecPayload,
   execPayloadSchema,
@@ -20,9 +21,7 @@ import {
 import { hasSchema } from "./sandbox_file.ts";
 import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
 import { Bell } from "./watch.ts";
-import { writeHeartbeatRow } from "./heartbeat_row.ts";
-
-export { writeHeartbeatRow };
+import { writeHeartbeatFile } from "./heartbeat_file.ts";
 
 /** A request as the runner sees it. `payload` is undefined when it failed validation. */
 export interface InboundRequest {
@@ -66,6 +65,9 @@ export class RunnerQueue {
     try {
       this.#inbound = openInbound(paths.inbound);
       setAsideUnlessRegular(paths.outboundBell);
+      // Written by name every beat: a link or FIFO there would redirect or block the writes.
+      setAsideUnlessRegular(paths.heartbeat, { always: true });
+      setAsideUnlessRegular(`${paths.heartbeat}.tmp`, { always: true });
       Deno.writeFileSync(paths.outboundBell, new Uint8Array(), { append: true, create: true });
     } catch (error) {
       this.#outbound.close();
@@ -339,12 +341,13 @@ export class RunnerQueue {
   }
 
   /**
-   * Writes the heartbeat row (used by the heartbeat worker and on exit).
+   * Writes a heartbeat (the first one and the last; the heartbeat worker
+   * writes those in between).
    *
    * @param beat The heartbeat.
    */
-  writeHeartbeat(beat: Heartbeat): Promise<void> {
-    return this.commits.add(() => writeHeartbeatRow(this.#outbound, beat));
+  writeHeartbeat(beat: Heartbeat): void {
+    writeHeartbeatFile(this.paths.heartbeat, beat);
   }
 
   /** Commits what is queued and closes both connections. */
@@ -420,9 +423,7 @@ function openInbound(path: string): DatabaseSync {
 // Requests this runner may serve: bound to its generation (or to none yet),
 // not acknowledged, and not given up on by the host.
 const ELIGIBLE = `SELECT seq, id, tool_use_id, payload FROM requests r
-  WHERE (generation IS NULL OR generation = ?)
-    AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.request_id = r.id)
-    AND NOT EXISTS (SELECT 1 FROM lost l WHERE l.request_id = r.id)`;
+  WHERE (generation IS NULL OR generation = ?) AND ${OPEN_REQUEST}`;
 
 // Opens (creating with a fresh generation) the runner's own file. One that is
 // not a usable waffle outbound file is renamed aside, never repaired.

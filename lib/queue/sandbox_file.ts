@@ -26,8 +26,7 @@
 import { DatabaseSync } from "node:sqlite";
 import { SandboxFileError } from "../errors.ts";
 import { errno, type Libc, libc, O_CLOEXEC, O_NOFOLLOW, O_NONBLOCK, O_RDONLY } from "../libc.ts";
-import { messageOf } from "./connection.ts";
-import { SCHEMA_VERSION } from "./version.ts";
+import { messageOf, schemaVersionProblem } from "./connection.ts";
 
 const ENOENT = 2;
 
@@ -267,13 +266,8 @@ export class SandboxFile {
       limits.likePatternLength = 64;
       hardened.deserialize(bytes);
       hardened.setAuthorizer(authorize);
-      const version = Number(first(db, "PRAGMA user_version"));
-      if (version !== SCHEMA_VERSION) {
-        throw new SandboxFileError(
-          `Queue file '${this.path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`,
-          { problem: "damaged" },
-        );
-      }
+      const problem = schemaVersionProblem(db, this.path);
+      if (problem !== undefined) throw new SandboxFileError(problem, { problem: "damaged" });
       if (!hasSchema(db, this.#options.schema)) {
         throw new SandboxFileError(`Queue file '${this.path}' has a schema that is not waffle's`, {
           problem: "damaged",
@@ -287,50 +281,13 @@ export class SandboxFile {
   }
 
   #descriptor(lib: Libc): number {
-    let info: Deno.FileInfo;
-    try {
-      info = Deno.lstatSync(this.path);
-    } catch (error) {
-      this.close();
-      if (error instanceof Deno.errors.NotFound) {
-        throw new SandboxFileError(`Queue file '${this.path}' does not exist`, {
-          problem: "missing",
-        });
-      }
-      throw new SandboxFileError(`Cannot inspect queue file '${this.path}': ${messageOf(error)}`, {
-        problem: "damaged",
-        cause: error,
-      });
-    }
-    if (this.#fd >= 0 && info.ino === this.#ino) return this.#fd;
+    // The same inode as last time: its descriptor serves again.
+    if (this.#fd >= 0 && inodeOf(this.path) === this.#ino) return this.#fd;
     this.close();
-    if (!info.isFile) {
-      throw new SandboxFileError(`Queue file '${this.path}' is not a regular file`, {
-        problem: "damaged",
-      });
-    }
-    const fd = lib.open(
-      new TextEncoder().encode(`${this.path}\0`),
-      O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-      0,
-    );
-    if (fd < 0) {
-      const code = errno(lib);
-      throw new SandboxFileError(`Cannot open queue file '${this.path}' (errno ${code})`, {
-        problem: code === ENOENT ? "missing" : "damaged",
-      });
-    }
-    // Checked on the open file itself: the name may have changed since lstat.
-    const opened = Deno.statSync(`/proc/self/fd/${fd}`);
-    if (!opened.isFile) {
-      lib.close(fd);
-      throw new SandboxFileError(`Queue file '${this.path}' is not a regular file`, {
-        problem: "damaged",
-      });
-    }
-    this.#fd = fd;
-    this.#ino = opened.ino ?? -1;
-    return fd;
+    const opened = openSandboxName(lib, this.path);
+    this.#fd = opened.fd;
+    this.#ino = opened.info.ino ?? -1;
+    return opened.fd;
   }
 
   #busy(error: SandboxFileError): DatabaseSync {
@@ -416,7 +373,74 @@ function readCounter(lib: Libc, fd: number): number {
   return new DataView(bytes.buffer).getUint32(0);
 }
 
-function readAll(lib: Libc, fd: number, size: number): Uint8Array {
+function inodeOf(path: string): number | undefined {
+  try {
+    return Deno.lstatSync(path).ino ?? undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Opens a name in a directory the sandbox can write, for reading, the one
+ * way the host does: `lstat` must show a regular file, the open itself has
+ * `O_NOFOLLOW | O_NONBLOCK` (a link swapped in is refused, a FIFO never
+ * blocks), and the open file is checked again by descriptor (the name may
+ * have changed since the `lstat`).
+ *
+ * @param lib libc.
+ * @param path The name.
+ * @returns The descriptor (the caller closes it) and the open file's status.
+ * @throws {SandboxFileError} `missing` when there is no such name, else `damaged`.
+ */
+export function openSandboxName(lib: Libc, path: string): { fd: number; info: Deno.FileInfo } {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.lstatSync(path);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) {
+      throw new SandboxFileError(`Queue file '${path}' does not exist`, { problem: "missing" });
+    }
+    throw new SandboxFileError(`Cannot inspect queue file '${path}': ${messageOf(error)}`, {
+      problem: "damaged",
+      cause: error,
+    });
+  }
+  if (!info.isFile) {
+    throw new SandboxFileError(`Queue file '${path}' is not a regular file`, {
+      problem: "damaged",
+    });
+  }
+  const fd = lib.open(
+    new TextEncoder().encode(`${path}\0`),
+    O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+    0,
+  );
+  if (fd < 0) {
+    const code = errno(lib);
+    throw new SandboxFileError(`Cannot open queue file '${path}' (errno ${code})`, {
+      problem: code === ENOENT ? "missing" : "damaged",
+    });
+  }
+  const opened = Deno.statSync(`/proc/self/fd/${fd}`);
+  if (!opened.isFile) {
+    lib.close(fd);
+    throw new SandboxFileError(`Queue file '${path}' is not a regular file`, {
+      problem: "damaged",
+    });
+  }
+  return { fd, info: opened };
+}
+
+/**
+ * Reads up to `size` bytes of an open file from its start.
+ *
+ * @param lib libc.
+ * @param fd The descriptor.
+ * @param size How many bytes (already bounded by the caller).
+ * @returns The bytes read (fewer when the file is shorter).
+ */
+export function readAll(lib: Libc, fd: number, size: number): Uint8Array {
   const bytes = new Uint8Array(size);
   let done = 0;
   while (done < size) {
@@ -481,11 +505,6 @@ function describeSchema(db: DatabaseSync): string {
       "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY type, name, tbl_name",
     ).all(),
   );
-}
-
-function first(db: DatabaseSync, sql: string): unknown {
-  const row = db.prepare(sql).get() as Record<string, unknown> | undefined;
-  return row === undefined ? undefined : Object.values(row)[0];
 }
 
 function classify(path: string, error: unknown): unknown {

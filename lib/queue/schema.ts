@@ -57,8 +57,12 @@ CREATE TABLE lost (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), generation TEXT);
 ${SESSION_TABLES}`;
 
-/** What schema version 2's `inbound.db` lacks: upgraded in place by its owner. */
-export const INBOUND_UPGRADES: Readonly<Record<number, string>> = { 2: SESSION_TABLES };
+/**
+ * What older `inbound.db` files lack, by version: upgraded in place by their
+ * owner. Version 4 moved the heartbeat out of `outbound.db`; `inbound.db`
+ * did not change.
+ */
+export const INBOUND_UPGRADES: Readonly<Record<number, string>> = { 2: SESSION_TABLES, 3: "" };
 
 /** `outbound.db`: written only by the runner. */
 export const OUTBOUND_SCHEMA = `
@@ -66,15 +70,6 @@ CREATE TABLE meta (
   id INTEGER PRIMARY KEY CHECK (id = 1),
   generation TEXT NOT NULL,
   max_started_seq INTEGER NOT NULL
-);
-CREATE TABLE heartbeat (
-  id INTEGER PRIMARY KEY CHECK (id = 1),
-  runner_id TEXT NOT NULL,
-  boot_id TEXT NOT NULL,
-  seq INTEGER NOT NULL,
-  time INTEGER NOT NULL,
-  state TEXT NOT NULL,
-  idle_since INTEGER
 );
 CREATE TABLE states (
   request_id TEXT PRIMARY KEY,
@@ -115,6 +110,8 @@ export interface QueuePaths {
   inboundBell: string;
   /** Rung by the runner after each outbound commit; watched by the host. */
   outboundBell: string;
+  /** The runner's heartbeat, replaced every beat (see `heartbeat_file.ts`). */
+  heartbeat: string;
 }
 
 /**
@@ -139,6 +136,7 @@ export function queuePaths(
     runnerLock: join(outboundDir, "runner.lock"),
     inboundBell: join(inboundDir, "inbound.bell"),
     outboundBell: join(outboundDir, "outbound.bell"),
+    heartbeat: join(outboundDir, "heartbeat.json"),
   };
 }
 
