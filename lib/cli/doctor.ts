@@ -5,10 +5,12 @@
  * @module
  */
 import { join } from "../path.ts";
+import { EXIT_FAILURE } from "../exit_codes.ts";
 import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";
 import { mcpChecks } from "./doctor_mcp.ts";
+import { sandboxChecks } from "./doctor_sandboxes.ts";
 import { parse, stringFlag } from "./args.ts";
 import { loadConfig } from "../config/config.ts";
 import { quotaSupport } from "../lifecycle/quota.ts";
@@ -31,8 +33,15 @@ export interface DoctorRow {
 /** What a passing check reports: a detail line, or one marked as a warning. */
 export type CheckOutcome = string | { detail: string; warning: true };
 
-/** A named check; returns a detail line or throws the reason. */
-export type DoctorCheck = { name: string; run: () => Promise<CheckOutcome> };
+/**
+ * A named check; returns a detail line or throws the reason. One that has not
+ * answered within `timeoutMs` (default {@linkcode CHECK_TIMEOUT_MS}) fails
+ * with that reason, and the next check runs.
+ */
+export type DoctorCheck = { name: string; run: () => Promise<CheckOutcome>; timeoutMs?: number };
+
+/** How long a check may take before doctor reports it as failed and goes on: 2 minutes. */
+export const CHECK_TIMEOUT_MS = 120_000;
 
 /** Help text of `waffle doctor`. */
 export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker] [--config FILE]
@@ -41,11 +50,14 @@ Checks the queue round trip on the host filesystem, reports the host's
 fs.protected_* sysctls (waffle relies on none of them), whether each
 sandbox's disk quota can be enforced (a WARN row when not) and, unless
 --no-docker, the Docker daemon, the runner image, and a sandbox container
-start with a bind-mount write/read round trip. One "mcp <name> authority" row
-per configured MCP server (execution, authority, groups, env names, tools)
-and, with Docker, an initialize + tools/list probe of each server that
-executes in a sandbox (in a throwaway home). Exit status 0 when every check
-passes, 1 otherwise.
+start with a bind-mount write/read round trip. One "sandbox <who>" row per
+sandbox of this home: a WARN row for what its next call heals (a missing or
+reset outbound/, set-aside trees waiting for removal, a stale warm.json).
+One "mcp <name> authority" row per configured MCP server (execution,
+authority, groups, env names, tools) and, with Docker, an initialize +
+tools/list probe of each server that executes in a sandbox (in a throwaway
+home). A check that has not answered in 2 minutes fails; the next one runs.
+Exit status 0 when every check passes, ${EXIT_FAILURE} otherwise.
 `;
 
 /**
@@ -63,18 +75,21 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
   });
   const docker = !parsed.values["no-docker"];
   const configPath = stringFlag(parsed, "config");
+  // Each group is built on its own: a config or home one of them cannot
+  // read is that group's failing row, and the others still run.
   const checks: DoctorCheck[] = [
     { name: "queue round trip (host fs)", run: queueRoundTrip },
     { name: "host sysctls", run: hostSysctls },
     { name: "disk quota", run: diskQuota },
-    ...(docker ? dockerChecks() : []),
-    ...mcpChecks({ docker, configPath }),
+    ...(docker ? await group("docker", () => dockerChecks()) : []),
+    ...await group("mcp", () => mcpChecks({ docker, configPath })),
+    ...await group("sandboxes", () => sandboxChecks({ docker })),
   ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {
     const started = performance.now();
     try {
-      const outcome = await check.run();
+      const outcome = await bounded(check);
       rows.push({
         name: check.name,
         ok: true,
@@ -102,7 +117,36 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
   }
   const ok = rows.every((row) => row.ok);
   if (parsed.values.json) await io.stdout(`${JSON.stringify({ ok, checks: rows })}\n`);
-  return ok ? 0 : 1;
+  return ok ? 0 : EXIT_FAILURE;
+}
+
+// The checks a builder makes, or one failing row named after the group.
+async function group(
+  name: string,
+  build: () => DoctorCheck[] | Promise<DoctorCheck[]>,
+): Promise<DoctorCheck[]> {
+  try {
+    return await build();
+  } catch (error) {
+    return [{ name, run: () => Promise.reject(error) }];
+  }
+}
+
+// A check's outcome, or a failure once its time is up (the check itself may
+// run on; doctor does not wait for it).
+async function bounded(check: DoctorCheck): Promise<CheckOutcome> {
+  const ms = check.timeoutMs ?? CHECK_TIMEOUT_MS;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await Promise.race([
+      check.run(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`No answer within ${ms / 1000} s`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 // Client + runner ping through a fresh queue on the host filesystem.

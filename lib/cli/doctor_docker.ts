@@ -9,6 +9,7 @@ import { join } from "../path.ts";
 import { loadConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { removeSandbox } from "../lifecycle/fleet.ts";
+import { removeTree } from "../lifecycle/remove_tree.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { DoctorCheck } from "./doctor.ts";
 
@@ -77,7 +78,8 @@ export function dockerChecks(): DoctorCheck[] {
           await removeSandbox(docker, sandbox.key, { config: sandbox.config, purge: true }).catch(
             () => false,
           );
-          await Deno.remove(home, { recursive: true }).catch(() => {});
+          // What is left is a sandbox's state: never a recursive delete in process.
+          await removeTree(home).catch(() => false);
         }
       },
     },

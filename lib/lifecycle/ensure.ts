@@ -12,11 +12,13 @@ import type { SandboxConfig } from "../config/config.ts";
 import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
 import { DockerError, RunnerError } from "../errors.ts";
-import type { Queue, RunnerTrouble } from "../queue/queue.ts";
+import type { Queue } from "../queue/queue.ts";
+import type { RunnerTrouble } from "../queue/liveness.ts";
 import { mark } from "../trace.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
 import { type ContainerSpec, containerSpec, LABELS, postureDrift } from "./posture.ts";
-import { resetOutbound, stateExists } from "./state_dir.ts";
+import { outboundMounted, outboundReplaced } from "./outbound_in_place.ts";
+import { removeSetAsideTrees, resetOutbound, stateExists } from "./state_dir.ts";
 
 /**
  * What ensure had to do. `warm`: the last full ensure's findings still held
@@ -157,8 +159,15 @@ export async function ensureContainer(
       action = "recreated";
     }
   }
-  if (container !== null && options.trouble !== undefined && options.trouble !== "none") {
-    const trouble = options.trouble;
+  // outbound/ made anew since the container started (a reset, or a missing
+  // one recreated by prepareState): a running container still has the old
+  // directory mounted, so it is restarted like a wedged one.
+  const trouble = options.trouble !== undefined && options.trouble !== "none"
+    ? options.trouble
+    : container?.State.Running && outboundReplaced(paths)
+    ? "stale"
+    : undefined;
+  if (container !== null && trouble !== undefined) {
     if (trouble !== "exited" && container.State.Running) {
       // The runner is wedged (stopped, killed by force, or holding a lock):
       // kill the whole container so nothing a command left behind survives.
@@ -167,7 +176,7 @@ export async function ensureContainer(
     } else if (container.State.Running) {
       await docker.waitContainer(container.Id, { timeoutMs: 10_000 }).catch(() => {});
     }
-    if (trouble === "damaged") await resetOutbound(paths);
+    if (trouble === "damaged") resetOutbound(paths);
     container = await docker.inspectContainer(container.Id);
   }
   if (container === null) {
@@ -215,7 +224,7 @@ export async function ensureContainer(
       await docker.killContainer(container!.Id).catch(() => {});
       await docker.waitContainer(container!.Id, { timeoutMs: 10_000 }).catch(() => {});
     });
-    if (judged.state === "damaged") await resetOutbound(paths);
+    if (judged.state === "damaged") resetOutbound(paths);
   }
   const before = queue.heartbeat()?.bootId;
   const pid = await startReady(docker, container.Id, { ...options, before });
@@ -291,6 +300,10 @@ async function startReady(
     const pid = pidOf(docker, id).catch(() => 0);
     try {
       await waitReady(docker, id, ready);
+      // A runner booted on today's outbound/ beats in it: no restart is owed,
+      // and no container runs on a set-aside tree any more.
+      outboundMounted(options.paths);
+      removeSetAsideTrees(options.paths);
       mark("runner ready");
       return await pid;
     } catch (error) {
@@ -298,7 +311,7 @@ async function startReady(
     }
     await docker.killContainer(id).catch(() => {});
     await docker.waitContainer(id, { timeoutMs: 10_000 }).catch(() => {});
-    if (attempt === 2) await resetOutbound(options.paths);
+    if (attempt === 2) resetOutbound(options.paths);
   }
 }
 

@@ -39,7 +39,16 @@ export {
 } from "./quota.ts";
 export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
 export { openRestricted, type RestrictedOptions, type RestrictedSandbox } from "./restricted.ts";
-export { prepareState, type PrepareStateOptions, resetOutbound, stateExists } from "./state_dir.ts";
+export {
+  inspectState,
+  prepareState,
+  type PrepareStateOptions,
+  purgeState,
+  resetOutbound,
+  stateExists,
+  type StateReport,
+} from "./state_dir.ts";
+export { removeTree, type RemoveTreeOptions, settleRemovals } from "./remove_tree.ts";
 export {
   listSandboxes,
   removeSandbox,

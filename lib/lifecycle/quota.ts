@@ -162,8 +162,9 @@ export async function ensureVolume(
 /**
  * Unmounts `<root>/volume` (lazily when it is busy), detaches its loop
  * devices and deletes `<root>/volume.img`, for `rm --purge`. Anything else
- * mounted at `<root>/volume` is unmounted too, so a recursive removal of the
- * root afterwards never descends into a mount. Missing pieces are fine.
+ * mounted at `<root>/volume` is unmounted too, so removing the root
+ * afterwards (`purgeState`, in a child process that stays on one filesystem)
+ * never descends into a mount. Missing pieces are fine.
  *
  * @param root The sandbox's state directory.
  * @throws {QueueError} When a mount cannot be detached even lazily, or the image cannot be removed.
@@ -171,7 +172,7 @@ export async function ensureVolume(
  * @example
  * ```ts ignore
  * await removeVolume(paths.root);
- * await Deno.remove(paths.root, { recursive: true });
+ * await purgeState(paths); // never `Deno.remove(…, { recursive: true })`: see remove_tree.ts
  * ```
  */
 export async function removeVolume(root: string): Promise<void> {

@@ -17,6 +17,7 @@ import { resolveImage } from "./ensure.ts";
 import { sandboxKey, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec } from "./posture.ts";
+import { removeTree } from "./remove_tree.ts";
 import { prepareState } from "./state_dir.ts";
 
 /** A restricted container: a backend whose `close` removes it and its queue. */
@@ -80,7 +81,8 @@ export async function openRestricted(
     if (containerId !== undefined) {
       await docker.removeContainer(containerId, { force: true }).catch(() => {});
     }
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    // The runner shaped its queue: never a recursive delete in this process.
+    await removeTree(dir).catch(() => false);
   };
   try {
     containerId = await docker.createContainer(spec.name, spec.body);
@@ -130,7 +132,7 @@ async function removeLeftovers(
     const pid = Number(owner.split(" ")[0]);
     if (Number.isSafeInteger(pid) && pid > 0 && processMark(pid) === owner) continue;
     await docker.removeContainer(`${prefix}-r-${entry.name}`, { force: true }).catch(() => false);
-    await Deno.remove(join(parent, entry.name), { recursive: true }).catch(() => {});
+    removeTree(join(parent, entry.name), { background: true }).catch(() => false);
   }
 }
 

@@ -11,11 +11,13 @@ import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
 import type { Backend } from "../host_backend.ts";
-import { Queue, type RunnerTrouble, type SubmitOptions } from "../queue/queue.ts";
+import { Queue, type SubmitOptions } from "../queue/queue.ts";
+import type { RunnerTrouble } from "../queue/liveness.ts";
 import { initQueue } from "../queue/schema.ts";
 import type { Ensured } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
+import { outboundInPlace } from "./outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
@@ -117,9 +119,15 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // True when the last full ensure's findings still hold (see warm.ts).
   const warm = async (): Promise<boolean> => {
     const record = readWarm(paths.root);
-    if (record === undefined) return false;
-    // The posture leaves the image out: any id gives today's hash.
-    const { postureHash } = containerSpec(key, { config, imageId: record.imageId, paths });
+    // Never into a missing or replaced outbound/ (a host killed mid-reset).
+    if (record === undefined || !outboundInPlace(paths)) return false;
+    let postureHash: string;
+    try {
+      // The posture leaves the image out: any id gives today's hash.
+      postureHash = containerSpec(key, { config, imageId: record.imageId, paths }).postureHash;
+    } catch {
+      return false; // the full ensure repairs what it can, or says what is wrong
+    }
     const imageId = await currentImageId(endpoint, config.image);
     if (!stillWarm(record, { imageId, postureHash, queue })) return false;
     lastEnsure = {
