@@ -96,6 +96,7 @@ Deno.test("loadWaffleConfig() parses the issue's example", async () => {
       groups: ["main"],
       env: ["GREETING"],
       tools: ["echo", "get-env"],
+      clientRequests: ["roots/list", "ping"],
     });
     assert.deepEqual(config.policy.servers.local, {
       name: "local",
@@ -104,6 +105,7 @@ Deno.test("loadWaffleConfig() parses the issue's example", async () => {
       execution: "host",
       authority: "host",
       env: [],
+      clientRequests: ["roots/list", "ping"],
     });
     assert.deepEqual(config.policy.groups, { main: { name: "main", mode: "docker" } });
     assert.deepEqual(config.policy.cron.nightly, {
@@ -136,6 +138,7 @@ Deno.test("planLaunch() for cron nightly: the planned cwd, network and env, and 
       network: "none",
       workspace: "rw",
       tools: ["echo", "get-env"],
+      clientRequests: ["roots/list", "ping"],
       env: [], // cron env = [] narrows GREETING away
     });
     const local = server(plan, "local");
@@ -334,6 +337,16 @@ Deno.test("loadWaffleConfig() names the key of every contradiction or bad value 
     [`[mcp.e]\ncommand = "/x"\ntools = ["a b"]\n${SERVER}`, "mcp.e.tools[0]", /tool name/],
     [`[mcp.e]\ncommand = "/x"\ngroups = ["-x"]\n${SERVER}`, "mcp.e.groups[0]"],
     [
+      `[mcp.e]\ncommand = "/x"\nclient_requests = ["ping", "sampling/create"]\n${SERVER}`,
+      "mcp.e.client_requests[1]",
+      /must be "ping" or "roots\/list" or "sampling\/createMessage" or "elicitation\/create", found "sampling\/create"$/,
+    ],
+    [
+      `[mcp.e]\ncommand = "/x"\nclient_requests = "ping"\n${SERVER}`,
+      "mcp.e.client_requests",
+      /must be an array, found "ping"/,
+    ],
+    [
       `[mcp.e]\ncommand = "/x"\nargs = "stdio"\n${SERVER}`,
       "mcp.e.args",
       /must be an array, found "stdio"/,
@@ -506,7 +519,7 @@ Deno.test("waffle mcp plan --cron nightly --json prints the plan; the table show
     assert.match(text.out(), /^Plan for cron 'nightly' \(group 'main'\)/);
     assert.match(
       text.out(),
-      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+none\s+rw\s+echo,get-env/,
+      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+none\s+rw\s+echo,get-env\s+-\s+roots\/list,ping\n/,
     );
     assert.match(text.out(), /local\s+denied\s+-/);
     assert.match(text.out(), /denied: group 'main' requires docker \(groups\.main\.mode\)/);
@@ -536,6 +549,7 @@ Deno.test("waffle mcp ls --json lists the servers and their policy", async () =>
           groups: ["main"],
           env: ["GREETING"],
           tools: ["echo", "get-env"],
+          clientRequests: ["roots/list", "ping"],
           program: {
             package: "npm:@modelcontextprotocol/server-everything@2026.8.31",
             args: ["stdio"],
@@ -548,19 +562,75 @@ Deno.test("waffle mcp ls --json lists the servers and their policy", async () =>
           groups: "all",
           env: [],
           tools: "all",
+          clientRequests: ["roots/list", "ping"],
           program: { command: "/usr/local/bin/some-server", args: [] },
         },
       ],
     });
     const text = captureIo();
     assert.equal(await runCli(["mcp", "ls", "--config", file], text), 0, text.err());
-    assert.match(text.out(), /^SERVER\s+EXECUTION\s+AUTHORITY\s+GROUPS\s+ENV\s+TOOLS\s+PROGRAM\n/);
     assert.match(
       text.out(),
-      /local\s+host\s+host\s+all\s+-\s+all\s+\/usr\/local\/bin\/some-server/,
+      /^SERVER\s+EXECUTION\s+AUTHORITY\s+GROUPS\s+ENV\s+TOOLS\s+CLIENT REQUESTS\s+PROGRAM\n/,
+    );
+    assert.match(
+      text.out(),
+      /local\s+host\s+host\s+all\s+-\s+all\s+roots\/list,ping\s+\/usr\/local\/bin\/some-server/,
     );
     const bad = captureIo();
     assert.equal(await runCli(["mcp", "ls", "--config", join(file, "..", "nope.toml")], bad), 125);
     assert.match(bad.err(), /Config file '.*nope\.toml' does not exist/);
+  });
+});
+
+Deno.test("client_requests: the default, a listed set (deduplicated, in order) and [] reach the plan and mcp ls", async () => {
+  const toml = `[sandbox]
+mode = "host"
+
+[mcp.plain]
+command = "/x"
+execution = "host"
+authority = "host"
+
+[mcp.llm]
+command = "/x"
+execution = "host"
+authority = "host"
+client_requests = ["sampling/createMessage", "elicitation/create", "sampling/createMessage", "ping"]
+
+[mcp.mute]
+command = "/x"
+execution = "host"
+authority = "host"
+client_requests = []
+`;
+  await withConfig(toml, async (config, { file }) => {
+    const plan = planLaunch(config);
+    assert.deepEqual(server(plan, "plain").clientRequests, ["roots/list", "ping"]);
+    assert.deepEqual(server(plan, "llm").clientRequests, [
+      "sampling/createMessage",
+      "elicitation/create",
+      "ping",
+    ]);
+    assert.deepEqual(server(plan, "mute").clientRequests, []);
+    const json = captureIo();
+    assert.equal(await runCli(["mcp", "plan", "--json", "--config", file], json), 0, json.err());
+    const printed = JSON.parse(json.out()) as LaunchPlan;
+    assert.deepEqual(server(printed, "llm").clientRequests, server(plan, "llm").clientRequests);
+    const text = captureIo();
+    assert.equal(await runCli(["mcp", "plan", "--config", file], text), 0, text.err());
+    assert.match(text.out(), /\bCLIENT REQUESTS\n/);
+    assert.match(text.out(), /llm\s.*\ssampling\/createMessage,elicitation\/create,ping\n/);
+    const ls = captureIo();
+    assert.equal(await runCli(["mcp", "ls", "--json", "--config", file], ls), 0, ls.err());
+    const listed = JSON.parse(ls.out()).servers as { name: string; clientRequests: string[] }[];
+    assert.deepEqual(
+      Object.fromEntries(listed.map((s) => [s.name, s.clientRequests])),
+      {
+        plain: ["roots/list", "ping"],
+        llm: ["sampling/createMessage", "elicitation/create", "ping"],
+        mute: [],
+      },
+    );
   });
 });

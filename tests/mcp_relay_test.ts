@@ -413,3 +413,454 @@ Deno.test("the line reader holds a byte-at-a-time line in one buffer, not a piec
   // A piece per byte cost ~400 bytes each (384 MiB here before the fix).
   assert.ok(grownMiB < 64, `RSS grew ${grownMiB.toFixed(0)} MiB`);
 });
+
+// ---------------------------------------------------------------------------
+// Requests from the server to the client (client_requests).
+
+/**
+ * A host server that, on its first input line, asks the client for sampling,
+ * elicitation, roots and a ping (in that order) and sends a notification;
+ * every line it receives is appended to $SEEN.
+ */
+const ASKING_SERVER = `
+  const seen = Deno.env.get("SEEN");
+  const out = (m) => Deno.stdout.write(new TextEncoder().encode(JSON.stringify(m) + "\\n"));
+  let buffer = "";
+  let asked = false;
+  for await (const bytes of Deno.stdin.readable) {
+    buffer += new TextDecoder().decode(bytes);
+    let at;
+    while ((at = buffer.indexOf("\\n")) >= 0) {
+      const line = buffer.slice(0, at);
+      buffer = buffer.slice(at + 1);
+      Deno.writeTextFileSync(seen, line + "\\n", { append: true });
+      if (asked) continue;
+      asked = true;
+      await out({ jsonrpc: "2.0", id: "s1", method: "sampling/createMessage", params: { messages: [], maxTokens: 1 } });
+      await out({ jsonrpc: "2.0", id: "e1", method: "elicitation/create", params: { message: "Your password?", requestedSchema: { type: "object", properties: {} } } });
+      await out({ jsonrpc: "2.0", id: "r1", method: "roots/list" });
+      await out({ jsonrpc: "2.0", id: "p1", method: "ping" });
+      await out({ jsonrpc: "2.0", method: "notifications/message", params: { level: "info", data: "hello" } });
+    }
+  }
+`;
+
+/** Two host servers running `code`: `strict` with the default client_requests, `llm` with sampling and elicitation. */
+function askingConfig(code: string): string {
+  const server = (name: string, extra: string): string => `
+[mcp.${name}]
+command = ${JSON.stringify(Deno.execPath())}
+args = ["eval", ${JSON.stringify(code)}]
+execution = "host"
+authority = "host"
+env = ["SEEN"]
+${extra}`;
+  return `[sandbox]\nmode = "host"\n${server("strict", "")}${
+    server("llm", `client_requests = ["sampling/createMessage", "elicitation/create"]\n`)
+  }`;
+}
+
+/** A raw stdio client of `waffle mcp run NAME`: real pipes, one JSON message per line. */
+function rawClient(home: Home, name: string, env: Record<string, string>): {
+  send: (...messages: unknown[]) => Promise<void>;
+  read: (count: number) => Promise<Record<string, unknown>[]>;
+  finish: () => Promise<{ code: number; stdout: string; stderr: string }>;
+} {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", MAIN, "mcp", "run", name, "--config", home.config],
+    env: waffleEnv(home.dir, env),
+    clearEnv: true,
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  const reader = child.stdout.getReader();
+  let pending = "";
+  let rest = "";
+  return {
+    send: (...messages) =>
+      writer.write(
+        new TextEncoder().encode(messages.map((m) => `${JSON.stringify(m)}\n`).join("")),
+      ),
+    async read(count): Promise<Record<string, unknown>[]> {
+      const lines: string[] = [];
+      while (lines.length < count) {
+        const at = pending.indexOf("\n");
+        if (at >= 0) {
+          lines.push(pending.slice(0, at));
+          pending = pending.slice(at + 1);
+          continue;
+        }
+        const { value, done } = await reader.read();
+        if (done) break;
+        pending += new TextDecoder().decode(value);
+      }
+      return lines.map((line) => JSON.parse(line));
+    },
+    async finish(): Promise<{ code: number; stdout: string; stderr: string }> {
+      await writer.close().catch(() => {});
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        rest += new TextDecoder().decode(value);
+      }
+      const status = await child.status;
+      const stderr = await new Response(child.stderr).text();
+      return { code: status.code, stdout: pending + rest, stderr };
+    },
+  };
+}
+
+function seenLines(path: string): Record<string, unknown>[] {
+  try {
+    return Deno.readTextFileSync(path).trim().split("\n").filter((l) => l !== "").map((l) =>
+      JSON.parse(l)
+    );
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return [];
+    throw error;
+  }
+}
+
+function auditLines(home: Home): Record<string, unknown>[] {
+  return Deno.readTextFileSync(join(home.dir, "audit.jsonl")).trim().split("\n").map((l) =>
+    JSON.parse(l)
+  );
+}
+
+Deno.test("mcp run refuses a server's sampling and elicitation by default, passes roots/list and ping, and drops client replies to refused ids", async () => {
+  await using home = await tempHome(askingConfig(ASKING_SERVER));
+  const seen = join(home.dir, "seen.log");
+  const client = rawClient(home, "strict", { SEEN: seen });
+  await client.send({ jsonrpc: "2.0", method: "notifications/initialized" });
+  // The server asked in the order s1, e1, r1, p1: the relay handled the first
+  // two before the client got r1, so nothing of them can come later.
+  const shown = await client.read(3);
+  assert.deepEqual(shown.map((m) => [m.id ?? null, m.method]), [
+    ["r1", "roots/list"],
+    ["p1", "ping"],
+    [null, "notifications/message"],
+  ]);
+  // Replies to the refused ids (the client never saw them) must not reach the server.
+  await client.send(
+    { jsonrpc: "2.0", id: "s1", result: { forged: "sampling" } },
+    { jsonrpc: "2.0", id: "e1", result: { forged: "elicitation" } },
+    { jsonrpc: "2.0", id: "r1", result: { roots: [] } },
+    { jsonrpc: "2.0", id: "p1", result: {} },
+  );
+  assert.ok(
+    await until(() => seenLines(seen).some((m) => m.id === "p1"), 10_000),
+    "the ping answer never reached the server",
+  );
+  const result = await client.finish();
+  assert.equal(result.code, 0, result.stderr);
+  assert.equal(result.stdout, "", "the client got nothing more");
+
+  const received = seenLines(seen);
+  const byId = (id: string): Record<string, unknown>[] => received.filter((m) => m.id === id);
+  for (const [id, method] of [["s1", "sampling/createMessage"], ["e1", "elicitation/create"]]) {
+    assert.equal(byId(id!).length, 1, `one answer to ${id}: ${JSON.stringify(byId(id!))}`);
+    const error = byId(id!)[0]!.error as { code: number; message: string };
+    assert.equal(error.code, -32601);
+    assert.equal(
+      error.message,
+      `Request '${method}' from server 'strict' is not allowed by waffle policy; list it in mcp.strict.client_requests to allow it`,
+    );
+  }
+  assert.deepEqual(byId("r1"), [{ jsonrpc: "2.0", id: "r1", result: { roots: [] } }]);
+  assert.deepEqual(byId("p1"), [{ jsonrpc: "2.0", id: "p1", result: {} }]);
+  assert.doesNotMatch(Deno.readTextFileSync(seen), /forged/);
+  assert.match(result.stderr, /refused request 'sampling\/createMessage' from server 'strict'/);
+  assert.match(result.stderr, /dropped a response from the client to no pending request/);
+
+  const audit = auditLines(home);
+  assert.deepEqual(
+    audit.map((r) => [r.from, r.method, r.outcome, r.server]),
+    [
+      ["server", "sampling/createMessage", "refused", "strict"],
+      ["server", "elicitation/create", "refused", "strict"],
+      ["server", "roots/list", "ok", "strict"],
+      ["server", "ping", "ok", "strict"],
+    ],
+  );
+  for (const line of audit) {
+    assert.equal(line.tool, undefined);
+    assert.equal(line.group, "default");
+    assert.equal(typeof line.durationMs, "number");
+  }
+  assert.doesNotMatch(JSON.stringify(audit), /password/, "a request's params are never logged");
+});
+
+Deno.test("mcp run forwards sampling and elicitation when listed, and the list replaces the default", async () => {
+  await using home = await tempHome(askingConfig(ASKING_SERVER));
+  const seen = join(home.dir, "seen.log");
+  const client = rawClient(home, "llm", { SEEN: seen });
+  await client.send({ jsonrpc: "2.0", method: "notifications/initialized" });
+  const shown = await client.read(3);
+  assert.deepEqual(shown.map((m) => [m.id ?? null, m.method]), [
+    ["s1", "sampling/createMessage"],
+    ["e1", "elicitation/create"],
+    [null, "notifications/message"],
+  ]);
+  assert.deepEqual(shown[1]!.params, {
+    message: "Your password?",
+    requestedSchema: { type: "object", properties: {} },
+  });
+  await client.send(
+    { jsonrpc: "2.0", id: "r1", result: { roots: [{ uri: "file:///forged" }] } },
+    { jsonrpc: "2.0", id: "s1", result: { role: "assistant", model: "m", content: {} } },
+    { jsonrpc: "2.0", id: "e1", error: { code: -1, message: "declined" } },
+  );
+  assert.ok(await until(() => seenLines(seen).some((m) => m.id === "e1" && m.error), 10_000));
+  const result = await client.finish();
+  assert.equal(result.code, 0, result.stderr);
+  const received = seenLines(seen);
+  const byId = (id: string): Record<string, unknown>[] => received.filter((m) => m.id === id);
+  assert.deepEqual(byId("s1"), [{
+    jsonrpc: "2.0",
+    id: "s1",
+    result: { role: "assistant", model: "m", content: {} },
+  }]);
+  assert.deepEqual(byId("e1"), [{
+    jsonrpc: "2.0",
+    id: "e1",
+    error: { code: -1, message: "declined" },
+  }]);
+  // roots/list and ping are not in this server's list: refused, whatever the client says.
+  for (const id of ["r1", "p1"]) {
+    assert.equal(byId(id).length, 1);
+    assert.match(
+      (byId(id)[0]!.error as { message: string }).message,
+      /not allowed by waffle policy; list it in mcp\.llm\.client_requests/,
+    );
+  }
+  assert.doesNotMatch(Deno.readTextFileSync(seen), /forged/);
+  assert.deepEqual(
+    auditLines(home).map((r) => [r.method, r.outcome]),
+    [
+      ["roots/list", "refused"],
+      ["ping", "refused"],
+      ["sampling/createMessage", "ok"],
+      ["elicitation/create", "error"],
+    ],
+  );
+});
+
+Deno.test("mcp run refuses a second server request under a pending id and audits the unanswered one", async () => {
+  const code = `
+    const seen = Deno.env.get("SEEN");
+    const out = (m) => Deno.stdout.write(new TextEncoder().encode(JSON.stringify(m) + "\\n"));
+    let asked = false;
+    for await (const bytes of Deno.stdin.readable) {
+      Deno.writeTextFileSync(seen, new TextDecoder().decode(bytes), { append: true });
+      if (asked) continue;
+      asked = true;
+      await out({ jsonrpc: "2.0", id: 7, method: "ping" });
+      await out({ jsonrpc: "2.0", id: 7, method: "roots/list" });
+      await out({ jsonrpc: "2.0", method: "notifications/message", params: { data: "done" } });
+    }
+  `;
+  await using home = await tempHome(askingConfig(code));
+  const seen = join(home.dir, "seen.log");
+  const client = rawClient(home, "strict", { SEEN: seen });
+  await client.send({ jsonrpc: "2.0", method: "notifications/initialized" });
+  const shown = await client.read(2);
+  assert.deepEqual(shown.map((m) => [m.id ?? null, m.method]), [
+    [7, "ping"],
+    [null, "notifications/message"],
+  ]);
+  assert.ok(await until(() => seenLines(seen).some((m) => m.id === 7), 10_000));
+  // The client never answers the ping: the session ends with it pending.
+  const result = await client.finish();
+  assert.equal(result.code, 0, result.stderr);
+  const answer = seenLines(seen).filter((m) => m.id === 7);
+  assert.equal(answer.length, 1);
+  assert.equal((answer[0]!.error as { message: string }).message, "Request id is already pending");
+  assert.deepEqual(auditLines(home).map((r) => [r.method, r.outcome]), [
+    ["roots/list", "refused"],
+    ["ping", "no_response"],
+  ]);
+});
+
+Deno.test("mcp run ends the session of a server that floods refused requests, after a bounded number of answers", async () => {
+  const code = `
+    const seen = Deno.env.get("SEEN");
+    const lines = [];
+    for (let i = 0; i < 1500; i++) {
+      lines.push(JSON.stringify({ jsonrpc: "2.0", id: i, method: "sampling/createMessage", params: {} }));
+    }
+    await Deno.stdout.write(new TextEncoder().encode(lines.join("\\n") + "\\n"));
+    for await (const bytes of Deno.stdin.readable) {
+      Deno.writeTextFileSync(seen, new TextDecoder().decode(bytes), { append: true });
+    }
+  `;
+  await using home = await tempHome(askingConfig(code));
+  const seen = join(home.dir, "seen.log");
+  const result = await runWaffle(["mcp", "run", "strict", "--config", home.config], {
+    env: waffleEnv(home.dir, { SEEN: seen }),
+    keepOpen: true,
+  });
+  assert.equal(result.code, 125, result.stderr);
+  assert.equal(result.stdout, "", "the client saw none of them");
+  assert.match(result.stderr, /Server 'strict' sent more than 1024 requests that waffle refused/);
+  const answers = seenLines(seen);
+  assert.equal(answers.length, 1024);
+  assert.ok(answers.every((m) => (m.error as { code: number }).code === -32601));
+  const audit = auditLines(home);
+  assert.equal(audit.length, 1024);
+  assert.ok(audit.every((r) => r.outcome === "refused" && r.method === "sampling/createMessage"));
+  // The relay's notes are capped too.
+  assert.ok(result.stderr.split("\n").length < 110, `${result.stderr.split("\n").length} lines`);
+});
+
+Deno.test("mcp run writes at most 4096 audit lines of server requests per session, then one summary line", async () => {
+  // The server pings the client 4100 times, one at a time.
+  const code = `
+    const reader = Deno.stdin.readable.getReader();
+    const out = (m) => Deno.stdout.write(new TextEncoder().encode(JSON.stringify(m) + "\\n"));
+    let buffer = "";
+    const nextLine = async () => {
+      for (;;) {
+        const at = buffer.indexOf("\\n");
+        if (at >= 0) { const line = buffer.slice(0, at); buffer = buffer.slice(at + 1); return line; }
+        const { value, done } = await reader.read();
+        if (done) return undefined;
+        buffer += new TextDecoder().decode(value);
+      }
+    };
+    await nextLine();
+    for (let i = 0; i < 4100; i++) {
+      await out({ jsonrpc: "2.0", id: i, method: "ping" });
+      if (await nextLine() === undefined) break;
+    }
+    await out({ jsonrpc: "2.0", method: "notifications/message", params: { data: "done" } });
+    await nextLine();
+  `;
+  await using home = await tempHome(askingConfig(code));
+  const client = rawClient(home, "strict", { SEEN: join(home.dir, "seen.log") });
+  await client.send({ jsonrpc: "2.0", method: "notifications/initialized" });
+  for (let i = 0; i < 4100; i++) {
+    const [ping] = await client.read(1);
+    assert.equal(ping?.id, i);
+    await client.send({ jsonrpc: "2.0", id: i, result: {} });
+  }
+  assert.equal((await client.read(1))[0]?.method, "notifications/message");
+  const result = await client.finish();
+  assert.equal(result.code, 0, result.stderr);
+  const audit = auditLines(home);
+  assert.equal(audit.length, 4097);
+  assert.ok(audit.slice(0, 4096).every((r) => r.method === "ping" && r.outcome === "ok"));
+  assert.deepEqual(
+    { method: audit[4096]!.method, outcome: audit[4096]!.outcome, count: audit[4096]!.count },
+    { method: "*", outcome: "unaudited", count: 4 },
+  );
+});
+
+const SAMPLING_CONFIG = `[sandbox]
+mode = "host"
+
+[mcp.everything]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "host"
+authority = "host"
+tools = ["trigger-sampling-request", "trigger-elicitation-request"]
+
+[mcp.everything-llm]
+package = "${EVERYTHING}"
+args = ["stdio"]
+execution = "host"
+authority = "host"
+tools = ["trigger-sampling-request", "trigger-elicitation-request"]
+client_requests = ["sampling/createMessage", "elicitation/create"]
+`;
+
+/** An SDK client that can sample and elicit, counting each time its handlers run. */
+async function samplingClient(
+  home: Home,
+  server: string,
+): Promise<{ client: Client; calls: { sampling: number; elicitation: number } }> {
+  const transport = new StdioClientTransport({
+    command: Deno.execPath(),
+    args: ["run", "--allow-all", MAIN, "mcp", "run", server, "--config", home.config],
+    env: waffleEnv(home.dir),
+    stderr: "pipe",
+  });
+  const client = new Client(
+    { name: "waffle-sampling-test", version: "1.0.0" },
+    { capabilities: { sampling: {}, elicitation: {} } },
+  );
+  const calls = { sampling: 0, elicitation: 0 };
+  client.setRequestHandler("sampling/createMessage", () => {
+    calls.sampling++;
+    return {
+      model: "host-model",
+      role: "assistant" as const,
+      content: { type: "text" as const, text: "sampled on the host" },
+    };
+  });
+  client.setRequestHandler("elicitation/create", () => {
+    calls.elicitation++;
+    return { action: "decline" as const };
+  });
+  await client.connect(transport);
+  return { client, calls };
+}
+
+Deno.test({
+  name:
+    "mcp run: server-everything's sampling and elicitation never reach the SDK client's handlers unless listed",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn(): Promise<void> {
+    await using home = await tempHome(SAMPLING_CONFIG);
+    const strict = await samplingClient(home, "everything");
+    try {
+      const sampled = await strict.client.callTool({
+        name: "trigger-sampling-request",
+        arguments: { prompt: "spend the host's tokens" },
+      });
+      assert.equal(sampled.isError, true, textOf(sampled));
+      assert.match(
+        textOf(sampled),
+        /Request 'sampling\/createMessage' from server 'everything' is not allowed by waffle policy; list it in mcp\.everything\.client_requests/,
+      );
+      const elicited = await strict.client.callTool({
+        name: "trigger-elicitation-request",
+        arguments: {},
+      });
+      assert.equal(elicited.isError, true, textOf(elicited));
+      assert.match(textOf(elicited), /Request 'elicitation\/create' .* not allowed/);
+      assert.deepEqual(strict.calls, { sampling: 0, elicitation: 0 });
+    } finally {
+      await strict.client.close();
+    }
+
+    const llm = await samplingClient(home, "everything-llm");
+    try {
+      const sampled = await llm.client.callTool({
+        name: "trigger-sampling-request",
+        arguments: { prompt: "hello" },
+      });
+      assert.notEqual(sampled.isError, true, textOf(sampled));
+      assert.match(textOf(sampled), /sampled on the host/);
+      const elicited = await llm.client.callTool({
+        name: "trigger-elicitation-request",
+        arguments: {},
+      });
+      assert.notEqual(elicited.isError, true, textOf(elicited));
+      assert.match(textOf(elicited), /decline/i);
+      assert.deepEqual(llm.calls, { sampling: 1, elicitation: 1 });
+    } finally {
+      await llm.client.close();
+    }
+    const lines = auditLines(home).filter((r) => r.from === "server");
+    assert.deepEqual(lines.map((r) => [r.server, r.method, r.outcome]), [
+      ["everything", "sampling/createMessage", "refused"],
+      ["everything", "elicitation/create", "refused"],
+      ["everything-llm", "sampling/createMessage", "ok"],
+      ["everything-llm", "elicitation/create", "ok"],
+    ]);
+  },
+});

@@ -7,6 +7,7 @@
  */
 import { loadWaffleConfig } from "../config/config.ts";
 import { removeSandbox } from "../lifecycle/fleet.ts";
+import { removeTree } from "../lifecycle/remove_tree.ts";
 import { sandboxKey } from "../lifecycle/identity.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { planLaunch, resolveEnv } from "../mcp/plan.ts";
@@ -85,6 +86,7 @@ async function probe(server: McpServerConfig, configPath: string | undefined): P
   } finally {
     const key = sandboxKey("default", "doctor", { home });
     await removeSandbox(docker, key, { config: config.sandbox, purge: true }).catch(() => false);
-    await Deno.remove(home, { recursive: true }).catch(() => {});
+    // What is left is a sandbox's state: never a recursive delete in process.
+    await removeTree(home).catch(() => false);
   }
 }

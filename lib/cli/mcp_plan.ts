@@ -17,15 +17,16 @@ export const MCP_PLAN_HELP = `Usage: waffle mcp plan [--group G | --cron J] [--j
 Shows, for a group (default: 'default') or a cron job, each configured MCP
 server's decision (launch, or denied with its reasons), where it executes
 (host, sandbox or restricted), its working directory, network, workspace
-access, tools and environment variable names. Values are never shown.
-Nothing is started.
+access, tools, environment variable names and the requests it may send to
+the client (client_requests). Values are never shown. Nothing is started.
 `;
 
 /** Help of `waffle mcp ls`. */
 export const MCP_LS_HELP = `Usage: waffle mcp ls [--json] [--config FILE]
 
 Lists the configured MCP servers: execution, authority, groups, environment
-variable names, tools and program.
+variable names, tools, the requests each may send to the client
+(client_requests) and program.
 `;
 
 /**
@@ -78,6 +79,7 @@ export async function mcpLsCommand(args: string[], io: CliIo): Promise<number> {
     groups: server.groups ?? ("all" as const),
     env: server.env,
     tools: server.tools ?? ("all" as const),
+    clientRequests: server.clientRequests,
     program: {
       ...(server.package === undefined ? {} : { package: server.package }),
       ...(server.command === undefined ? {} : { command: server.command }),
@@ -92,7 +94,16 @@ export async function mcpLsCommand(args: string[], io: CliIo): Promise<number> {
     await io.stdout(`No MCP servers configured (${source(config.path)})\n`);
     return 0;
   }
-  const rows = [["SERVER", "EXECUTION", "AUTHORITY", "GROUPS", "ENV", "TOOLS", "PROGRAM"]];
+  const rows = [[
+    "SERVER",
+    "EXECUTION",
+    "AUTHORITY",
+    "GROUPS",
+    "ENV",
+    "TOOLS",
+    "CLIENT REQUESTS",
+    "PROGRAM",
+  ]];
   for (const s of servers) {
     rows.push([
       s.name,
@@ -101,6 +112,7 @@ export async function mcpLsCommand(args: string[], io: CliIo): Promise<number> {
       list(s.groups),
       list(s.env),
       list(s.tools),
+      list(s.clientRequests),
       [s.program.package ?? s.program.command ?? "", ...s.program.args].join(" "),
     ]);
   }
@@ -113,7 +125,17 @@ function planText(plan: LaunchPlan, path: string | undefined): string {
     ? `Plan for cron '${plan.subject.name}' (group '${plan.group}')`
     : `Plan for group '${plan.group}'`;
   if (plan.servers.length === 0) return `${title}: no MCP servers configured (${source(path)})\n`;
-  const rows = [["SERVER", "DECISION", "WHERE", "CWD", "NETWORK", "WORKSPACE", "TOOLS", "ENV"]];
+  const rows = [[
+    "SERVER",
+    "DECISION",
+    "WHERE",
+    "CWD",
+    "NETWORK",
+    "WORKSPACE",
+    "TOOLS",
+    "ENV",
+    "CLIENT REQUESTS",
+  ]];
   const reasons = new Map<number, string[]>();
   for (const s of plan.servers) {
     rows.push([
@@ -125,6 +147,7 @@ function planText(plan: LaunchPlan, path: string | undefined): string {
       s.workspace,
       list(s.tools),
       list(s.env),
+      list(s.clientRequests),
     ]);
     if (s.reasons.length > 0) reasons.set(rows.length - 1, s.reasons);
   }

@@ -8,6 +8,7 @@
  */
 import { loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { ProtocolError, UsageError, WaffleError } from "../errors.ts";
+import { EXIT_FAILURE, EXIT_SIGNAL_BASE, EXIT_WAFFLE, exitCodeOfSignal } from "../exit_codes.ts";
 import { openAuditLog } from "../mcp/audit.ts";
 import type { ServerConnection } from "../mcp/connection.ts";
 import { type HostServerConnection, openHostServer } from "../mcp/host_server.ts";
@@ -29,13 +30,16 @@ for both sandboxes). A denied server is refused before anything starts; a
 server with execution "sandbox" never starts on the host.
 
 Every message is relayed both ways; the server's 'tools' allowlist filters
-tools/list and refuses other tools/call requests. Each tools/call appends a
-line to $WAFFLE_HOME/audit.jsonl (argument names, never values). An npm
-package not yet cached is fetched first, with progress on stderr.
+tools/list and refuses other tools/call requests, and its 'client_requests'
+allowlist (default roots/list and ping) refuses the server's other requests
+to the client (sampling, elicitation) without showing them to it. Each
+tools/call and server request appends a line to $WAFFLE_HOME/audit.jsonl
+(argument names, never values). An npm package not yet cached is fetched
+first, with progress on stderr.
 
-Exit status: 0 when the client closed its input; 1 when the server ended
-first (the reason on stderr); 125 when denied or on a usage, config or
-protocol error; 128+N on signal N.
+Exit status: 0 when the client closed its input; ${EXIT_FAILURE} when the server ended
+first (the reason on stderr); ${EXIT_WAFFLE} when denied or on a usage, config or
+protocol error; ${EXIT_SIGNAL_BASE}+N on signal N.
 `;
 
 /** Help of `waffle mcp fetch`. */
@@ -55,7 +59,8 @@ const SIGNALS: [Deno.Signal, number][] = [["SIGTERM", 15], ["SIGINT", 2], ["SIGH
  * @param io Process streams.
  * @returns The exit status.
  * @throws {UsageError} On bad flags, an unknown server, a missing --user or a bad config.
- * @throws {WaffleError} When the server is denied (125), cannot start, or ends first (1).
+ * @throws {WaffleError} When the server is denied (`EXIT_WAFFLE`), cannot start, or ends
+ *   first (`EXIT_FAILURE`).
  */
 export async function mcpRunCommand(args: string[], io: CliIo): Promise<number> {
   const parsed = parse(args, {
@@ -210,6 +215,7 @@ async function serve(
       {
         name: planned.name,
         tools: planned.tools,
+        clientRequests: planned.clientRequests,
         context: options.context,
         audit: options.audit,
         stderr: (data) => io.stderr(data),
@@ -217,9 +223,11 @@ async function serve(
       },
     );
     if (result.ended === "client") return 0;
-    if (result.ended === "aborted") return 128 + (signalled ?? 15);
+    if (result.ended === "aborted") return exitCodeOfSignal(signalled ?? 15);
     if (result.ended === "error") throw new ProtocolError(result.reason);
-    throw new WaffleError(`Server '${planned.name}' ended: ${result.reason}`, { exitCode: 1 });
+    throw new WaffleError(`Server '${planned.name}' ended: ${result.reason}`, {
+      exitCode: EXIT_FAILURE,
+    });
   } finally {
     for (const [signal, handler] of handlers) {
       try {

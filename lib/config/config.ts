@@ -10,11 +10,12 @@
 import { join, resolve } from "../path.ts";
 import * as z from "../schema.ts";
 import { UsageError } from "../errors.ts";
+import { envNameSchema } from "../env_name.ts";
 import {
   buildPolicy,
   EMPTY_POLICY,
-  envNameSchema,
   type McpPolicy,
+  POLICY_TABLE_KEYS,
   policyShape,
   tableNameProblem,
 } from "../mcp/policy.ts";
@@ -162,16 +163,14 @@ const sandboxTableSchema = z.strictObject({
 
 const fileSchema = z.strictObject({ sandbox: z.optional(sandboxTableSchema), ...policyShape });
 
-const KNOWN_KEYS: Record<string, string[]> = {
+const KNOWN_KEYS: Record<string, readonly string[]> = {
   "": ["sandbox", "mcp", "groups", "cron"],
   sandbox: Object.keys(SANDBOX_KEYS),
-  mcp: ["package", "command", "args", "execution", "authority", "groups", "env", "tools"],
-  groups: ["mode"],
-  cron: ["group", "mcp", "network", "workdir", "env"],
+  ...POLICY_TABLE_KEYS,
 };
 
 function knownKeys(path: readonly PropertyKey[]): string[] {
-  return KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [];
+  return [...(KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [])];
 }
 
 const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {

@@ -1,19 +1,34 @@
 /**
- * The MCP audit log: one JSON line per `tools/call`, appended to
- * `$WAFFLE_HOME/audit.jsonl`. Argument names are recorded, never their
- * values. Each line is one `write` on a file opened with `O_APPEND`, so
+ * The MCP audit log: one JSON line per `tools/call` from the client and per
+ * request from the server to the client (`sampling/createMessage`,
+ * `roots/list`, …), appended to `$WAFFLE_HOME/audit.jsonl`. Argument names
+ * are recorded, never their values; a server request's params are never
+ * recorded. Each line is one `write` on a file opened with `O_APPEND`, so
  * concurrent sessions never interleave within a line.
  *
  * @module
  */
 import { join } from "../path.ts";
 
-/** How a tool call ended. */
-export type AuditOutcome = "ok" | "tool_error" | "error" | "denied" | "no_response";
+/**
+ * How a request ended: ok, tool_error (result.isError), error (a JSON-RPC
+ * error response), denied (a `tools/call` outside `tools`), refused (a
+ * server request outside `client_requests`, never shown to the client),
+ * no_response (the session ended first), unaudited (a summary line: `count`
+ * more server requests of this session, past the per-session line limit).
+ */
+export type AuditOutcome =
+  | "ok"
+  | "tool_error"
+  | "error"
+  | "denied"
+  | "refused"
+  | "no_response"
+  | "unaudited";
 
 /** One audit line. */
 export interface AuditRecord {
-  /** When the call was received from the client (ISO 8601). */
+  /** When the request was received (ISO 8601). */
   time: string;
   /** The sandbox user, or null for a host server run without `--user`. */
   user: string | null;
@@ -25,14 +40,20 @@ export interface AuditRecord {
   cron: string | null;
   /** The server (`[mcp.<name>]`). */
   server: string;
-  /** The tool called. */
-  tool: string;
-  /** The names of the arguments, never their values. */
-  arguments: string[];
-  /** From the call to its response (or to the end of the session). */
+  /** Who sent the request: the client (a `tools/call`) or the server (a request to the client). */
+  from: "client" | "server";
+  /** The request's method (cut to 128 characters). */
+  method: string;
+  /** The tool called (`tools/call` only). */
+  tool?: string | undefined;
+  /** The names of the arguments, never their values (`tools/call` only). */
+  arguments?: string[] | undefined;
+  /** From the request to its response (or to the end of the session). */
   durationMs: number;
-  /** ok, tool_error (result.isError), error (JSON-RPC error), denied (by policy), no_response. */
+  /** How it ended. */
   outcome: AuditOutcome;
+  /** How many requests the line stands for (an `unaudited` summary line only). */
+  count?: number | undefined;
 }
 
 /** The file name of the audit log under the waffle home. */
@@ -135,9 +156,14 @@ function auditLine(record: AuditRecord): AuditRecord {
     group: record.group,
     cron: record.cron,
     server: record.server,
-    tool: record.tool.slice(0, MAX_NAME_CHARS),
-    arguments: record.arguments.slice(0, MAX_NAMES).map((n) => n.slice(0, MAX_NAME_CHARS)),
+    from: record.from,
+    method: record.method.slice(0, MAX_NAME_CHARS),
+    ...(record.tool === undefined ? {} : { tool: record.tool.slice(0, MAX_NAME_CHARS) }),
+    ...(record.arguments === undefined ? {} : {
+      arguments: record.arguments.slice(0, MAX_NAMES).map((n) => n.slice(0, MAX_NAME_CHARS)),
+    }),
     durationMs: Math.max(0, Math.round(record.durationMs)),
     outcome: record.outcome,
+    ...(record.count === undefined ? {} : { count: Math.max(0, Math.round(record.count)) }),
   };
 }

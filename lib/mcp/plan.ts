@@ -1,9 +1,9 @@
 /**
  * Launch planning: given the config and a group or cron job, where each MCP
- * server executes, with what network, workspace, tools and environment
- * names, or why it is denied. Pure: no I/O, no environment reads (except
- * {@linkcode resolveEnv}, which reads values at launch and only the names
- * asked for).
+ * server executes, with what network, workspace, tools, requests to the
+ * client and environment names, or why it is denied. Pure: no I/O, no
+ * environment reads (except {@linkcode resolveEnv}, which reads values at
+ * launch and only the names asked for).
  *
  * Composition is by intersection: a server must be allowed by its own
  * `groups`, by the group's mode and by the cron job's `mcp`, `network` and
@@ -13,7 +13,7 @@
  */
 import { join } from "../path.ts";
 import { UsageError } from "../errors.ts";
-import type { CronConfig, McpPolicy, McpServerConfig } from "./policy.ts";
+import type { ClientRequestMethod, CronConfig, McpPolicy, McpServerConfig } from "./policy.ts";
 
 /** Where a launched server executes: the host, the user's sandbox, or a restricted container. */
 export type Where = "host" | "sandbox" | "restricted";
@@ -42,6 +42,8 @@ export interface PlannedServer {
   workspace: "rw" | "ro" | "none";
   /** The tools it lists and accepts. */
   tools: string[] | "all";
+  /** The requests it may send to the client (`client_requests`); the relay refuses others. */
+  clientRequests: ClientRequestMethod[];
   /** Environment variable NAMES, sorted; values are resolved at launch and never printed. */
   env: string[];
 }
@@ -234,6 +236,7 @@ function planServer(
     network: where === "host" ? "host" : where === "restricted" ? "none" : config.sandbox.network,
     workspace: where === "host" ? "none" : where === "restricted" ? "ro" : "rw",
     tools: server.tools === undefined ? "all" : [...server.tools],
+    clientRequests: [...server.clientRequests],
     env: [...new Set(env)].sort(),
   };
 }

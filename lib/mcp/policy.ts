@@ -8,6 +8,7 @@
  */
 import { normalize } from "../path.ts";
 import * as z from "../schema.ts";
+import { envNameSchema } from "../env_name.ts";
 
 /** Where a server's process executes. */
 export type Execution = "host" | "sandbox";
@@ -34,6 +35,11 @@ export interface McpServerConfig {
   env: string[];
   /** Only these tools are listed and callable; absent = all tools. */
   tools?: string[] | undefined;
+  /**
+   * The requests this server may send to the client (`client_requests`,
+   * default {@linkcode DEFAULT_CLIENT_REQUESTS}); the relay refuses any other.
+   */
+  clientRequests: ClientRequestMethod[];
 }
 
 /** One `[groups.<name>]` table. */
@@ -85,10 +91,29 @@ export const EMPTY_POLICY: McpPolicy = Object.freeze({
   cron: Object.freeze({}),
 });
 
+/**
+ * The requests an MCP server may send to its client (the MCP specification's
+ * server-to-client requests). Sampling drives the host's model and
+ * elicitation prompts its user: neither is allowed unless listed.
+ */
+export const CLIENT_REQUEST_METHODS = [
+  "ping",
+  "roots/list",
+  "sampling/createMessage",
+  "elicitation/create",
+] as const;
+
+/** A request method a server may be allowed to send to the client. */
+export type ClientRequestMethod = typeof CLIENT_REQUEST_METHODS[number];
+
+/** What a server may send to the client when `client_requests` is absent. */
+export const DEFAULT_CLIENT_REQUESTS: readonly ClientRequestMethod[] = Object.freeze([
+  "roots/list",
+  "ping",
+]);
+
 /** Server, group and cron job names. */
 export const NAME_PATTERN: RegExp = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
-/** Environment variable names. */
-export const ENV_NAME_PATTERN: RegExp = /^[A-Za-z_][A-Za-z0-9_]*$/;
 /** An npm package with a pinned version: `npm:[@scope/]name@version`. */
 export const PACKAGE_PATTERN: RegExp = /^npm:(@[a-z0-9][\w.-]*\/)?[a-z0-9][\w.-]*@[\w.+-]+$/i;
 /** MCP tool names (the MCP specification's alphabet). */
@@ -97,11 +122,6 @@ export const TOOL_NAME_PATTERN: RegExp = /^[A-Za-z0-9_./-]{1,128}$/;
 const NAME_RULE = "must be 1-64 letters, digits, '_' or '-', starting with a letter or digit";
 
 const noNul = (value: string): boolean => !value.includes("\0");
-
-/** Schema of an environment variable name. */
-export const envNameSchema: z.ZodMiniString<string> = z.string().check(z.regex(ENV_NAME_PATTERN, {
-  error: "must be a variable name (letters, digits and '_', not starting with a digit)",
-}));
 
 const nameSchema = z.string().check(z.regex(NAME_PATTERN, { error: NAME_RULE }));
 
@@ -133,6 +153,7 @@ const serverSchema = z.strictObject({
       })),
     ).check(z.maxLength(4096)),
   ),
+  client_requests: z.optional(z.array(z.enum(CLIENT_REQUEST_METHODS)).check(z.maxLength(64))),
 });
 
 const groupSchema = z.strictObject({ mode: z._default(z.enum(["docker", "host"]), "docker") });
@@ -153,6 +174,14 @@ const cronSchema = z.strictObject({
   ),
   env: z.optional(z.array(envNameSchema).check(z.maxLength(256))),
 });
+
+/** The keys each `[mcp.<name>]`, `[groups.<name>]` and `[cron.<name>]` table may have. */
+export const POLICY_TABLE_KEYS: Readonly<Record<"mcp" | "groups" | "cron", readonly string[]>> =
+  Object.freeze({
+    mcp: Object.keys(serverSchema.shape),
+    groups: Object.keys(groupSchema.shape),
+    cron: Object.keys(cronSchema.shape),
+  });
 
 /** The `[mcp.*]`, `[groups.*]` and `[cron.*]` tables of `waffle.toml`, as zod shapes. */
 export const policyShape = {
@@ -231,6 +260,7 @@ export function buildPolicy(
       ...(raw.groups === undefined ? {} : { groups: unique(raw.groups) }),
       env: unique(raw.env),
       ...(raw.tools === undefined ? {} : { tools: unique(raw.tools) }),
+      clientRequests: unique(raw.client_requests ?? [...DEFAULT_CLIENT_REQUESTS]),
     };
   }
   for (const [name, raw] of Object.entries(tables.groups ?? {})) {
@@ -302,6 +332,6 @@ export function tableNameProblem(root: Record<string, unknown>): ConfigProblem |
   return undefined;
 }
 
-function unique(values: string[]): string[] {
+function unique<T>(values: T[]): T[] {
   return [...new Set(values)];
 }

@@ -1,10 +1,12 @@
 /**
  * The MCP relay between a stdio client and a server connection, wherever the
- * server runs. Every message passes both ways, notifications and
- * server-to-client requests included; the relay only steps in for the
- * `tools` allowlist (it filters `tools/list` results and answers a
- * `tools/call` of another tool itself) and writes one audit line per
- * `tools/call`.
+ * server runs. Every message passes both ways, notifications included; the
+ * relay only steps in for the `tools` allowlist (it filters `tools/list`
+ * results and answers a `tools/call` of another tool itself) and for the
+ * `client_requests` allowlist (a server's request of another method is
+ * answered with an error by {@linkcode ServerRequestGate} and never reaches
+ * the client), and writes one audit line per `tools/call` and per server
+ * request.
  *
  * The server side is untrusted: each line is capped at
  * {@linkcode MAX_MESSAGE_BYTES} (a longer one ends the session), validated
@@ -16,7 +18,7 @@
  *
  * @module
  */
-import { argumentNames, type AuditLog, type AuditOutcome } from "./audit.ts";
+import { argumentNames, type AuditLog, type AuditOutcome, type AuditRecord } from "./audit.ts";
 import type { ServerConnection } from "./connection.ts";
 import {
   encodeMessage,
@@ -28,6 +30,8 @@ import {
   parseMessage,
   readLines,
 } from "./jsonrpc.ts";
+import { DEFAULT_CLIENT_REQUESTS } from "./policy.ts";
+import { ServerRequestGate } from "./server_request_gate.ts";
 
 /** The client side: the CLI's stdin and stdout. */
 export interface RelayClient {
@@ -55,9 +59,11 @@ export interface RelayOptions {
   name: string;
   /** The tools the client may list and call. */
   tools: string[] | "all";
+  /** The request methods the server may send to the client (default `roots/list` and `ping`). */
+  clientRequests?: readonly string[] | undefined;
   /** Who is calling. */
   context: RelayContext;
-  /** Where each `tools/call` is recorded; none: not recorded. */
+  /** Where each `tools/call` and server request is recorded; none: not recorded. */
   audit?: AuditLog | undefined;
   /** The CLI's stderr: the server's stderr and the relay's notes. */
   stderr: (data: Uint8Array | string) => Promise<void>;
@@ -72,7 +78,7 @@ export interface RelayResult {
   /**
    * `client`: the client closed its input (or stopped reading); `server`: the
    * server ended first; `aborted`: the signal fired; `error`: a message over
-   * the size limit.
+   * the size limit, or a server that sent too many requests the relay refused.
    */
   ended: "client" | "server" | "aborted" | "error";
   /** One line: why. */
@@ -127,7 +133,6 @@ export async function relay(
   const { name } = options;
   const allowed = options.tools === "all" ? undefined : new Set(options.tools);
   const pendingCalls = new Map<string, PendingCall>();
-  const pendingServer = new Set<string>();
   const audits: Promise<void>[] = [];
   const stop = new AbortController();
   const stderr = stderrLimiter(options.stderr);
@@ -155,17 +160,39 @@ export async function relay(
     await serverInput.write(encodeMessage(message)).catch(() => {});
   };
 
+  const audit = (entry: Omit<AuditRecord, keyof RelayContext | "server">): void => {
+    if (options.audit === undefined) return;
+    audits.push(options.audit.append({ ...options.context, server: name, ...entry }));
+  };
   const record = (call: PendingCall, outcome: AuditOutcome): void => {
-    if (options.audit === undefined || call.tool === undefined) return;
-    audits.push(options.audit.append({
+    if (call.tool === undefined) return;
+    audit({
       time: call.time,
-      ...options.context,
-      server: name,
+      from: "client",
+      method: call.method,
       tool: call.tool,
       arguments: call.arguments,
       durationMs: Date.now() - call.startedAt,
       outcome,
-    }));
+    });
+  };
+  const gate = new ServerRequestGate({
+    name,
+    allowed: options.clientRequests ?? DEFAULT_CLIENT_REQUESTS,
+    maxPending: MAX_PENDING,
+    record: (entry) => audit({ ...entry, from: "server" }),
+  });
+
+  const onServerRequest = async (request: JsonRpcRequest): Promise<void> => {
+    const admission = gate.admit(request);
+    if (admission.action === "forward") {
+      await send(request);
+    } else if (admission.action === "refuse") {
+      stderr.note(admission.note);
+      await toServer(admission.response);
+    } else {
+      finish({ ended: "error", reason: admission.reason });
+    }
   };
 
   const onClientRequest = async (request: JsonRpcRequest): Promise<void> => {
@@ -249,8 +276,9 @@ export async function relay(
         } else if (parsed.kind === "request") {
           await onClientRequest(parsed.message);
         } else if (parsed.kind === "response") {
-          const id = parsed.message.id;
-          if (id !== null && pendingServer.delete(idKey(id))) {
+          // Only an answer to a request the client was shown goes back: a
+          // refused request's id pairs with nothing.
+          if (gate.settle(parsed.message)) {
             await toServer(parsed.message);
           } else {
             stderr.note(`waffle: dropped a response from the client to no pending request`);
@@ -287,15 +315,9 @@ export async function relay(
           stderr.note(`waffle: dropped a message from server '${name}': ${parsed.invalid}`);
         } else if (parsed.kind === "response") {
           await onServerResponse(parsed.message);
+        } else if (parsed.kind === "request") {
+          await onServerRequest(parsed.message);
         } else {
-          if (parsed.kind === "request") {
-            // Bounded: a server may ask without end while the client never answers.
-            if (pendingServer.size >= MAX_PENDING) {
-              stderr.note(`waffle: dropped a request from server '${name}': too many pending`);
-              continue;
-            }
-            pendingServer.add(idKey(parsed.message.id));
-          }
           await send(parsed.message);
         }
       }
@@ -347,6 +369,7 @@ export async function relay(
   await within(Promise.all([clientSide, serverSide, stderrSide]), DRAIN_MS);
   for (const call of pendingCalls.values()) record(call, "no_response");
   pendingCalls.clear();
+  gate.close();
   try {
     serverInput.releaseLock();
   } catch {
