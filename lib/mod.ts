@@ -14,6 +14,7 @@
  * @module
  */
 export * from "./errors.ts";
+export * from "./exit_codes.ts";
 export * from "./queue/mod.ts";
 export {
   type Backend,
@@ -32,6 +33,7 @@ export {
   type SandboxKey,
   type SandboxOptions,
   type SandboxStatus,
+  settleRemovals,
   type StatePaths,
   stopSandbox,
   sweep,
