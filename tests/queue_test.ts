@@ -528,3 +528,14 @@ Deno.test("a runner that cannot write its results stops, and the host's wait end
     await new Deno.Command("umount", { args: ["-l", outbound] }).output();
   }
 });
+
+Deno.test("Queue.close() under a submission still on its way rejects it and throws nothing uncaught", async () => {
+  await using q = await tempQueue();
+  const queue = Queue.open(q.queueDir);
+  // The submission reaches its group commit after close(): the scheduled
+  // flush then meets a closed connection.
+  const pending = queue.submit({ argv: ["true"] });
+  queue.close();
+  await assert.rejects(pending);
+  await delay(50);
+});

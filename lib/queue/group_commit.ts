@@ -114,14 +114,22 @@ export class GroupCommit {
       for (const item of batch) item.reject(error);
       return;
     } finally {
-      if (this.#lockWaitMs !== undefined) {
-        setBusyTimeout(this.#db, this.#busyTimeout);
-      }
+      if (this.#lockWaitMs !== undefined) this.#restoreBusyTimeout();
     }
     batch.forEach((item, index) => {
       if (errors.has(index)) item.reject(errors.get(index));
       else item.resolve(values[index]);
     });
+  }
+
+  // A connection closed under a scheduled flush has nothing to restore (its
+  // writes were rejected above); throwing here would escape the task uncaught.
+  #restoreBusyTimeout(): void {
+    try {
+      setBusyTimeout(this.#db, this.#busyTimeout);
+    } catch {
+      // Closed.
+    }
   }
 
   // Puts a batch that met a lock back in front and tries again shortly, until
