@@ -113,7 +113,8 @@ async function ensureHostRunner(
     detached: true,
   }).spawn();
   child.unref();
-  const exited = child.status.then((status) => status);
+  let done: Deno.CommandStatus | undefined;
+  const exited = child.status.then((status) => (done = status));
   const deadline = Date.now() + 15_000;
   while (Date.now() < deadline) {
     const beat = queue.heartbeat();
@@ -121,9 +122,10 @@ async function ensureHostRunner(
       beat !== undefined && beat.state === "running" && beat.bootId !== before?.bootId &&
       runnerAlive(queue)
     ) return;
-    const done = await Promise.race([
-      exited,
-      new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 20)),
+    // Woken early by the child's exit, never again by an exit already seen.
+    await Promise.race([
+      ...(done === undefined ? [exited] : []),
+      new Promise<void>((resolve) => setTimeout(resolve, 20)),
     ]);
     // Lost the race to a runner another host started: use that one.
     if (done !== undefined && runnerAlive(queue)) return;
