@@ -19,6 +19,7 @@
  */
 // deno-lint-ignore-file no-console
 import { parseArgs } from "node:util";
+import { attackSection } from "./attack_bench.ts";
 import { cliSection } from "./cli_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
 import { fleetSection } from "./fleet_bench.ts";
@@ -34,6 +35,7 @@ export const SECTIONS: readonly Section[] = [
   mcpSection,
   cliSection,
   fleetSection,
+  attackSection,
 ];
 
 /** Parsed command line. */

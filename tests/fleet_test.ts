@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { selfCommand } from "../lib/config/self.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
+import { GROW_OUTBOUND_SCRIPT } from "./_runner_attacks.ts";
 import { runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { listSandboxes } from "../lib/lifecycle/fleet.ts";
@@ -56,17 +57,6 @@ async function measuredCli(home: string, args: string[]): Promise<Measured> {
   };
 }
 
-/** In the container as its uid 0: grows the runner's outbound.db past 140 MB, schema intact. */
-const GROW_OUTBOUND = `
-import { DatabaseSync } from "node:sqlite";
-const db = new DatabaseSync("/queue/outbound/outbound.db");
-db.exec("PRAGMA busy_timeout = 5000");
-db.exec(\`WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x < 2199)
-  INSERT INTO chunks SELECT 'forged-request', 'stdout', x, zeroblob(65536) FROM c\`);
-db.close();
-console.log(JSON.stringify({ bytes: Deno.statSync("/queue/outbound/outbound.db").size }));
-`;
-
 liveTest(
   "ps and sweep read a sandbox's heartbeat, not its outbound.db: a compromised runner's 140 MB one costs them nothing",
   async (docker, t) => {
@@ -89,7 +79,7 @@ liveTest(
     });
 
     await t.step("as the runner (uid 0): outbound.db grown to 140 MB", async () => {
-      const grown = await asRunner(bigId, GROW_OUTBOUND);
+      const grown = await asRunner(bigId, GROW_OUTBOUND_SCRIPT);
       assert.equal(grown.code, 0, grown.stderr);
       const bytes = (await Deno.stat(big.queue.paths.outbound)).size;
       assert.ok(bytes > 140_000_000, `outbound.db has ${bytes} bytes`);

@@ -15,6 +15,7 @@ import type { Heartbeat } from "../lib/queue/protocol.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
+import { FORGE_AND_FREEZE_SCRIPT } from "./_runner_attacks.ts";
 import { runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 const BEAT: Heartbeat = { runnerId: "r", bootId: "b", seq: 1, time: 0, state: "running" };
@@ -67,23 +68,6 @@ Deno.test("judgeRunner() takes no beat through a link, a FIFO, an oversized or a
   }
 });
 
-/** In the container as its uid 0: forge a beat a year ahead, then freeze the runner. */
-const FORGE_AND_FREEZE = `
-const beat = { runnerId: "forged", bootId: "forged", seq: 1e9, time: Date.now() + 365 * 86400000, state: "running" };
-Deno.writeTextFileSync("/queue/outbound/heartbeat.json.forged", JSON.stringify(beat));
-Deno.renameSync("/queue/outbound/heartbeat.json.forged", "/queue/outbound/heartbeat.json");
-const self = String(Deno.pid);
-let frozen = 0;
-for (const entry of Deno.readDirSync("/proc")) {
-  // Not pid 1 (docker-init, whose arguments name the runner's too).
-  if (!/^\\d+$/.test(entry.name) || entry.name === self || entry.name === "1") continue;
-  let cmdline = "";
-  try { cmdline = Deno.readTextFileSync("/proc/" + entry.name + "/cmdline").replaceAll("\\0", " "); } catch { continue; }
-  if (cmdline.includes(" runner --queue")) { Deno.kill(Number(entry.name), "SIGSTOP"); frozen++; }
-}
-console.log(JSON.stringify({ frozen }));
-`;
-
 liveTest(
   "a compromised runner that forges a beat and freezes itself is dead to ps, sweep and the warm path; an honest idle sandbox is only idle",
   async (docker, t) => {
@@ -117,7 +101,7 @@ liveTest(
     );
 
     await t.step("as the runner (uid 0): forged beat a year ahead, then SIGSTOP", async () => {
-      const attack = await asRunner(forgerId, FORGE_AND_FREEZE);
+      const attack = await asRunner(forgerId, FORGE_AND_FREEZE_SCRIPT);
       assert.equal(attack.code, 0, attack.stderr);
       assert.deepEqual(JSON.parse(attack.stdout.trim()), { frozen: 1 });
       await delay(STALE_AFTER_MS + 1500);
@@ -159,7 +143,7 @@ liveTest(
     await runOk(forger, "echo kept > /workspace/m");
     const id = containerOf(forger);
     const bootBefore = forger.queue.liveness().beat?.bootId;
-    const attack = await asRunner(id, FORGE_AND_FREEZE);
+    const attack = await asRunner(id, FORGE_AND_FREEZE_SCRIPT);
     assert.equal(attack.code, 0, attack.stderr);
     await delay(STALE_AFTER_MS + 1500);
     const next = await home.cli(["exec", "--user", forger.key.user, "--", "cat", "/workspace/m"]);

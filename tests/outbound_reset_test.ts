@@ -33,6 +33,7 @@ import { readWarm } from "../lib/lifecycle/warm.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { runCliProcess, text, waitFor } from "./_helpers.ts";
 import { asRunner, COMMAND, mount, type Victim, victimFile } from "./_hostile_helpers.ts";
+import { DAMAGE_SCRIPT, deepTreeScript, TREE_DEPTH } from "./_runner_attacks.ts";
 import {
   removeHomeContainers,
   removeHomeVolumes,
@@ -45,7 +46,7 @@ import {
 libc();
 
 /** The depth that overflowed the host's stack. */
-const DEPTH = 20_000;
+const DEPTH = TREE_DEPTH;
 /** How long a removal may take before the test calls it stuck. */
 const GONE_DEADLINE_MS = 90_000;
 /** What an abort (SIGABRT) exits with. */
@@ -86,47 +87,12 @@ async function resetHome(docker: DockerClient): Promise<TestHome> {
   };
 }
 
-/**
- * Deno source that builds a tree {@linkcode DEPTH} levels deep at
- * `<dir>/deep`, with links to the victim (its file and its directory, by
- * their host paths) at the top and at the bottom: a removal that followed a
- * link would delete or empty them.
- */
 function deepTree(dir: string, victim?: Victim): string {
-  const links = victim === undefined ? "" : `
-    Deno.symlinkSync(${JSON.stringify(victim.path)}, "to-victim");
-    Deno.symlinkSync(${JSON.stringify(dirname(victim.path))}, "to-victim-dir");`;
-  return `
-    Deno.chdir(${JSON.stringify(dir)});
-    Deno.mkdirSync("deep");
-    Deno.chdir("deep");${links}
-    for (let i = 0; i < ${DEPTH}; i++) {
-      Deno.mkdirSync("d");
-      Deno.chdir("d");
-    }${links}
-    Deno.writeTextFileSync("leaf", "x");
-    console.log("depth ${DEPTH}");`;
+  return deepTreeScript(
+    dir,
+    victim === undefined ? undefined : { file: victim.path, dir: dirname(victim.path) },
+  );
 }
-
-/**
- * Freezes the honest runner (so no commit of its own can write the header
- * back), then overwrites outbound.db's header: the host can no longer read it
- * and resets the directory.
- */
-const DAMAGE = `
-  for (const entry of Deno.readDirSync("/proc")) {
-    if (!/^[0-9]+$/.test(entry.name)) continue;
-    try {
-      const cmdline = Deno.readTextFileSync("/proc/" + entry.name + "/cmdline").split("\\0").join(" ");
-      if (cmdline.includes(" runner --queue")) Deno.kill(Number(entry.name), "SIGSTOP");
-    } catch {
-      // Gone meanwhile.
-    }
-  }
-  const file = Deno.openSync("/queue/outbound/outbound.db", { read: true, write: true });
-  file.writeSync(new Uint8Array(100).fill(0xff));
-  file.close();
-  console.log("damaged");`;
 
 /** A deep tree in /queue/outbound, then the damage, as the compromised runner. */
 async function treeThenDamage(sandbox: Sandbox, victim?: Victim): Promise<void> {
@@ -134,7 +100,7 @@ async function treeThenDamage(sandbox: Sandbox, victim?: Victim): Promise<void> 
   const built = await asRunner(name, deepTree("/queue/outbound", victim));
   assert.equal(built.code, 0, `the tree as the runner: ${built.stdout}${built.stderr}`);
   assert.match(built.stdout, new RegExp(`depth ${DEPTH}`));
-  const damaged = await asRunner(name, DAMAGE);
+  const damaged = await asRunner(name, DAMAGE_SCRIPT);
   assert.equal(damaged.code, 0, `the damage as the runner: ${damaged.stdout}${damaged.stderr}`);
 }
 
@@ -458,7 +424,7 @@ liveTest(
         const before = inode(sandbox.paths.outbound);
         const call = exec(home, user, "touch /workspace/started; sleep 60");
         await started(sandbox);
-        const damaged = await asRunner(sandbox.key.containerName, DAMAGE);
+        const damaged = await asRunner(sandbox.key.containerName, DAMAGE_SCRIPT);
         assert.equal(damaged.code, 0, damaged.stderr);
         const attacked = await call;
         log(`[b] waffle exec hit by the reset: ${said(attacked)}`);

@@ -21,6 +21,7 @@ import { Bell, ChangeWatcher, REWATCH_GAP_MS } from "../lib/queue/watch.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { text, waitFor } from "./_helpers.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
+import { CHURN, CHURN_SCRIPT } from "./_runner_attacks.ts";
 import { runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 // Loaded before any test, so the resource sanitizer does not blame the first one.
@@ -360,32 +361,6 @@ Deno.test("ChangeWatcher follows a replaced directory, removing the old watch fi
 
 // ---------------------------------------------------------------------------
 // Live: the inode-churn attack while a host waits on a command.
-
-const CHURN = 20_000;
-
-/**
- * As the runner's uid: gives `outbound.bell` a new inode CHURN times, each
- * old one kept alive by a hard link in /queue/outbound and rung through it
- * (a host watching inodes wakes on it and watches the newest), then rings
- * the new one.
- */
-const CHURN_SCRIPT = `
-const dir = "/queue/outbound";
-const bell = dir + "/outbound.bell";
-const tag = crypto.randomUUID().slice(0, 8);
-const inodes = new Set();
-const byte = new Uint8Array(1);
-for (let i = 0; i < ${CHURN}; i++) {
-  const keep = dir + "/old-bell-" + tag + "-" + i;
-  Deno.linkSync(bell, keep);
-  Deno.writeFileSync(keep, byte);
-  Deno.writeFileSync(bell + ".new", byte);
-  Deno.renameSync(bell + ".new", bell);
-  Deno.writeFileSync(bell, byte);
-  inodes.add(Deno.lstatSync(bell).ino);
-}
-console.log(JSON.stringify({ tag, churned: ${CHURN}, inodes: inodes.size }));
-`;
 
 /** As the commands' uid: the same churn, each step's outcome printed. */
 const COMMAND_CHURN = `
