@@ -44,7 +44,13 @@ import {
   queuePaths,
 } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
-import { judgeRunner, type Liveness, type RunnerTrouble, STALE_AFTER_MS } from "./liveness.ts";
+import {
+  judgeProgress,
+  judgeRunner,
+  type Liveness,
+  type RunnerTrouble,
+  STALE_AFTER_MS,
+} from "./liveness.ts";
 
 import { OPEN_REQUEST, outboundAllowance, submittedAndOpen } from "./open_requests.ts";
 
@@ -54,6 +60,8 @@ import { OPEN_REQUEST, outboundAllowance, submittedAndOpen } from "./open_reques
  * sandbox never stalls the event loop that serves the others.
  */
 export const LOCK_WAIT_MS = 10_000;
+/** How soon a read that met the runner's lock is tried again. */
+const BUSY_RETRY_MS = 20;
 /** How many times one wait restarts a runner before it gives up. */
 const MAX_REVIVALS = 3;
 
@@ -409,30 +417,22 @@ export class Queue {
   }
 
   /**
-   * Whether the runner serves this queue: the outbound file must be readable
-   * (not damaged, not locked for {@linkcode LOCK_WAIT_MS}), and the runner is
-   * then judged by `judgeRunner` (its heartbeat file changing by the host's
-   * clock), the judgement every other caller uses too.
+   * Whether the runner serves this queue: the outbound file must not be
+   * damaged nor locked for {@linkcode LOCK_WAIT_MS}, and the runner is judged
+   * by `judgeRunner` (its heartbeat file changing by the host's clock), the
+   * judgement every other caller uses too.
    *
    * @returns The judgement with a one-line detail.
    */
   liveness(): Liveness {
+    let error: unknown;
     try {
       this.#outbound.read(() => undefined);
-    } catch (error) {
-      return this.#troubleOf(error);
+    } catch (caught) {
+      error = caught;
     }
-    const now = Date.now();
-    const busySince = this.#outbound.busySince;
-    if (busySince !== undefined && now - busySince >= LOCK_WAIT_MS) {
-      return {
-        state: "locked",
-        detail: `The sandbox holds a lock on '${this.paths.outbound}': no read for ${
-          Math.round((now - busySince) / 1000)
-        } s`,
-      };
-    }
-    return judgeRunner(this.paths.heartbeat, { queue: this.paths.dir, now });
+    return this.#fileTrouble(error) ??
+      judgeRunner(this.paths.heartbeat, { queue: this.paths.dir });
   }
 
   /**
@@ -467,7 +467,7 @@ export class Queue {
     this.#requireRequest(id);
     const cursor = newCursor();
     const cap = this.#capOf(id);
-    const budget = { revivals: 0 };
+    const budget = newBudget(id);
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
@@ -510,7 +510,7 @@ export class Queue {
    */
   async wait(id: string, options: WaitOptions = {}): Promise<ExecResult> {
     this.#requireRequest(id);
-    const budget = { revivals: 0 };
+    const budget = newBudget(id);
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
@@ -652,21 +652,23 @@ export class Queue {
     });
   }
 
-  #troubleOf(error: unknown): Liveness {
-    if (!(error instanceof SandboxFileError)) {
+  // What the outbound file says against the runner: damaged, or locked for
+  // LOCK_WAIT_MS (whether or not an older copy was served meanwhile). A file
+  // that is readable, missing or briefly locked (a commit, a hot journal the
+  // runner will roll back) says nothing: the runner's beat decides.
+  #fileTrouble(error: unknown): Liveness | undefined {
+    if (error !== undefined && !(error instanceof SandboxFileError)) {
       return {
         state: "damaged",
         detail: `Cannot read queue '${this.paths.dir}': ${messageOf(error)}`,
       };
     }
-    if (error.problem === "missing") {
-      return { state: "none", detail: `No runner has served queue '${this.paths.dir}' yet` };
+    if (error instanceof SandboxFileError && error.problem === "damaged") {
+      return { state: "damaged", detail: error.message };
     }
-    if (error.problem === "damaged") return { state: "damaged", detail: error.message };
-    // Locked before any copy was read: the runner is committing, or a
-    // sandbox holds the lock; judged by how long it lasts.
-    const held = Date.now() - (this.#outbound.busySince ?? Date.now());
-    if (held < LOCK_WAIT_MS) return { state: "none", detail: error.message };
+    const busySince = this.#outbound.busySince;
+    const held = busySince === undefined ? 0 : Date.now() - busySince;
+    if (held < LOCK_WAIT_MS) return undefined;
     return {
       state: "locked",
       detail: `The sandbox holds a lock on '${this.paths.outbound}': no read for ${
@@ -716,7 +718,7 @@ export class Queue {
   async #changedSince(
     version: string,
     options: WaitOptions,
-    budget: { revivals: number },
+    budget: WaitBudget,
   ): Promise<void> {
     // The last read served an older copy (copies are rate-limited): read
     // again when the next one is due.
@@ -725,11 +727,19 @@ export class Queue {
       await new Promise((resolve) => setTimeout(resolve, Math.max(0, due - Date.now())));
       return;
     }
+    // The last read met the runner's lock and served the copy from before it.
+    // The change this wait is for may be the very commit that held the lock,
+    // already counted in `version`: read again shortly instead of waiting for
+    // another change (none may come while the runner is idle). The runner is
+    // still judged, so a lock held for good ends in `locked`, not a loop.
+    if (this.#outbound.busySince !== undefined) {
+      this.#throwIfStopped(options);
+      if (await this.#checkRunner(options, budget)) return;
+      await new Promise((resolve) => setTimeout(resolve, BUSY_RETRY_MS));
+      return;
+    }
     while (true) {
-      if (options.signal?.aborted) {
-        throw options.signal.reason ?? new DOMException("Aborted", "AbortError");
-      }
-      if (this.#closed.signal.aborted) throw new QueueError(`Queue '${this.paths.dir}' is closed`);
+      this.#throwIfStopped(options);
       if (this.#outbound.version() !== version) {
         await this.#syncGeneration().catch(() => {});
         return;
@@ -748,26 +758,69 @@ export class Queue {
     }
   }
 
-  #lastCheck = 0;
+  #throwIfStopped(options: WaitOptions): void {
+    if (options.signal?.aborted) {
+      throw options.signal.reason ?? new DOMException("Aborted", "AbortError");
+    }
+    if (this.#closed.signal.aborted) throw new QueueError(`Queue '${this.paths.dir}' is closed`);
+  }
+
   // True when the runner was revived (the caller reads again at once).
-  async #checkRunner(options: WaitOptions, budget: { revivals: number }): Promise<boolean> {
+  async #checkRunner(options: WaitOptions, budget: WaitBudget): Promise<boolean> {
     const now = Date.now();
-    if (now - this.#lastCheck < 250) return false;
-    this.#lastCheck = now;
+    if (now - budget.lastCheck < 250) return false;
+    budget.lastCheck = now;
     const judged = this.liveness();
-    if (judged.state === "alive") return false;
+    // A runner that beats but does not serve this request is as dead as a stale one.
+    const trouble = judged.state === "alive"
+      ? this.#stuck(budget, judged, now)
+      : { state: judged.state, detail: judged.detail };
+    if (trouble === undefined) return false;
     if (options.revive === undefined) {
       // A queue nobody has served yet may still get its runner.
-      if (judged.state === "none" && now - this.#openedAt < STALE_AFTER_MS) return false;
-      throw new RunnerError(judged.detail);
+      if (trouble.state === "none" && now - this.#openedAt < STALE_AFTER_MS) return false;
+      throw new RunnerError(trouble.detail);
     }
     // Bounded: a sandbox that breaks its runner on every start fails the wait.
     if (++budget.revivals > MAX_REVIVALS) {
-      throw new RunnerError(`${judged.detail} (after ${MAX_REVIVALS} restarts)`);
+      throw new RunnerError(`${trouble.detail} (after ${MAX_REVIVALS} restarts)`);
     }
-    await options.revive(judged.state);
+    await options.revive(trouble.state);
     await this.#syncGeneration().catch(() => {});
     return true;
+  }
+
+  // A runner that beats but does not serve this request (see judgeProgress).
+  #stuck(
+    budget: WaitBudget,
+    judged: Liveness,
+    now: number,
+  ): (Liveness & { state: "stale" }) | undefined {
+    // The clock for taking the request starts when this boot was first seen alive.
+    if (budget.boot === undefined || budget.boot.id !== judged.beat?.bootId) {
+      budget.boot = { id: judged.beat?.bootId, since: now };
+      budget.startedSeenAt = undefined;
+    }
+    let state: RequestState;
+    try {
+      state = this.#outbound.read((db) => readState(db, budget.id));
+    } catch (error) {
+      // No outbound file under a beating runner: nothing is taken. Any other
+      // trouble with the file is liveness()'s to judge.
+      if (!(error instanceof SandboxFileError && error.problem === "missing")) return undefined;
+      state = "queued";
+    }
+    if (state === "started") budget.startedSeenAt ??= now;
+    const row = statement(this.#inbound, "SELECT created_at, timeout_ms FROM requests WHERE id = ?")
+      .get(budget.id) as { created_at: number; timeout_ms: number | null } | undefined;
+    if (row === undefined) return undefined;
+    return judgeProgress({
+      id: budget.id,
+      state,
+      takeableSince: Math.max(row.created_at, budget.boot.since),
+      ...(budget.startedSeenAt === undefined ? {} : { startedSeenAt: budget.startedSeenAt }),
+      ...(row.timeout_ms === null ? {} : { timeoutMs: row.timeout_ms }),
+    }, { queue: this.paths.dir, now });
   }
 
   #openedAt = Date.now();
@@ -785,6 +838,20 @@ export class Queue {
       this.#pumping = false;
     }
   }
+}
+
+// What one wait keeps between its checks of the runner.
+interface WaitBudget {
+  id: string;
+  revivals: number;
+  lastCheck: number;
+  /** The runner boot this wait saw alive, and since when. */
+  boot?: { id: string | undefined; since: number };
+  startedSeenAt?: number | undefined;
+}
+
+function newBudget(id: string): WaitBudget {
+  return { id, revivals: 0, lastCheck: 0 };
 }
 
 // A session's output has no total: the runner's window bounds what is unread.
