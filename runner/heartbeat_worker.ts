@@ -12,7 +12,20 @@ import { writeHeartbeatFile } from "../lib/queue/heartbeat_file.ts";
 /** Messages the runner sends to this worker. */
 export type HeartbeatMessage =
   | { type: "start"; path: string; beat: Heartbeat; intervalMs: number }
+  | { type: "tick" }
   | { type: "stop" };
+
+/**
+ * How long the runner's main thread may go without a tick before this
+ * worker stops beating for it. Beats are the promise that requests are
+ * served: a main thread wedged for good (blocked opening a FIFO, a hung
+ * syscall) must look dead to hosts, not alive forever. Longer than any
+ * honest stall (a busy timeout is 5 s).
+ */
+export const MAIN_STALL_MS = 15_000;
+
+let lastTick = Date.now();
+let stalled = false;
 
 let path: string | undefined;
 let beat: Heartbeat | undefined;
@@ -20,6 +33,12 @@ let timer: ReturnType<typeof setInterval> | undefined;
 
 function write(): void {
   if (path === undefined || beat === undefined) return;
+  if (Date.now() - lastTick > MAIN_STALL_MS) {
+    if (!stalled) self.postMessage({ type: "error", message: "the main thread stopped ticking" });
+    stalled = true;
+    return;
+  }
+  stalled = false;
   beat = { ...beat, seq: beat.seq + 1, time: Date.now() };
   writeHeartbeatFile(path, beat);
 }
@@ -59,6 +78,8 @@ self.onmessage = (event: MessageEvent<HeartbeatMessage>): void => {
     }
     timer = setInterval(writeOrReport, message.intervalMs);
     self.postMessage({ type: "started" });
+  } else if (message.type === "tick") {
+    lastTick = Date.now();
   } else if (message.type === "stop") {
     clearInterval(timer);
     path = undefined;

@@ -207,6 +207,11 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
     beat: { runnerId, bootId, seq: 1, time: Date.now(), state: "running" },
     intervalMs: options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
   });
+  // The worker beats only while this thread ticks: a wedged serve loop must look dead.
+  const ticker = setInterval(
+    () => post(heartbeat, { type: "tick" }),
+    options.heartbeatMs ?? HEARTBEAT_INTERVAL_MS,
+  );
   const reaper = subreaper ? setInterval(() => reapOrphans(spawnedPids()), REAP_MS) : undefined;
   const watcher = new ChangeWatcher([queue.paths.inboundBell], {
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
@@ -359,6 +364,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
     clearInterval(reaper);
+    clearInterval(ticker);
     watcher.close();
     await stopWorker(heartbeat);
     try {

@@ -45,7 +45,7 @@ Deno.test("judgeRunner() is alive while the file changes and stale after three b
   assert.equal(judgeRunner(dir.path, { queue: "q" }).state, "exited");
 });
 
-Deno.test("judgeRunner() takes no beat through a link, a FIFO, an oversized or a malformed file", async () => {
+Deno.test("judgeRunner() takes no beat through a link or a FIFO, and judges a file it cannot parse by its change time alone", async () => {
   await using dir = await beatDir();
   const elsewhere = `${dir.path}.elsewhere`;
   writeHeartbeatFile(elsewhere, BEAT);
@@ -62,10 +62,28 @@ Deno.test("judgeRunner() takes no beat through a link, a FIFO, an oversized or a
   const padded = JSON.stringify({ ...BEAT, runnerId: "r".repeat(100) }).padEnd(
     HEARTBEAT_FILE_BYTES + 1,
   );
+  // A half-written or forged beat never makes an honest runner look dead, nor a frozen one alive.
   for (const content of ["{", "[]", '{"state":"running"}', padded]) {
     await Deno.writeTextFile(dir.path, content);
-    assert.equal(judgeRunner(dir.path, { queue: "q" }).state, "none", content.slice(0, 20));
+    const now = judgeRunner(dir.path, { queue: "q" });
+    assert.equal(now.state, "alive", content.slice(0, 20));
+    assert.equal(now.beat, undefined, content.slice(0, 20));
+    const later = judgeRunner(dir.path, { queue: "q", now: Date.now() + STALE_AFTER_MS + 1500 });
+    assert.equal(later.state, "stale", content.slice(0, 20));
   }
+});
+
+Deno.test("writeHeartbeatFile() rewrites one inode at one size, and the change time still moves", async () => {
+  await using dir = await beatDir();
+  writeHeartbeatFile(dir.path, BEAT);
+  const first = await Deno.stat(dir.path);
+  await delay(1100);
+  writeHeartbeatFile(dir.path, { ...BEAT, runnerId: "a-longer-runner-id", seq: 123456789 });
+  const second = await Deno.stat(dir.path);
+  assert.equal(second.ino, first.ino, "no new inode");
+  assert.equal(second.size, first.size, "no new size");
+  assert.ok(second.ctime!.getTime() > first.ctime!.getTime(), "the kernel moved the change time");
+  assert.equal(judgeRunner(dir.path, { queue: "q" }).beat?.seq, 123456789);
 });
 
 liveTest(

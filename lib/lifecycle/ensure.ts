@@ -330,7 +330,11 @@ async function waitReady(
   let damagedSince: number | undefined;
   while (Date.now() < deadline) {
     const judged = options.queue.liveness();
-    if (judged.state === "alive" && judged.beat?.bootId !== options.before) return;
+    // Ready: a valid beat from a runner booted after `before` that the host judges alive.
+    if (
+      judged.state === "alive" && judged.beat !== undefined &&
+      judged.beat.bootId !== options.before
+    ) return;
     // A file the host cannot read (too big, not waffle's schema) never shows
     // a heartbeat: after a moment for the runner to set it aside itself, give
     // up on this start, so the next attempt (the third replaces outbound/)

@@ -15,7 +15,7 @@
 import * as z from "../schema.ts";
 import { SandboxFileError } from "../errors.ts";
 import { type Libc, libc } from "../libc.ts";
-import { type Heartbeat, HEARTBEAT_INTERVAL_MS } from "./protocol.ts";
+import { type Heartbeat, HEARTBEAT_INTERVAL_MS, type RequestState } from "./protocol.ts";
 import { HEARTBEAT_FILE_BYTES } from "./heartbeat_file.ts";
 import { openSandboxName, readAll } from "./sandbox_file.ts";
 
@@ -31,7 +31,7 @@ export interface Liveness {
   state: "alive" | RunnerTrouble;
   /** One line for the user. */
   detail: string;
-  /** The last valid heartbeat, when there is one. */
+  /** The heartbeat, when the file holds a valid one. */
   beat?: Heartbeat;
   /** When the heartbeat last changed by the host's clock (epoch ms), when there is one. */
   changedAt?: number;
@@ -50,13 +50,13 @@ export interface JudgeRunnerOptions {
  *
  * @param heartbeatPath The queue's `heartbeat.json`.
  * @param options The queue's name for messages, and the time.
- * @returns `alive`, `none` (no valid beat), `exited` or `stale`, with a one-line detail.
+ * @returns `alive`, `none` (no heartbeat file, or not a regular file), `exited` or
+ *   `stale`, with a one-line detail.
  */
 export function judgeRunner(heartbeatPath: string, options: JudgeRunnerOptions): Liveness {
   const now = options.now ?? Date.now();
   const observed = readHeartbeatFile(heartbeatPath);
-  const beat = observed?.beat;
-  if (observed === undefined || beat === undefined) {
+  if (observed === undefined || observed.changedAt === 0) {
     return {
       state: "none",
       detail: observed === undefined
@@ -64,15 +64,15 @@ export function judgeRunner(heartbeatPath: string, options: JudgeRunnerOptions):
         : `The runner of queue '${options.queue}' left no valid heartbeat`,
     };
   }
+  // The kernel's word decides; what the file says only adds the beat. A beat
+  // that does not parse (half-written, or a forger's) in a file that keeps
+  // changing is a runner that runs: only a change time can make it dead.
+  const beat = observed.beat;
   // The latest the change can have happened (rounded up), and never later than now.
   const changedAt = Math.min(observed.changedAt, now);
-  if (beat.state === "exited") {
-    return {
-      state: "exited",
-      detail: `The runner of queue '${options.queue}' exited`,
-      beat,
-      changedAt,
-    };
+  const seen = { changedAt, ...(beat === undefined ? {} : { beat }) };
+  if (beat?.state === "exited") {
+    return { state: "exited", detail: `The runner of queue '${options.queue}' exited`, ...seen };
   }
   const still = now - changedAt;
   if (still > STALE_AFTER_MS) {
@@ -81,11 +81,76 @@ export function judgeRunner(heartbeatPath: string, options: JudgeRunnerOptions):
       detail: `The runner of queue '${options.queue}' stopped beating: no heartbeat for ${
         Math.round(still / 1000)
       } s`,
-      beat,
-      changedAt,
+      ...seen,
     };
   }
-  return { state: "alive", detail: "alive", beat, changedAt };
+  return { state: "alive", detail: "alive", ...seen };
+}
+
+/**
+ * How long a runner that beats may leave a request untaken (no state row)
+ * before it is judged not to serve: ten beats. An honest runner takes every
+ * request it reads at once, queued behind others or not.
+ */
+export const TAKE_WITHIN_MS = 10 * HEARTBEAT_INTERVAL_MS;
+
+/** How long past its time limit a started request may go without a result: the kill and the last commit. */
+export const RESULT_GRACE_MS = 30_000;
+
+/** What a waiting host knows of one request, all by its own clock. */
+export interface RequestProgress {
+  /** The request. */
+  id: string;
+  /** Its state as the runner reports it. */
+  state: RequestState;
+  /** Since when the runner could have taken it: submitted, and this boot judged alive. */
+  takeableSince: number;
+  /** When this host first saw it started, if it has. */
+  startedSeenAt?: number;
+  /** Its run-time limit, if it has one. */
+  timeoutMs?: number;
+}
+
+/**
+ * Judges whether a runner that beats serves a request: a request it leaves
+ * untaken for {@linkcode TAKE_WITHIN_MS}, or started and without a result
+ * {@linkcode RESULT_GRACE_MS} past its own time limit, is one it does not
+ * serve (wedged, or lying), and the runner is as dead as a stale one. A
+ * started request without a time limit is never judged: a long command and
+ * a lie look the same.
+ *
+ * @param progress The request as the host saw it.
+ * @param options The queue's name for messages, and the time.
+ * @returns A `stale` judgement, or undefined while the request progresses.
+ */
+export function judgeProgress(
+  progress: RequestProgress,
+  options: JudgeRunnerOptions,
+): (Liveness & { state: "stale" }) | undefined {
+  const now = options.now ?? Date.now();
+  const waited = now - progress.takeableSince;
+  if (progress.state === "queued" && waited > TAKE_WITHIN_MS) {
+    return {
+      state: "stale",
+      detail:
+        `The runner of queue '${options.queue}' beats but has not taken request '${progress.id}' in ${
+          Math.round(waited / 1000)
+        } s`,
+    };
+  }
+  const { startedSeenAt, timeoutMs } = progress;
+  if (progress.state !== "started" || startedSeenAt === undefined || timeoutMs === undefined) {
+    return undefined;
+  }
+  const running = now - startedSeenAt;
+  if (running <= timeoutMs + RESULT_GRACE_MS) return undefined;
+  return {
+    state: "stale",
+    detail:
+      `The runner of queue '${options.queue}' has reported no result for request '${progress.id}' ${
+        Math.round(running / 1000)
+      } s after it started, past its ${Math.round(timeoutMs / 1000)} s limit`,
+  };
 }
 
 const heartbeatSchema: z.ZodMiniType<Heartbeat> = z.object({
@@ -133,17 +198,23 @@ export function readHeartbeatFile(path: string): ObservedBeat | undefined {
   }
 }
 
+/** Reads of a beat that does not parse, before it counts as none: one may meet a rewrite. */
+const READS = 3;
+
 function parse(lib: Libc, opened: { fd: number; info: Deno.FileInfo }): Heartbeat | undefined {
   const size = opened.info.size;
   if (size === 0 || size > HEARTBEAT_FILE_BYTES) return undefined;
-  try {
-    const parsed = heartbeatSchema.safeParse(
-      JSON.parse(new TextDecoder().decode(readAll(lib, opened.fd, size))),
-    );
-    return parsed.success ? parsed.data : undefined;
-  } catch {
-    return undefined;
+  for (let read = 0; read < READS; read++) {
+    try {
+      const parsed = heartbeatSchema.safeParse(
+        JSON.parse(new TextDecoder().decode(readAll(lib, opened.fd, size))),
+      );
+      if (parsed.success) return parsed.data;
+    } catch {
+      // Half-written, or not a beat: read again.
+    }
   }
+  return undefined;
 }
 
 function changedAt(info: Deno.FileInfo): number {

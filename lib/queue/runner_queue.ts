@@ -66,8 +66,7 @@ export class RunnerQueue {
       this.#inbound = openInbound(paths.inbound);
       setAsideUnlessRegular(paths.outboundBell);
       // Written by name every beat: a link or FIFO there would redirect or block the writes.
-      setAsideUnlessRegular(paths.heartbeat, { always: true });
-      setAsideUnlessRegular(`${paths.heartbeat}.tmp`, { always: true });
+      setAsideUnlessRegular(paths.heartbeat);
       Deno.writeFileSync(paths.outboundBell, new Uint8Array(), { append: true, create: true });
     } catch (error) {
       this.#outbound.close();
