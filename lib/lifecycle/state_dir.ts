@@ -77,7 +77,7 @@ export async function prepareState(
     // anew; the mark first, so a container still running on the old one is
     // restarted before it serves, even if this host dies right here.
     if (!lexists(paths.outbound)) markOutboundReplaced(paths);
-    ownDirectory(paths.outbound, root ? { mode: 0o700 } : { mode: 0o2770 });
+    placeOutbound(paths);
     // 0711: the runner (uid 0 without DAC capabilities) walks into it to
     // check a request's working directory; only commands list or write it.
     ownDirectory(
@@ -93,6 +93,33 @@ export async function prepareState(
   // run on a set-aside tree: those go once a runner beats in the new one.
   if (!outboundReplaced(paths)) removeSetAsideTrees(paths);
   return volume;
+}
+
+// An empty directory kept beside outbound/ on the volume, made while there is
+// room: a reset renames it into place instead of making one, so it needs no
+// inode on a volume whose every inode a command has taken (mkdir would fail
+// with ENOSPC and leave the sandbox without an outbound/). Never mounted, so
+// the sandbox cannot have written in it.
+function sparePath(paths: StatePaths): string {
+  return join(dirname(paths.outbound), "outbound.spare");
+}
+
+// Puts an outbound/ in place when it is missing (the spare if there is one),
+// sets its mode and owner, then makes a new spare if there is room.
+function placeOutbound(paths: StatePaths): void {
+  if (!lexists(paths.outbound)) {
+    try {
+      Deno.renameSync(sparePath(paths), paths.outbound);
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    }
+  }
+  ownDirectory(paths.outbound, hostCanChown() ? { mode: 0o700 } : { mode: 0o2770 });
+  try {
+    Deno.mkdirSync(sparePath(paths), { mode: 0o700 });
+  } catch {
+    // There already, or no room now: the next call makes it.
+  }
 }
 
 function lexists(path: string): boolean {
@@ -163,7 +190,7 @@ export function resetOutbound(paths: StatePaths): void {
   }
   killPoint("set-aside");
   try {
-    ownDirectory(paths.outbound, hostCanChown() ? { mode: 0o700 } : { mode: 0o2770 });
+    placeOutbound(paths);
   } catch (cause) {
     if (cause instanceof QueueError) throw cause;
     throw new QueueError(`Cannot create '${paths.outbound}': ${messageOf(cause)}`, { cause });
