@@ -20,9 +20,10 @@ export type HeartbeatMessage =
  * worker stops beating for it. Beats are the promise that requests are
  * served: a main thread wedged for good (blocked opening a FIFO, a hung
  * syscall) must look dead to hosts, not alive forever. Longer than any
- * honest stall (a busy timeout is 5 s).
+ * honest stall (a busy timeout is 5 s); with the host's three beats to stale,
+ * a wedged runner is dead within 14 s.
  */
-export const MAIN_STALL_MS = 15_000;
+export const MAIN_STALL_MS = 8_000;
 
 let lastTick = Date.now();
 let stalled = false;

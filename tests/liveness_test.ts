@@ -10,7 +10,13 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { HEARTBEAT_FILE_BYTES, writeHeartbeatFile } from "../lib/queue/heartbeat_file.ts";
-import { judgeRunner, STALE_AFTER_MS } from "../lib/queue/liveness.ts";
+import {
+  judgeProgress,
+  judgeRunner,
+  RESULT_GRACE_MS,
+  STALE_AFTER_MS,
+  TAKE_WITHIN_MS,
+} from "../lib/queue/liveness.ts";
 import type { Heartbeat } from "../lib/queue/protocol.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
@@ -84,6 +90,37 @@ Deno.test("writeHeartbeatFile() rewrites one inode at one size, and the change t
   assert.equal(second.size, first.size, "no new size");
   assert.ok(second.ctime!.getTime() > first.ctime!.getTime(), "the kernel moved the change time");
   assert.equal(judgeRunner(dir.path, { queue: "q" }).beat?.seq, 123456789);
+});
+
+Deno.test("judgeProgress() calls a beating runner dead when it leaves a request untaken, or started past its own limit, and never judges a started request without one", () => {
+  const now = 1_000_000;
+  const at = (ms: number): number => now - ms;
+  const judge = (progress: Parameters<typeof judgeProgress>[0]) =>
+    judgeProgress(progress, { queue: "q", now })?.state;
+  assert.equal(
+    judge({ id: "r", state: "queued", takeableSince: at(TAKE_WITHIN_MS - 1) }),
+    undefined,
+  );
+  assert.equal(judge({ id: "r", state: "queued", takeableSince: at(TAKE_WITHIN_MS + 1) }), "stale");
+  assert.match(
+    judgeProgress({ id: "r", state: "queued", takeableSince: at(TAKE_WITHIN_MS + 1000) }, {
+      queue: "q",
+      now,
+    })!.detail,
+    /^The runner of queue 'q' beats but has not taken request 'r' in \d+ s$/,
+  );
+  // Taken (accepted, queued behind others) is progress.
+  assert.equal(judge({ id: "r", state: "accepted", takeableSince: at(3_600_000) }), undefined);
+  const started = { id: "r", state: "started" as const, takeableSince: at(3_600_000) };
+  assert.equal(judge({ ...started, startedSeenAt: at(3_600_000) }), undefined, "no limit");
+  assert.equal(
+    judge({ ...started, startedSeenAt: at(60_000 + RESULT_GRACE_MS - 1), timeoutMs: 60_000 }),
+    undefined,
+  );
+  assert.equal(
+    judge({ ...started, startedSeenAt: at(60_000 + RESULT_GRACE_MS + 1), timeoutMs: 60_000 }),
+    "stale",
+  );
 });
 
 liveTest(

@@ -16,6 +16,7 @@
  *
  * @module
  */
+import { settleRemovals } from "./remove_tree.ts";
 import { basename, join } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
 import { exists } from "../fs.ts";
@@ -184,6 +185,10 @@ export async function removeVolume(root: string): Promise<void> {
     throw error;
   }
   const { mountPoint, image } = paths;
+  // A removal this process started inside the volume (a set-aside tree) would
+  // keep the mount busy: the unmount would be lazy and the loop device would
+  // outlive the purge until it ended. Bounded by each removal's own limit.
+  await settleRemovals();
   const mounts = (await readMounts()).filter((mount) =>
     mount.mountPoint === mountPoint || mount.backingFile === image
   );

@@ -89,10 +89,10 @@ export function judgeRunner(heartbeatPath: string, options: JudgeRunnerOptions):
 
 /**
  * How long a runner that beats may leave a request untaken (no state row)
- * before it is judged not to serve: ten beats. An honest runner takes every
- * request it reads at once, queued behind others or not.
+ * before it is judged not to serve: five beats. An honest runner takes every
+ * request it reads at once, queued behind others or not, within a poll.
  */
-export const TAKE_WITHIN_MS = 10 * HEARTBEAT_INTERVAL_MS;
+export const TAKE_WITHIN_MS = 5 * HEARTBEAT_INTERVAL_MS;
 
 /** How long past its time limit a started request may go without a result: the kill and the last commit. */
 export const RESULT_GRACE_MS = 30_000;
