@@ -5,6 +5,11 @@
  * guards it: bind-mount sources, tenant/user ids, working directories, and
  * no fallback to unsandboxed execution on any error.
  *
+ * The escapes from the container are tried both ways ({@linkcode bothWays}):
+ * as a command and as a compromised runner (`docker exec -u 0`, whose
+ * credentials are checked to be the runner's, as the spawn helper's stand-in
+ * for a command is checked against a real request's).
+ *
  * Every live test uses its own temporary WAFFLE_HOME and removes its
  * containers (those labelled with state paths under that home) in `finally`.
  *
@@ -22,6 +27,7 @@ import { loadConfig } from "../lib/config/config.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
+import { type Attacker, bothWays, COMMAND, RUNNER } from "./_hostile_helpers.ts";
 import { runCliProcess } from "./_helpers.ts";
 import { dockerCli, run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
@@ -537,5 +543,236 @@ liveTest(
     assert.equal(backend.code, 125);
     await assert.rejects(() => Deno.stat(marker), Deno.errors.NotFound);
     assert.deepEqual(await home.containers(), []);
+  },
+);
+
+// ---------------------------------------------------------------------------
+// Live: the two attackers, and what neither can do to get out.
+
+/** A process's credentials and namespaces, as `/proc/<pid>` shows them. */
+function credentialsOf(pid: string): string {
+  return `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|Seccomp_filters):' /proc/${pid}/status
+for ns in cgroup ipc mnt net pid user uts; do echo "$ns $(readlink /proc/${pid}/ns/$ns)"; done`;
+}
+
+liveTest(
+  "the hostile tests' attackers have the credentials they stand for: docker exec -u 0 the runner's, the spawn helper's a request's command's",
+  async (docker) => {
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const sandbox = home.open(uniqueUser("stand-in"));
+    await sandbox.ensure();
+    // The runner: the Deno process docker-init started (not docker-init itself).
+    const runner = await RUNNER.sh(
+      sandbox,
+      `for p in /proc/[0-9]*; do case "$(tr '\\000' ' ' < $p/cmdline 2>/dev/null)" in "/opt/waffle/"*" runner --queue "*) pid=\${p#/proc/};; esac; done
+${credentialsOf("$pid")}`,
+    );
+    const runnerStandIn = await RUNNER.sh(sandbox, credentialsOf("self"));
+    const command = await run(sandbox, credentialsOf("self"));
+    const commandStandIn = await COMMAND.sh(sandbox, credentialsOf("self"));
+    assert.equal(runner.code, 0, runner.stderr);
+    assert.match(runner.stdout, /^CapEff:\s+00000000000000e0$/m, "the runner's capabilities");
+    assert.equal(runnerStandIn.stdout, runner.stdout, "docker exec -u 0 is not the runner");
+    assert.equal(command.result.exitCode, 0, command.stderr);
+    assert.match(command.stdout, /^Uid:\s+10001\s+10001\s+10001\s+10001$/m);
+    assert.match(command.stdout, /^CapEff:\s+0{16}$/m);
+    assert.equal(
+      commandStandIn.stdout,
+      command.stdout,
+      "the spawn helper's process is not a command",
+    );
+  },
+);
+
+/**
+ * A way out of the container, and what each attacker gets: a pattern the
+ * attempt's output must match, and for the runner alone perhaps success.
+ */
+interface Escape {
+  name: string;
+  shell: string;
+  command: RegExp;
+  runner: RegExp | "succeeds";
+}
+
+const EPERM_TEXT = /Operation not permitted|permission denied/i;
+
+/** The attempts; each runs in a shell of its own, `$$` keeping the attackers' files apart. */
+const ESCAPES: Escape[] = [
+  {
+    name: "write the root filesystem",
+    shell: "touch /usr/x",
+    command: /Read-only/,
+    runner: /Read-only/,
+  },
+  { name: "write /sys", shell: "touch /sys/x", command: /Read-only/, runner: /Read-only/ },
+  {
+    name: "kernel settings (/proc/sys)",
+    shell: "echo evil > /proc/sys/kernel/hostname",
+    command: /Read-only/,
+    runner: /Read-only/,
+  },
+  {
+    name: "execute from /tmp",
+    shell: "cp /bin/busybox /tmp/bb-$$ && /tmp/bb-$$ true",
+    command: /Permission denied/,
+    runner: /Permission denied/,
+  },
+  {
+    name: "mount a filesystem",
+    shell: "mount -t tmpfs none /tmp",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  {
+    name: "remount / read-write",
+    shell: "mount -o remount,rw /",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  { name: "chroot", shell: "chroot / true", command: EPERM_TEXT, runner: EPERM_TEXT },
+  {
+    name: "a user namespace",
+    shell: "unshare -U -r true",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  { name: "a mount namespace", shell: "unshare -m true", command: EPERM_TEXT, runner: EPERM_TEXT },
+  {
+    name: "enter init's namespaces",
+    shell: "nsenter -t 1 -m true",
+    command: /Permission denied/,
+    runner: EPERM_TEXT,
+  },
+  {
+    name: "netlink: a network link",
+    shell: "ip link add d0 type dummy",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  {
+    name: "a raw socket",
+    shell: "ping -c 1 -W 1 127.0.0.1",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  {
+    name: "give a file away (chown)",
+    shell: "touch /tmp/c-$$ && chown 12345 /tmp/c-$$",
+    command: EPERM_TEXT,
+    runner: EPERM_TEXT,
+  },
+  { name: "set the hostname", shell: "hostname evil", command: EPERM_TEXT, runner: EPERM_TEXT },
+  {
+    name: "the Docker socket",
+    shell: "ls /var/run/docker.sock /run/docker.sock",
+    command: /No such file/,
+    runner: /No such file/,
+  },
+  {
+    name: "a network",
+    shell: "nc -w 2 1.1.1.1 80 </dev/null",
+    command: /unreachable/,
+    runner: /unreachable/,
+  },
+  {
+    // CAP_SETUID is the runner's by design: it is how it drops to a command.
+    name: "become uid 10001 (the runner) or root (a command)",
+    shell:
+      `/usr/libexec/waffle/spawn $(if [ "$(id -u)" = 0 ]; then echo 10001 10001; else echo 0 0; fi) /bin/id -u; exit $?`,
+    command: /setgroups: Operation not permitted/,
+    runner: "succeeds",
+  },
+];
+
+/**
+ * The "Shocker" escape: a handle for inode 2 (the root directory) of the
+ * host filesystem behind the `/queue/inbound` bind mount, opened with
+ * open_by_handle_at. It needs CAP_DAC_READ_SEARCH, which neither attacker has.
+ */
+const SHOCKER = `
+const libc = Deno.dlopen("libc.so.6", {
+  name_to_handle_at: { parameters: ["i32", "buffer", "buffer", "buffer", "i32"], result: "i32" },
+  open_by_handle_at: { parameters: ["i32", "buffer", "i32"], result: "i32" },
+  open: { parameters: ["buffer", "i32"], result: "i32" },
+  __errno_location: { parameters: [], result: "pointer" },
+}).symbols;
+const errno = (): number => new Deno.UnsafePointerView(libc.__errno_location()!).getInt32();
+const cstr = (s: string) => new TextEncoder().encode(s + "\\0");
+const O_PATH = 0o10000000, O_DIRECTORY = 0o200000, AT_FDCWD = -100;
+const handle = new Uint8Array(8 + 128);
+const view = new DataView(handle.buffer);
+view.setUint32(0, 128, true);
+const named = libc.name_to_handle_at(AT_FDCWD, cstr("/queue/inbound"), handle, new Uint8Array(4), 0);
+const namedErrno = named === 0 ? 0 : errno();
+// Whatever name_to_handle_at gave: ext4's FILEID_INO32_GEN handle for inode 2.
+view.setUint32(0, 8, true);
+view.setInt32(4, 1, true);
+view.setUint32(8, 2, true);
+view.setUint32(12, 0, true);
+const mountFd = libc.open(cstr("/queue/inbound"), O_PATH | O_DIRECTORY);
+const opened = libc.open_by_handle_at(mountFd, handle, 0);
+console.log(JSON.stringify({ named, namedErrno, mountFd, opened, openedErrno: opened < 0 ? errno() : 0 }));
+`;
+
+bothWays(
+  "escaping the container (mount, chroot, namespaces, netlink, raw sockets, chown, open_by_handle_at, the root and kernel filesystems) is refused to a command and to the runner alike; only the runner may become a command",
+  async (docker, attacker: Attacker) => {
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const sandbox = home.open(uniqueUser("escape"));
+    await sandbox.ensure();
+    const problems: string[] = [];
+    for (const escape of ESCAPES) {
+      const out = await attacker.sh(sandbox, escape.shell);
+      const said = `${out.stdout}${out.stderr}`.trim().split("\n").join(" / ");
+      const expected = attacker.kind === "command" ? escape.command : escape.runner;
+      if (expected === "succeeds") {
+        if (out.code !== 0) problems.push(`${escape.name}: failed (exit ${out.code}): ${said}`);
+      } else if (out.code === 0 || !expected.test(said)) {
+        problems.push(
+          `${escape.name}: expected a failure matching ${expected} (exit ${out.code}): ${said}`,
+        );
+      }
+    }
+    const shocker = await attacker.deno(sandbox, SHOCKER);
+    assert.equal(shocker.code, 0, shocker.stderr);
+    const handle = JSON.parse(shocker.stdout) as Record<string, number>;
+    // deno-lint-ignore no-console -- the figures go in the closing note
+    console.log(`open_by_handle_at as ${attacker.label}: ${shocker.stdout.trim()}`);
+    assert.ok((handle.mountFd ?? -1) >= 0, "the mount's O_PATH descriptor");
+    assert.equal(handle.opened, -1, "open_by_handle_at opened the host's root directory");
+    assert.equal(handle.openedErrno, 1, "open_by_handle_at: EPERM");
+    assert.deepEqual(problems, [], `as ${attacker.label}`);
+  },
+);
+
+bothWays(
+  "the runner's Deno cache: a command cannot reach it; what the runner plants there dies with its container",
+  async (docker, attacker) => {
+    await using home = await tempHome(docker, { idleSeconds: 120 });
+    const sandbox = home.open(uniqueUser("deno-cache"));
+    await sandbox.ensure();
+    const plant = await attacker.sh(
+      sandbox,
+      'touch "$DENO_DIR/planted" && ls "$DENO_DIR/planted"; echo "dir=$DENO_DIR"',
+    );
+    const said = `${plant.stdout}${plant.stderr}`;
+    if (attacker.kind === "command") {
+      assert.match(said, /touch: \/run\/waffle\/deno\/planted: Permission denied/);
+      return;
+    }
+    // A runner cache made at install time is mounted read-only; without one
+    // the cache is the runner's tmpfs, written here and gone after a restart.
+    if (/Read-only file system/.test(said)) return;
+    assert.match(plant.stdout, /^\/run\/waffle\/deno\/planted$/m, said);
+    const kill = await attacker.sh(
+      sandbox,
+      `for p in /proc/[0-9]*; do case "$(tr '\\000' ' ' < $p/cmdline 2>/dev/null)" in "/opt/waffle/"*" runner --queue "*) kill -KILL \${p#/proc/};; esac; done`,
+    );
+    assert.equal(kill.code === 0 || kill.code === 137, true, `kill: exit ${kill.code}`);
+    assert.equal(await runOk(sandbox, "echo restarted"), "restarted\n");
+    const after = await attacker.sh(sandbox, 'ls "$DENO_DIR/planted"');
+    assert.notEqual(after.code, 0, "the planted file outlived the container");
+    assert.match(after.stderr, /No such file/);
   },
 );

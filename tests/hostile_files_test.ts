@@ -3,7 +3,10 @@
  * File-level attacks on the queue, mounted from inside a real sandbox
  * container: as the runner's uid 0 (a compromised runner, the strongest
  * attacker the queue files can meet: it owns `/queue/outbound`) and as the
- * commands' uid 10001 (what a prompt-injected agent's command is). Each test
+ * commands' uid 10001 (what a prompt-injected agent's command is). Every
+ * attack is registered twice ({@linkcode bothWays}): as a command it cannot
+ * even start (uid 10001 cannot enter `/queue`), and that variant asserts the
+ * exact refusal and an unharmed host; as the runner it is mounted. Each test
  * aims at the names the host opens (`outbound.db`, `outbound.db-journal`,
  * `outbound.bell`, and the read-only `/queue/inbound/*`) and proves the host
  * unharmed: victim files outside every queue keep their bytes, mode, owner and
@@ -28,10 +31,20 @@ import { selfCommand } from "../lib/config/self.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
+import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { LOCK_WAIT_MS, type WaitOptions } from "../lib/queue/queue.ts";
-import { liveTest } from "./_docker_gate.ts";
 import { delay, text, waitFor } from "./_helpers.ts";
-import { asCommand, asRunner, containerOf, type Victim, victimFile } from "./_hostile_helpers.ts";
+import {
+  asRunner,
+  bothWays,
+  containerOf,
+  mount,
+  REFUSED_SIGNAL,
+  refusedAsCommand,
+  runnerStep,
+  type Victim,
+  victimFile,
+} from "./_hostile_helpers.ts";
 import {
   type HomeConfig,
   run,
@@ -184,6 +197,9 @@ async function attack(container: string, script: string): Promise<string> {
   return out.stdout;
 }
 
+/** Deno source that stops the runner (a compromised runner may signal itself; a command may not). */
+const STOP_RUNNER = `${RUNNER_PIDS} for (const pid of runnerPids()) Deno.kill(pid, "SIGSTOP");`;
+
 /** Sends a signal to the runner, from inside its container (it may signal itself). */
 async function signalRunner(container: string, signal: Deno.Signal): Promise<void> {
   await attack(
@@ -242,6 +258,19 @@ function sqlite(sql: string, ...params: (string | number)[]): void {
   }
 }
 `;
+
+/** Deno source that creates empty files in `dir` until the volume has no inode left; prints how many. */
+function fillInodesScript(dir: string): string {
+  return `Deno.mkdirSync(${JSON.stringify(dir)});
+let files = 0;
+try {
+  while (true) Deno.writeFileSync(${JSON.stringify(dir)} + "/" + files++, new Uint8Array());
+} catch {
+  files--;
+}
+console.log(files);
+`;
+}
 
 /** Deno source that waits (in the container) until the runner committed a request's result. */
 function awaitResultScript(id: string): string {
@@ -495,9 +524,9 @@ function assertUntouched(victims: Victim[], spy: FileSpy | undefined, what: stri
 // ---------------------------------------------------------------------------
 // 1. A crafted hot journal whose super-journal names a host file.
 
-liveTest(
+bothWays(
   "hostile files 1: a crafted hot journal naming a host file as super-journal: never opened by the host, recovered only inside the container",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const user = uniqueUser("hf-journal");
@@ -510,14 +539,21 @@ liveTest(
       // The compromised runner stops itself, so nothing in the container
       // recovers the journal while the host looks; a decoy at the victim's
       // path inside the container shows whose filesystem a rollback touches.
-      await signalRunner(container, "SIGSTOP");
-      await attack(
-        container,
+      // A command can neither stop the runner (EPERM) nor write the journal (EACCES).
+      const stopped = await mount(attacker, sandbox, STOP_RUNNER, {
+        refusal: REFUSED_SIGNAL,
+        victims: [victim],
+      });
+      const planted = await mount(
+        attacker,
+        sandbox,
         `Deno.mkdirSync(${JSON.stringify(dirname(victim.path))}, { recursive: true });
          Deno.writeTextFileSync(${JSON.stringify(victim.path)}, "decoy inside the container");
          ${hotJournalScript(victim.path)}`,
+        { victims: [victim] },
       );
-      const planted = Deno.readFileSync(journal);
+      if (stopped === null || planted === null) return;
+      const inJournal = Deno.readFileSync(journal);
       const spy = new FileSpy([journal, victim.path]);
       let slowest = 0;
       const states = new Set<string>();
@@ -543,14 +579,16 @@ liveTest(
         );
         assert.deepEqual(events, [], "the host opened, read or changed the journal or the victim");
       }
-      assert.deepEqual(Deno.readFileSync(journal), planted, "the host changed the journal");
+      assert.deepEqual(Deno.readFileSync(journal), inJournal, "the host changed the journal");
       assert.ok(slowest < READ_BOUND_MS, `a host read took ${slowest} ms`);
       victim.check();
     });
 
-    await t.step(
-      "waffle exec succeeds once the runner recovers the journal: the super-journal it deletes is the container's",
-      async () => {
+    await t.step({
+      name:
+        "waffle exec succeeds once the runner recovers the journal: the super-journal it deletes is the container's",
+      ignore: attacker.kind === "command",
+      fn: async () => {
         // The runner is still stopped: whatever opens the journal or the
         // victim before it resumes is the waffle exec host.
         const spy = new FileSpy([journal, victim.path]);
@@ -587,9 +625,11 @@ liveTest(
         assert.equal(inside.trim(), "deleted", "the runner never recovered the crafted journal");
         victim.check();
       },
-    );
+    });
 
-    await t.step(
+    await runnerStep(
+      t,
+      attacker,
       "library run() heals a runner that never recovers the journal (lock wait, then restart)",
       async () => {
         // A read that succeeds first: the host's lock clock starts at this attack.
@@ -633,9 +673,9 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 2. Symlinks under every name the host or the runner opens.
 
-liveTest(
+bothWays(
   "hostile files 2: symlinks to host files under outbound.db, its journal, the bell and the lock are never followed, and the queue heals",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using secret = await victimFile();
     await using passwd = await victimFile(); // a stand-in for /etc/passwd: never the real one
@@ -654,11 +694,11 @@ liveTest(
           const user = uniqueUser("hf-link");
           const sandbox = home.open(user);
           await sandbox.ensure();
-          const container = containerOf(sandbox);
           const before = await generationOf(sandbox);
           await runOk(sandbox, "echo kept > /workspace/kept");
-          await attack(
-            container,
+          const planted = await mount(
+            attacker,
+            sandbox,
             `const path = "/queue/outbound/${name}";
              try { Deno.renameSync(path, path + ".aside"); } catch { /* absent */ }
              Deno.symlinkSync(${JSON.stringify(target.path)}, path);
@@ -668,6 +708,10 @@ liveTest(
                 : ""
             }`,
           );
+          if (planted === null) {
+            assertUntouched(victims, spy, `a command's symlink under ${name}`);
+            return;
+          }
           assert.ok(Deno.lstatSync(join(sandbox.paths.outbound, name)).isSymlink);
           // Every property is checked and all failures reported together.
           const problems: string[] = [];
@@ -732,23 +776,22 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 3. Hard links.
 
-liveTest(
+bothWays(
   "hostile files 3: hard links into /queue/outbound from other mounts fail; links to outbound.db inside it do not confuse the host",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const spy = new FileSpy([victim.path]);
     try {
       const sandbox = home.open(uniqueUser("hf-hard"));
       await sandbox.ensure();
-      const container = containerOf(sandbox);
       await runOk(sandbox, "echo w > /workspace/w");
 
       await t.step(
-        "link() from another mount fails (EXDEV / EPERM), as runner and as command",
+        "link() from another mount fails (EXDEV / EPERM); a command cannot even reach the queue (EACCES)",
         async () => {
-          const out = await attack(
-            container,
+          const ran = await attacker.deno(
+            sandbox,
             `Deno.writeTextFileSync("/tmp/runner-file", "r");
            const sources = ["/workspace/w", "/tmp/runner-file", "/opt/waffle/deno", "/etc/passwd",
              ${JSON.stringify(victim.path)}, "/queue/inbound/inbound.db"];
@@ -765,13 +808,23 @@ liveTest(
            catch (error) { outcome["outbound.db -> /workspace"] = (error as { code?: string }).code ?? String(error); }
            console.log(JSON.stringify(outcome));`,
           );
-          const outcome = JSON.parse(out) as Record<string, string>;
-          console.log(`hard links as runner: ${JSON.stringify(outcome)}`);
+          assert.equal(ran.code, 0, `the link script failed: ${ran.stdout}${ran.stderr}`);
+          const outcome = JSON.parse(ran.stdout) as Record<string, string>;
+          console.log(`hard links as ${attacker.label}: ${JSON.stringify(outcome)}`);
           for (const [source, code] of Object.entries(outcome)) {
             assert.notEqual(code, "LINKED", `a hard link from '${source}' was made`);
           }
-          assert.match(outcome["/workspace/w"]!, /EXDEV|EPERM/);
-          assert.match(outcome["/tmp/runner-file"]!, /EXDEV/);
+          if (attacker.kind === "runner") {
+            assert.match(outcome["/workspace/w"]!, /EXDEV|EPERM/);
+            assert.match(outcome["/tmp/runner-file"]!, /EXDEV/);
+          } else {
+            // The victim's host path does not exist in the container; every
+            // other link fails at the queue's 0700 directories.
+            for (const [source, code] of Object.entries(outcome)) {
+              assert.equal(code, source === victim.path ? "ENOENT" : "EACCES", source);
+            }
+          }
+          if (attacker.kind === "runner") return;
           const asCommandRan = await run(
             sandbox,
             "ln /workspace/w /queue/outbound/from-command; echo rc=$?; ln /workspace/w /queue/inbound/x; echo rc=$?",
@@ -789,10 +842,12 @@ liveTest(
       );
 
       await t.step("outbound.db hard-linked under another name: the host carries on", async () => {
-        await attack(
-          container,
+        const linked = await mount(
+          attacker,
+          sandbox,
           `Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db.other");`,
         );
+        if (linked === null) return;
         const read = await measured(() => sandbox.queue.liveness());
         assert.equal(read.value?.state, "alive", JSON.stringify(read.value));
         const took = await measured(() => runOk(sandbox, "echo linked-ok"));
@@ -807,10 +862,12 @@ liveTest(
         "outbound.db hard-linked as its own -wal: the runner spoils its own file, the host heals",
         async () => {
           await runOk(sandbox, "echo kept > /workspace/kept");
-          await attack(
-            container,
+          const linked = await mount(
+            attacker,
+            sandbox,
             `Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db-wal");`,
           );
+          if (linked === null) return;
           const took = await measured(() => run(sandbox, "cat /workspace/kept"));
           console.log(
             `outbound.db as its own -wal: run() ${fmt(took.ms)}: ${
@@ -828,11 +885,13 @@ liveTest(
 
       await t.step("outbound.db hard-linked as its own journal: the queue heals", async () => {
         await runOk(sandbox, "echo kept > /workspace/kept");
-        await attack(
-          container,
+        const linked = await mount(
+          attacker,
+          sandbox,
           `try { Deno.removeSync("/queue/outbound/outbound.db-journal"); } catch { /* absent */ }
            Deno.linkSync("/queue/outbound/outbound.db", "/queue/outbound/outbound.db-journal");`,
         );
+        if (linked === null) return;
         const took = await measured(() => run(sandbox, "cat /workspace/kept"));
         console.log(
           `outbound.db as its own journal: run() ${fmt(took.ms)}: ${
@@ -853,9 +912,9 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 4. FIFOs, sockets and device nodes.
 
-liveTest(
+bothWays(
   "hostile files 4: a FIFO or socket under outbound.db, its journal or the bell never blocks the host or bricks the sandbox; mknod fails",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const spy = new FileSpy([victim.path]);
@@ -864,28 +923,29 @@ liveTest(
         const user = uniqueUser("hf-dev");
         const sandbox = home.open(user);
         await sandbox.ensure();
-        const container = containerOf(sandbox);
-        const asRoot = await asRunner(
-          container,
-          `const out = await new Deno.Command("mknod", { args: ["/queue/outbound/null", "c", "1", "3"] }).output();
-           console.log("mknod rc=" + out.code + " " + new TextDecoder().decode(out.stderr).trim());`,
-        );
-        const asUser = await asCommand(container, "mknod /workspace/null c 1 3; echo rc=$?");
-        const mounts = await asCommand(
-          container,
+        // Each where it may create files: the runner in its queue, a command in the workspace.
+        const at = attacker.kind === "runner" ? "/queue/outbound/null" : "/workspace/null";
+        const made = await attacker.sh(sandbox, `mknod ${at} c 1 3; echo rc=$?`);
+        const mounts = await attacker.sh(
+          sandbox,
           "grep -E ' /(queue/outbound|workspace) ' /proc/mounts",
         );
         console.log(
-          `mknod as runner: ${asRoot.stdout.trim()}; as command: ${
-            (asUser.stdout + asUser.stderr).trim()
+          `mknod ${at} as ${attacker.label}: ${
+            (made.stdout + made.stderr).trim()
           }; mounts: ${mounts.stdout.trim()}`,
         );
-        assert.match(asRoot.stdout, /mknod rc=1 .*(Operation not permitted|EPERM)/);
-        assert.match(asUser.stdout, /rc=1/);
+        assert.match(made.stdout, /^rc=1$/m);
+        assert.match(made.stderr, /Operation not permitted/);
+        assert.equal(mounts.stdout.trim().split("\n").length, 2, mounts.stdout);
         for (const line of mounts.stdout.trim().split("\n")) {
           assert.ok(line.split(" ")[3]!.split(",").includes("nodev"), line);
         }
         assert.deepEqual(outboundEntries(sandbox).filter((e) => e.startsWith("null")), []);
+        assert.throws(
+          () => Deno.lstatSync(join(sandbox.paths.workspace, "null")),
+          Deno.errors.NotFound,
+        );
       });
 
       const nodes: {
@@ -912,62 +972,74 @@ liveTest(
           label: "FIFO under outbound.db-journal",
           name: "outbound.db-journal",
           make: `await new Deno.Command("mkfifo", { args: [path] }).output();`,
+          // The live runner's main thread blocks opening the FIFO while its
+          // heartbeat thread is up: the request it never takes (and the beats
+          // that stop once the main thread stops ticking) get it restarted.
           via: "cli",
         },
       ];
       for (const { label, name, make, via } of nodes) {
-        await t.step(`${label}: host reads and a ${via} call return in bounded time`, async () => {
-          const user = uniqueUser("hf-node");
-          const sandbox = home.open(user);
-          await sandbox.ensure();
-          const container = containerOf(sandbox);
-          await runOk(sandbox, "echo kept > /workspace/kept");
-          await attack(
-            container,
-            `const path = "/queue/outbound/${name}";
+        const step = `${label}: host reads and a ${via} call return in bounded time`;
+        await t.step({
+          name: step,
+          fn: async () => {
+            const user = uniqueUser("hf-node");
+            const sandbox = home.open(user);
+            await sandbox.ensure();
+            await runOk(sandbox, "echo kept > /workspace/kept");
+            const planted = await mount(
+              attacker,
+              sandbox,
+              `const path = "/queue/outbound/${name}";
              try { Deno.renameSync(path, path + ".aside"); } catch { /* absent */ }
              ${make}
              const info = Deno.lstatSync(path);
              if (info.isFile || info.isSymlink) throw new Error("not a special file");
              Deno.exit(0);`,
-          );
-          const probe = await libraryWithin(home, user, { probeMs: 1000 }, 10_000);
-          console.log(
-            `${label}: liveness probe ${JSON.stringify(probe.report)}; ${
-              describeChild(probe.child)
-            }`,
-          );
-          assert.equal(probe.child.killed, false, `host reads hung: ${describeChild(probe.child)}`);
-          assert.ok(
-            (probe.report?.maxReadMs ?? Infinity) < READ_BOUND_MS,
-            `a host read took ${probe.report?.maxReadMs} ms`,
-          );
-          let ms: number;
-          if (via === "cli") {
-            const cli = await cliWithin(home, [
-              "exec",
-              "--user",
-              user,
-              "--",
-              "cat",
-              "/workspace/kept",
-            ]);
-            console.log(`${label}: waffle exec ${describeChild(cli)}`);
-            assert.equal(cli.killed, false, `waffle exec hung: ${describeChild(cli)}`);
-            assert.equal(cli.code, 0, describeChild(cli));
-            assert.equal(cli.stdout, "kept\n");
-            ms = cli.ms;
-          } else {
-            const lib = await libraryWithin(home, user, { run: "cat /workspace/kept" });
-            console.log(`${label}: library run() ${JSON.stringify(lib.report)}`);
-            assert.equal(lib.child.killed, false, `run() hung: ${describeChild(lib.child)}`);
-            assert.equal(lib.report?.ok, true, JSON.stringify(lib.report));
-            assert.equal(lib.report?.stdout, "kept\n");
-            ms = lib.report!.ms;
-          }
-          assert.ok(ms < HEAL_BOUND_MS, `the call that met the ${label} took ${fmt(ms)}`);
-          // Healed for the next call, workspace kept.
-          assert.equal(await runOk(sandbox, "cat /workspace/kept"), "kept\n");
+            );
+            if (planted === null) return;
+            const probe = await libraryWithin(home, user, { probeMs: 1000 }, 10_000);
+            console.log(
+              `${label}: liveness probe ${JSON.stringify(probe.report)}; ${
+                describeChild(probe.child)
+              }`,
+            );
+            assert.equal(
+              probe.child.killed,
+              false,
+              `host reads hung: ${describeChild(probe.child)}`,
+            );
+            assert.ok(
+              (probe.report?.maxReadMs ?? Infinity) < READ_BOUND_MS,
+              `a host read took ${probe.report?.maxReadMs} ms`,
+            );
+            let ms: number;
+            if (via === "cli") {
+              const cli = await cliWithin(home, [
+                "exec",
+                "--user",
+                user,
+                "--",
+                "cat",
+                "/workspace/kept",
+              ]);
+              console.log(`${label}: waffle exec ${describeChild(cli)}`);
+              assert.equal(cli.killed, false, `waffle exec hung: ${describeChild(cli)}`);
+              assert.equal(cli.code, 0, describeChild(cli));
+              assert.equal(cli.stdout, "kept\n");
+              ms = cli.ms;
+            } else {
+              const lib = await libraryWithin(home, user, { run: "cat /workspace/kept" });
+              console.log(`${label}: library run() ${JSON.stringify(lib.report)}`);
+              assert.equal(lib.child.killed, false, `run() hung: ${describeChild(lib.child)}`);
+              assert.equal(lib.report?.ok, true, JSON.stringify(lib.report));
+              assert.equal(lib.report?.stdout, "kept\n");
+              ms = lib.report!.ms;
+            }
+            assert.ok(ms < HEAL_BOUND_MS, `the call that met the ${label} took ${fmt(ms)}`);
+            // Healed for the next call, workspace kept.
+            assert.equal(await runOk(sandbox, "cat /workspace/kept"), "kept\n");
+          },
         });
       }
 
@@ -1004,10 +1076,14 @@ liveTest(
             "sleep 3; echo cli",
           ]);
           await delay(2000);
-          await attack(
-            container,
+          // (This process never waits on the user's queue as the runner, and
+          // its watcher never opens the bell anyway: inotify, IN_DONT_FOLLOW.)
+          await mount(
+            attacker,
+            home.open(user),
             `Deno.renameSync("/queue/outbound/outbound.bell", "/queue/outbound/outbound.bell.aside");
              await new Deno.Command("mkfifo", { args: ["/queue/outbound/outbound.bell"] }).output();`,
+            { containerId: container },
           );
           const [lib, cli] = await Promise.all([library, exec]);
           console.log(
@@ -1041,23 +1117,23 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 5. A check/open race: outbound.db swapped with a symlink and a FIFO.
 
-liveTest(
+bothWays(
   "hostile files 5: outbound.db swapped thousands of times with a symlink to a host file and a FIFO: no host read, no stall",
-  async (docker) => {
+  async (docker, attacker) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const user = uniqueUser("hf-race");
     const sandbox = home.open(user);
     await sandbox.ensure();
-    const container = containerOf(sandbox);
     await runOk(sandbox, "echo kept > /workspace/kept");
     const swapMs = 6000;
     const spy = new FileSpy([victim.path]);
     try {
       // renameat2(RENAME_EXCHANGE) keeps a name in place at every instant, so
       // the host meets each kind, never a missing file.
-      const swapper = attack(
-        container,
+      const swapper = mount(
+        attacker,
+        sandbox,
         `const libc = Deno.dlopen("libc.so.6", {
            renameat2: { parameters: ["i32", "buffer", "i32", "buffer", "u32"], result: "i32" },
          }).symbols;
@@ -1082,9 +1158,13 @@ liveTest(
          const info = Deno.lstatSync("/queue/outbound/outbound.db");
          console.log(JSON.stringify({ swaps, regularAtEnd: info.isFile }));`,
       );
+      if (attacker.kind === "command") {
+        assert.equal(await swapper, null);
+        return;
+      }
       await delay(1000); // the swapper's Deno is up and swapping
       const probe = await libraryWithin(home, user, { probeMs: swapMs - 2500 }, 20_000);
-      const swapped = JSON.parse(await swapper) as { swaps: number; regularAtEnd: boolean };
+      const swapped = JSON.parse((await swapper)!) as { swaps: number; regularAtEnd: boolean };
       console.log(
         `race: ${swapped.swaps} swaps; host probe ${JSON.stringify(probe.report)}; ${
           describeChild(probe.child)
@@ -1113,9 +1193,9 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 6. A replaced, truncated or pruned database: exactly once across damage.
 
-liveTest(
+bothWays(
   "hostile files 6: outbound.db truncated, overwritten or pruned after a command ran: it ran once, comes back interrupted, and the queue heals",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const user = uniqueUser("hf-damage");
@@ -1152,8 +1232,11 @@ liveTest(
         const before = await generationOf(sandbox);
         const id = await sandbox.submit({ shell: `echo ran >> /workspace/${marker}; echo out` });
         // The damage lands once the result is committed and before the host
-        // asked for it.
-        await attack(containerOf(sandbox), `${awaitResultScript(id)}\n${script}`);
+        // asked for it. A command cannot even wait for the result (EACCES):
+        // then the request's own result must come through.
+        const damaged = await mount(attacker, sandbox, `${awaitResultScript(id)}\n${script}`, {
+          victims: [victim],
+        });
         const took = await measured(() => sandbox.queue.collect(id, revive()));
         assert.equal(took.error, undefined, String(took.error));
         const { result, stdout } = took.value!;
@@ -1171,12 +1254,15 @@ liveTest(
         // Healed: the next call works, the command ran exactly once, the workspace is kept.
         assert.equal(await runOk(sandbox, `cat /workspace/${marker}`), "ran\n");
         assert.deepEqual(linesIn(sandbox, marker), ["ran"]);
-        if (i < 2) assert.notEqual(await generationOf(sandbox), before, "a fresh outbound");
+        if (damaged === null) {
+          assert.equal(result.exitCode, 0, `a command's refused damage: ${JSON.stringify(result)}`);
+          assert.equal(await generationOf(sandbox), before, "the outbound generation changed");
+        } else if (i < 2) assert.notEqual(await generationOf(sandbox), before, "a fresh outbound");
         victim.check();
       });
     }
 
-    await t.step("waffle exec: overwritten while the command runs", async () => {
+    await runnerStep(t, attacker, "waffle exec: overwritten while the command runs", async () => {
       const marker = "runs-cli";
       const exec = cliWithin(home, [
         "exec",
@@ -1188,7 +1274,7 @@ liveTest(
         `echo ran >> /workspace/${marker}; sleep 2; echo after`,
       ]);
       await waitForLine(sandbox, marker);
-      await attack(containerOf(sandbox), damages[1]!.script);
+      await mount(attacker, sandbox, damages[1]!.script);
       const cli = await exec;
       console.log(`damage during waffle exec: ${describeChild(cli)}`);
       assert.equal(cli.killed, false, describeChild(cli));
@@ -1201,9 +1287,24 @@ liveTest(
       assert.deepEqual(linesIn(sandbox, marker), ["ran"]);
     });
 
-    await t.step(
-      "damaged with outbound/ stuffed with files: healing does not stall the host's event loop",
-      async () => {
+    // The runner's variant: its reset renames the spare outbound/ into place,
+    // which needs no inode on a volume whose every inode is taken.
+    await t.step({
+      name:
+        "every inode of the volume used (a command: from /workspace; the runner: in outbound/, then damaged): the sandbox serves, healing does not stall the host's event loop",
+      fn: async () => {
+        if (attacker.kind === "command") {
+          // A command can fill the volume it shares with outbound/, not reach outbound/.
+          const filled = await attacker.deno(sandbox, fillInodesScript("/workspace/junk"));
+          assert.equal(filled.code, 0, filled.stdout + filled.stderr);
+          const files = Number(filled.stdout.trim());
+          console.log(`a command used up the volume's inodes from /workspace: ${files} files`);
+          assert.ok(files > 10_000, `only ${files} files`);
+          const damage = `Deno.truncateSync("/queue/outbound/outbound.db", 0);`;
+          assert.equal(await mount(attacker, sandbox, damage, { victims: [victim] }), null);
+          assert.equal(await runOk(sandbox, "rm -rf /workspace/junk; echo freed"), "freed\n");
+          return;
+        }
         const id = await sandbox.submit({ shell: "sleep 60", timeoutMs: 90_000 });
         await waitFor(() => sandbox.queue.state(id).state === "started", {
           timeoutMs: 20_000,
@@ -1212,17 +1313,11 @@ liveTest(
         // Every inode of the volume, as empty files the host removes when it
         // sets the damaged directory aside.
         const files = Number(
-          await attack(
-            containerOf(sandbox),
-            `Deno.mkdirSync("/queue/outbound/junk");
-             let files = 0;
-             try {
-               while (true) Deno.writeFileSync("/queue/outbound/junk/" + files++, new Uint8Array());
-             } catch {
-               files--;
-             }
-             Deno.truncateSync("/queue/outbound/outbound.db", 0);
-             console.log(files);`,
+          await mount(
+            attacker,
+            sandbox,
+            `${fillInodesScript("/queue/outbound/junk")}
+             Deno.truncateSync("/queue/outbound/outbound.db", 0);`,
           ),
         );
         let maxLag = 0;
@@ -1248,7 +1343,7 @@ liveTest(
         assert.ok(maxLag < READ_BOUND_MS, `the host's event loop stalled for ${fmt(maxLag)}`);
         assert.equal(await runOk(sandbox, "echo healed"), "healed\n");
       },
-    );
+    });
     victim.check();
   },
 );
@@ -1256,9 +1351,9 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 7. A hostile schema.
 
-liveTest(
+bothWays(
   "hostile files 7: a hostile schema (endless views, triggers, expression indexes, view-named tables, versions) is refused in bounded time without running its SQL",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const sandbox = home.open(uniqueUser("hf-schema"));
@@ -1287,29 +1382,29 @@ liveTest(
         sql: "CREATE INDEX expr ON chunks(length(data) * 2 + seq);",
       },
       {
-        label: "heartbeat replaced by a view named like the table",
+        // (The heartbeat left outbound.db in schema version 4: a view under its old name.)
+        label: "a view named like a table (heartbeat) added",
         sql:
-          `DROP TABLE heartbeat; CREATE VIEW heartbeat(id, runner_id, boot_id, seq, time, state, idle_since) AS ${endless} SELECT 1, 'r', 'b', x, x, 'running', NULL FROM c;`,
+          `CREATE VIEW heartbeat(id, runner_id, boot_id, seq, time, state, idle_since) AS ${endless} SELECT 1, 'r', 'b', x, x, 'running', NULL FROM c;`,
       },
       { label: "user_version changed", sql: "PRAGMA user_version = 99;" },
     ];
     for (const { label, sql } of schemas) {
       await t.step(label, async () => {
+        const forge = label.includes("forged");
+        const script = `import { DatabaseSync } from "node:sqlite";
+           const db = new DatabaseSync("/queue/outbound/outbound.db", { timeout: 20000 });
+           const cookie = Number(Object.values(db.prepare("PRAGMA schema_version").get()!)[0]);
+           db.exec(${JSON.stringify(sql)});
+           ${forge ? `db.exec("PRAGMA schema_version = " + cookie);` : ""}
+           db.close();`;
+        if (await refusedAsCommand(attacker, sandbox, script, { victims: [victim] })) return;
         const id = await sandbox.submit({ shell: "sleep 60", timeoutMs: 90_000 });
         await waitFor(() => sandbox.queue.state(id).state === "started", {
           timeoutMs: 20_000,
           what: "the request to start",
         });
-        const forge = label.includes("forged");
-        await attack(
-          containerOf(sandbox),
-          `import { DatabaseSync } from "node:sqlite";
-           const db = new DatabaseSync("/queue/outbound/outbound.db", { timeout: 20000 });
-           const cookie = Number(Object.values(db.prepare("PRAGMA schema_version").get()!)[0]);
-           db.exec(${JSON.stringify(sql)});
-           ${forge ? `db.exec("PRAGMA schema_version = " + cookie);` : ""}
-           db.close();`,
-        );
+        await mount(attacker, sandbox, script);
         const read = await measured(() => sandbox.queue.liveness());
         console.log(
           `schema '${label}': liveness ${read.value?.state} in ${read.ms.toFixed(1)} ms wall, ${
@@ -1340,9 +1435,9 @@ liveTest(
 // ---------------------------------------------------------------------------
 // 8. A gigantic value.
 
-liveTest(
+bothWays(
   "hostile files 8: ~1 GiB result bodies and text chunks (and a 120 MiB body under the file cap) are refused without being loaded",
-  async (docker, t) => {
+  async (docker, attacker, t) => {
     await using home = await hostileHome(docker, {
       quotaBytes: 2 * 1024 ** 3,
       // The attacker materialises its 1 GB text in the container.
@@ -1370,27 +1465,29 @@ liveTest(
       },
     ];
     for (const { label, sql, bytes } of values) {
+      const script = (id: string): string =>
+        `${OUTBOUND_SQL}
+         import { DatabaseSync as Db } from "node:sqlite";
+         // The largest value this SQLite builds (its SQLITE_MAX_LENGTH), up to 1 GiB.
+         // (less a little: the whole record must fit in that limit).
+         const max = ${
+          bytes ?? 0
+        } || Math.min(1024 ** 3, (new Db(":memory:") as unknown as { limits: { length: number } }).limits.length) - 1024;
+         sqlite(${JSON.stringify(sql)}, ${JSON.stringify(id)}, max);
+         console.log(JSON.stringify({ max, file: Deno.statSync("/queue/outbound/outbound.db").size }));`;
       await t.step(label, async () => {
+        // A command cannot open the file to write the value (nor name a request of its own).
+        const refused = await refusedAsCommand(attacker, sandbox, script("no-such-request"), {
+          victims: [victim],
+        });
+        if (refused) return;
         const id = await sandbox.submit({ shell: "sleep 120", timeoutMs: 180_000 });
         try {
           await waitFor(() => sandbox.queue.state(id).state === "started", {
             timeoutMs: 20_000,
             what: "the request to start",
           });
-          const written = await measured(() =>
-            attack(
-              containerOf(sandbox),
-              `${OUTBOUND_SQL}
-             import { DatabaseSync as Db } from "node:sqlite";
-             // The largest value this SQLite builds (its SQLITE_MAX_LENGTH), up to 1 GiB.
-             // (less a little: the whole record must fit in that limit).
-             const max = ${
-                bytes ?? 0
-              } || Math.min(1024 ** 3, (new Db(":memory:") as unknown as { limits: { length: number } }).limits.length) - 1024;
-             sqlite(${JSON.stringify(sql)}, ${JSON.stringify(id)}, max);
-             console.log(JSON.stringify({ max, file: Deno.statSync("/queue/outbound/outbound.db").size }));`,
-            )
-          );
+          const written = await measured(() => mount(attacker, sandbox, script(id)));
           assert.equal(written.error, undefined, String(written.error));
           const { max, file } = JSON.parse(written.value!) as { max: number; file: number };
           assert.ok(max >= (bytes ?? 900 * MiB), `only a ${max}-byte value`);
@@ -1431,80 +1528,194 @@ liveTest(
 );
 
 // ---------------------------------------------------------------------------
-// 9. Commands cannot reach the queue or the runner.
+// 9. Reaching into the queue and signalling the runner.
 
-liveTest(
-  "hostile files 9: a command cannot read, lock, write or create anything under /queue, nor signal the runner; the sandbox keeps serving",
-  async (docker) => {
+/**
+ * One attempt on the queue or the runner: the shell that makes it, and what
+ * each attacker gets (a pattern its output must match, `rc` its exit status).
+ */
+interface ReachProbe {
+  name: string;
+  shell: string;
+  command: { rc: "fails"; says: RegExp };
+  runner: { rc: "fails"; says: RegExp } | { rc: 0 };
+}
+
+const EACCES = /Permission denied/;
+const EPERM = /Operation not permitted/;
+const EROFS = /Read-only file system/;
+
+/**
+ * The attempts, in order. The runner's last two stop and kill itself: the
+ * container (and this script) ends there, so they come last.
+ */
+function reachProbes(victim: string): ReachProbe[] {
+  // A fresh Deno cache: a command's attempt must fail at the queue, not at the cache.
+  const deno = "DENO_DIR=/tmp/hf-reach-deno /opt/waffle/deno eval --quiet";
+  return [
+    { name: "list-inbound", shell: "ls /queue/inbound" },
+    { name: "read-inbound", shell: "cat /queue/inbound/inbound.db > /dev/null" },
+    { name: "read-bell", shell: "cat /queue/inbound/inbound.bell > /dev/null" },
+    { name: "create-inbound", shell: "touch /queue/inbound/new", runner: EROFS },
+    { name: "write-inbound", shell: "echo x >> /queue/inbound/inbound.db", runner: EROFS },
+    { name: "list-outbound", shell: "ls /queue/outbound" },
+    { name: "read-outbound", shell: "cat /queue/outbound/outbound.db > /dev/null" },
+    { name: "create-outbound", shell: "touch /queue/outbound/new" },
+    {
+      name: "symlink-outbound",
+      shell: `ln -sf ${victim} /queue/outbound/outbound.db-journal`,
+    },
+    {
+      name: "fifo-outbound",
+      shell: "rm -f /queue/outbound/outbound.bell && mkfifo /queue/outbound/outbound.bell",
+    },
+    {
+      name: "chmod-queue",
+      shell: "chmod 777 /queue/outbound /queue/inbound",
+      command: EPERM,
+      runner: EROFS,
+    },
+    {
+      name: "sqlite-lock",
+      // Prints what each open and lock gave; exits 0 only if every one worked.
+      shell: `${deno} 'import { DatabaseSync } from "node:sqlite";
+          let failed = 0;
+          for (const p of ["/queue/inbound/inbound.db", "/queue/outbound/outbound.db"]) {
+            try { const f = Deno.openSync(p); f.lockSync(true); console.log("LOCKED " + p); } catch (e) { failed++; console.log(String(e)); }
+            try { new DatabaseSync(p, { readOnly: true }).exec("SELECT 1"); console.log("OPENED " + p); } catch (e) { failed++; console.log(String(e)); }
+          }
+          Deno.exit(failed === 0 ? 0 : 3);'`,
+    },
+    // Last of the file attempts: it destroys the database the lock attempt opens.
+    { name: "write-outbound", shell: "echo x > /queue/outbound/outbound.db" },
+    { name: "stop-init", shell: "kill -STOP 1", command: EPERM },
+    { name: "stop-runner", shell: `kill -STOP "$runner"`, command: EPERM },
+    { name: "kill-runner", shell: `kill -KILL "$runner"`, command: EPERM },
+  ].map((probe) => ({
+    name: probe.name,
+    shell: probe.shell,
+    command: { rc: "fails", says: probe.command ?? EACCES },
+    runner: probe.runner === undefined ? { rc: 0 } : { rc: "fails", says: probe.runner },
+  }));
+}
+
+/** The attempts as one shell script: one line `NAME rc=N OUTPUT` per attempt. */
+function reachScript(probes: ReachProbe[]): string {
+  return [
+    // The runner is the Deno process started by docker-init (pid 1).
+    `runner=$(for p in /proc/[0-9]*; do case "$(tr '\\000' ' ' < $p/cmdline 2>/dev/null)" in "/opt/waffle/"*" runner --queue "*) echo \${p#/proc/};; esac; done | head -n1)`,
+    `echo "runner pid $runner"`,
+    "set -f",
+    ...probes.map(({ name, shell }) =>
+      `out=$( { ${shell} ; } 2>&1 ); rc=$?; echo "${name} rc=$rc" $out`
+    ),
+  ].join("\n");
+}
+
+bothWays(
+  "hostile files 9: reaching into /queue and signalling the runner: a command is refused every attempt and the same runner keeps serving; the runner makes them (it owns the queue) and the host heals with the workspace kept",
+  async (docker, attacker) => {
     await using home = await hostileHome(docker);
     await using victim = await victimFile();
     const sandbox = home.open(uniqueUser("hf-reach"));
     await sandbox.ensure();
+    await runOk(sandbox, "echo kept > /workspace/kept");
     const container = containerOf(sandbox);
     const beat = sandbox.queue.heartbeat();
-    // One line per attempt: its name, exit status and output.
-    const probe = (name: string, command: string): string =>
-      `out=$( { ${command} ; } 2>&1 ); rc=$?; echo "${name} rc=$rc" $out`;
-    const script = [
-      // The runner is the Deno process started by docker-init (pid 1).
-      `runner=$(for p in /proc/[0-9]*; do case "$(tr '\\000' ' ' < $p/cmdline 2>/dev/null)" in "/opt/waffle/"*" runner --queue "*) echo \${p#/proc/};; esac; done | head -n1)`,
-      `echo "runner pid $runner"`,
-      "set -f",
-      probe("list-inbound", "ls /queue/inbound"),
-      probe("read-inbound", "cat /queue/inbound/inbound.db > /dev/null"),
-      probe("read-bell", "cat /queue/inbound/inbound.bell"),
-      probe("create-inbound", "touch /queue/inbound/new"),
-      probe("write-inbound", "echo x >> /queue/inbound/inbound.db"),
-      probe("list-outbound", "ls /queue/outbound"),
-      probe("read-outbound", "cat /queue/outbound/outbound.db > /dev/null"),
-      probe("write-outbound", "echo x >> /queue/outbound/outbound.db"),
-      probe("create-outbound", "touch /queue/outbound/new"),
-      probe("symlink-outbound", "ln -s /etc/passwd /queue/outbound/outbound.db-journal"),
-      probe("fifo-outbound", "mkfifo /queue/outbound/outbound.db-journal"),
-      probe("chmod-queue", "chmod 777 /queue/outbound /queue/inbound"),
-      probe("stop-runner", `kill -STOP "$runner"`),
-      probe("kill-runner", `kill -KILL "$runner"`),
-      probe("stop-init", "kill -STOP 1"),
-      probe(
-        "sqlite-lock",
-        `/opt/waffle/deno eval --quiet 'import { DatabaseSync } from "node:sqlite";
-          for (const p of ["/queue/inbound/inbound.db", "/queue/outbound/outbound.db"]) {
-            try { const f = Deno.openSync(p); f.lockSync(true); console.log("LOCKED " + p); } catch (e) { console.log(String(e)); }
-            try { const d = new DatabaseSync(p, { readOnly: true }); d.exec("BEGIN IMMEDIATE"); console.log("OPENED " + p); } catch (e) { console.log(String(e)); }
+    const probes = reachProbes(victim.path);
+    const script = reachScript(probes);
+    const spy = new FileSpy([victim.path]);
+    try {
+      // A command's attempts are a real request; the runner's, docker exec -u 0.
+      const ran = attacker.kind === "command"
+        ? await run(sandbox, { shell: script, timeoutMs: 60_000 })
+        : { ...await attacker.sh(sandbox, script), result: undefined };
+      console.log(`attempts as ${attacker.label}:\n${ran.stdout}${ran.stderr}`);
+      const lines = ran.stdout.trim().split("\n");
+      assert.match(lines[0] ?? "", /^runner pid \d+$/, "the attacker found the runner's pid");
+      const problems: string[] = [];
+      for (const { name, command, runner } of probes) {
+        const line = lines.find((l) => l.startsWith(`${name} rc=`));
+        const expected = attacker.kind === "command" ? command : runner;
+        if (line === undefined) {
+          // The runner's kill ends its container, and the script with it.
+          if (!(attacker.kind === "runner" && name === "kill-runner")) {
+            problems.push(`${name}: no outcome`);
           }
-          Deno.exit(3);'`,
-      ),
-    ].join("\n");
-    const ran = await run(sandbox, { shell: script, timeoutMs: 60_000 });
-    const lines = ran.stdout.trim().split("\n");
-    console.log(`command attempts:\n${ran.stdout}${ran.stderr}`);
-    const runnerLine = lines.find((l) => l.startsWith("runner pid "));
-    assert.match(runnerLine ?? "", /^runner pid \d+$/, "the command found the runner's pid");
-    const attempts = lines.filter((l) => / rc=\d+/.test(l) && !l.startsWith("runner pid"));
-    assert.equal(
-      attempts.length,
-      script.split("\n").filter((l) => l.startsWith("out=")).length,
-      ran.stdout,
-    );
-    for (const line of attempts) {
-      assert.doesNotMatch(line, / rc=0\b/, `an attempt succeeded: ${line}`);
-      assert.match(
-        line,
-        /Permission denied|Operation not permitted|Read-only file system|PermissionDenied|unable to open/,
-        line,
-      );
-      assert.doesNotMatch(line, /LOCKED|OPENED/, line);
+        } else if (expected.rc === 0) {
+          if (!/ rc=0\b/.test(line)) problems.push(`${name} failed: ${line}`);
+        } else if (/ rc=0\b/.test(line) || !expected.says.test(line)) {
+          problems.push(`${name}: expected a failure matching ${expected.says}: ${line}`);
+        }
+      }
+      assert.deepEqual(problems, [], `as ${attacker.label}`);
+      if (attacker.kind === "command") {
+        // Still the same runner, serving, heartbeat moving.
+        const after = await measured(() => runOk(sandbox, "echo still-serving"));
+        assert.equal(after.value, "still-serving\n", String(after.error));
+        assert.ok(after.ms < 5000, `the next call took ${fmt(after.ms)}`);
+        await waitFor(() => sandbox.queue.heartbeat()?.seq !== beat?.seq, {
+          timeoutMs: 10_000,
+          what: "the heartbeat to move",
+        });
+        assert.equal(sandbox.queue.heartbeat()?.bootId, beat?.bootId, "the runner was restarted");
+      } else {
+        // The runner wrecked its queue and killed itself: the next call heals,
+        // the workspace kept, and the host never followed the link to the victim.
+        const took = await measured(() => runOk(sandbox, "cat /workspace/kept"));
+        console.log(
+          `after the runner's attempts: run() ${fmt(took.ms)}, outbound now ${
+            JSON.stringify(outboundEntries(sandbox))
+          }`,
+        );
+        assert.equal(took.value, "kept\n", String(took.error));
+        assert.ok(took.ms < HEAL_BOUND_MS, `the healing call took ${fmt(took.ms)}`);
+        assert.notEqual(sandbox.queue.heartbeat()?.bootId, beat?.bootId, "a new runner serves");
+      }
+      assert.equal(sandbox.lastEnsure?.containerId, container);
+    } finally {
+      assertUntouched([victim], spy, `attempts as ${attacker.label}`);
+      spy.close();
     }
-    // Still the same runner, serving, heartbeat moving.
-    const after = await measured(() => runOk(sandbox, "echo still-serving"));
-    assert.equal(after.value, "still-serving\n", String(after.error));
-    assert.ok(after.ms < 5000, `the next call took ${fmt(after.ms)}`);
-    await waitFor(() => sandbox.queue.heartbeat()?.seq !== beat?.seq, {
-      timeoutMs: 10_000,
-      what: "the heartbeat to move",
-    });
-    assert.equal(sandbox.queue.heartbeat()?.bootId, beat?.bootId, "the runner was restarted");
-    assert.equal(sandbox.lastEnsure?.containerId, container);
+  },
+);
+
+// ---------------------------------------------------------------------------
+// 10. Every inode of the volume held for longer than the stale limit.
+
+bothWays(
+  "hostile files 10: every inode of the volume held past the stale limit (a command: from /workspace; the runner: in outbound/): the next call succeeds with the workspace kept",
+  async (docker, attacker) => {
+    await using home = await hostileHome(docker);
+    await using victim = await victimFile();
+    const sandbox = home.open(uniqueUser("hf-inodes"));
+    await sandbox.ensure();
+    await runOk(sandbox, "echo kept > /workspace/kept");
+    // A command fills the volume it shares with outbound/ (there is no inode
+    // reserve for root); the runner fills its own directory, damaging nothing.
+    const dir = attacker.kind === "runner" ? "/queue/outbound/junk" : "/workspace/junk";
+    const filled = await attacker.deno(sandbox, fillInodesScript(dir));
+    assert.equal(filled.code, 0, filled.stdout + filled.stderr);
+    const files = Number(filled.stdout.trim());
+    assert.ok(files > 10_000, `only ${files} files`);
+    // Longer than the host waits for a beat: whatever needs a new inode to
+    // beat or to heal has had to do without.
+    await delay(STALE_AFTER_MS + 2000);
+    const took = await measured(() => run(sandbox, "cat /workspace/kept"));
+    console.log(
+      `${files} inodes held by ${attacker.label} in ${dir} for ${
+        fmt(STALE_AFTER_MS + 2000)
+      }: run() ${fmt(took.ms)}: ${
+        took.error === undefined ? JSON.stringify(took.value?.result) : String(took.error)
+      }; outbound now ${JSON.stringify(outboundEntries(sandbox))}`,
+    );
+    assert.equal(took.error, undefined, String(took.error));
+    assert.equal(took.value?.stdout, "kept\n", JSON.stringify(took.value?.result));
+    assert.ok(took.ms < HEAL_BOUND_MS, `run() took ${fmt(took.ms)}`);
+    if (attacker.kind === "command") {
+      assert.equal(await runOk(sandbox, "rm -rf /workspace/junk; echo freed"), "freed\n");
+    }
+    assert.equal(await runOk(sandbox, "cat /workspace/kept"), "kept\n");
     victim.check();
   },
 );

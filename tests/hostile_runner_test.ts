@@ -5,10 +5,13 @@
  * isolation (another user's round trip in the same host process), the disk
  * quota, and a host that is not root.
  *
- * The attacker is either a command (uid 10001, through a request or
- * `asCommand`) or a compromised runner (the container's uid 0, through
- * `asRunner`/`spawnAsRunner`). Victims are outside the container: the host
- * process (bounded times), other users (their round trip), the host's disk.
+ * Each attack is registered twice ({@linkcode bothWays}): as a command (uid
+ * 10001, through a request or a process it left behind) and as a compromised
+ * runner (the container's uid 0 with the runner's capabilities, through
+ * `docker exec -u 0`). Where a command cannot mount the attack at all, its
+ * variant asserts the exact refusal and an unharmed host. Victims are outside
+ * the container: the host process (bounded times), other users (their round
+ * trip), the host's disk.
  *
  * Timings are asserted only as generous bounds that express a property
  * ("recovers within 25 s", "B's p50 within 2x of its own baseline"); every
@@ -18,6 +21,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { libc } from "../lib/libc.ts";
 import { ensureContainer, type Ensured } from "../lib/lifecycle/ensure.ts";
@@ -25,10 +29,18 @@ import { withLock } from "../lib/lifecycle/lock.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
-import { LOCK_WAIT_MS, type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/queue.ts";
+import { LOCK_WAIT_MS } from "../lib/queue/queue.ts";
+import { type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { alive, runCliProcess, waitFor } from "./_helpers.ts";
-import { asCommand, asRunner, containerOf, runnerPid, spawnAsRunner } from "./_hostile_helpers.ts";
+import {
+  type Attacker,
+  bothWays,
+  containerOf,
+  mount,
+  mountInBackground,
+  runnerPid,
+} from "./_hostile_helpers.ts";
 import {
   dockerCli,
   type HomeConfig,
@@ -208,25 +220,65 @@ console.log("locked");
 setTimeout(() => Deno.exit(0), 90_000);
 `;
 
-/** Replaces the heartbeat table with a view over an endless recursive CTE. */
+/** Replaces the results table (what every wait reads) with a view over an endless recursive CTE. */
 const ENDLESS_VIEW_SCRIPT = `
 import { DatabaseSync } from "node:sqlite";
 const db = new DatabaseSync("/queue/outbound/outbound.db");
 db.exec("PRAGMA busy_timeout = 10000");
 db.exec(\`BEGIN IMMEDIATE;
-DROP TABLE heartbeat;
-CREATE VIEW heartbeat AS
+DROP TABLE results;
+CREATE VIEW results(request_id, body, created_at) AS
   WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)
-  SELECT 1 AS id, 'forged' AS runner_id, 'forged' AS boot_id, n AS seq, n AS time,
-         'running' AS state, NULL AS idle_since FROM r;
+  SELECT 'forged', '{}', n FROM r;
 COMMIT;\`);
-console.log(JSON.stringify(db.prepare("SELECT type FROM sqlite_schema WHERE name = 'heartbeat'").get()));
+console.log(JSON.stringify(db.prepare("SELECT type FROM sqlite_schema WHERE name = 'results'").get()));
 `;
+
+/** Replaces outbound.db (and its journal) with a FIFO. */
+const FIFO_SCRIPT = `
+for (const name of ["outbound.db", "outbound.db-journal"]) {
+  try {
+    Deno.removeSync("/queue/outbound/" + name);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+}
+const made = await new Deno.Command("mkfifo", { args: ["-m", "600", "/queue/outbound/outbound.db"] }).output();
+if (!made.success) throw new Error(new TextDecoder().decode(made.stderr));
+`;
+
+/**
+ * Whether the sandbox's outbound.db still holds the endless view, read from
+ * a copy (the test, like the host, never lets SQLite open the sandbox's file).
+ */
+function viewInPlace(a: Sandbox): boolean {
+  const copy = Deno.makeTempFileSync({ prefix: "waffle-view-" });
+  try {
+    Deno.writeFileSync(copy, Deno.readFileSync(join(a.paths.outbound, "outbound.db")));
+    const db = new DatabaseSync(copy, { readOnly: true });
+    try {
+      const row = db.prepare("SELECT type FROM sqlite_schema WHERE name = 'results'").get();
+      return row?.type === "view";
+    } finally {
+      db.close();
+    }
+  } catch {
+    return false;
+  } finally {
+    Deno.removeSync(copy);
+  }
+}
 
 interface Attack {
   name: string;
-  /** Puts the attack in place on A; returns what undoes the test's side of it. */
-  mount(a: Sandbox): Promise<{ inPlace(): boolean; release(): Promise<void> }>;
+  /**
+   * Puts the attack in place on A; returns what undoes the test's side of it,
+   * or null when `attacker` (a command) was refused.
+   */
+  mount(
+    attacker: Attacker,
+    a: Sandbox,
+  ): Promise<{ inPlace(): boolean; release(): Promise<void> } | null>;
   /** Run the fleet CLI while this attack is in place. */
   fleetCli?: boolean;
 }
@@ -235,8 +287,9 @@ const ATTACKS: Attack[] = [
   {
     name: "EXCLUSIVE lock on outbound.db",
     fleetCli: true,
-    mount: async (a) => {
-      const holder = await spawnAsRunner(containerOf(a), LOCK_SCRIPT, "locked");
+    mount: async (attacker, a) => {
+      const holder = await mountInBackground(attacker, a, LOCK_SCRIPT, "locked");
+      if (holder === null) return null;
       return {
         inPlace: () => !holder.exited,
         release: async () => void (await holder.stop()),
@@ -245,18 +298,8 @@ const ATTACKS: Attack[] = [
   },
   {
     name: "outbound.db replaced by a FIFO",
-    mount: async (a) => {
-      const out = await dockerCli([
-        "exec",
-        "-u",
-        "0",
-        containerOf(a),
-        "sh",
-        "-c",
-        "rm -f /queue/outbound/outbound.db /queue/outbound/outbound.db-journal && " +
-        "mkfifo -m 600 /queue/outbound/outbound.db",
-      ]);
-      assert.equal(out.code, 0, `mkfifo as the runner failed: ${out.stderr}`);
+    mount: async (attacker, a) => {
+      if (await mount(attacker, a, FIFO_SCRIPT) === null) return null;
       const fifo = join(a.paths.outbound, "outbound.db");
       assert.ok(Deno.lstatSync(fifo).isFifo, "outbound.db is a FIFO now");
       return {
@@ -272,13 +315,13 @@ const ATTACKS: Attack[] = [
     },
   },
   {
-    name: "heartbeat = endless recursive view",
-    mount: async (a) => {
-      const out = await asRunner(containerOf(a), ENDLESS_VIEW_SCRIPT);
-      assert.equal(out.code, 0, `the view could not be planted: ${out.stderr}`);
-      assert.match(out.stdout, /"type":"view"/);
+    name: "results = endless recursive view",
+    mount: async (attacker, a) => {
+      const out = await mount(attacker, a, ENDLESS_VIEW_SCRIPT);
+      if (out === null) return null;
+      assert.match(out, /"type":"view"/);
       return {
-        inPlace: () => a.queue.liveness().state === "damaged",
+        inPlace: () => viewInPlace(a),
         release: () => Promise.resolve(),
       };
     },
@@ -331,9 +374,9 @@ async function fleetUnderAttack(
   return failures;
 }
 
-liveTest(
+bothWays(
   "1. one user cannot slow another: B's round trip while A's sandbox locks, FIFOs and poisons its queue",
-  async (docker) => {
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const a = home.open(uniqueUser("slow-a"));
     const b = home.open(uniqueUser("slow-b"));
@@ -344,6 +387,11 @@ liveTest(
     const rows: string[][] = [];
     const failures: string[] = [];
     for (const attack of ATTACKS) {
+      if (attacker.kind === "command") {
+        // Refused (EACCES) before anything is in place: A and B unharmed.
+        assert.equal(await attack.mount(attacker, a), null, attack.name);
+        continue;
+      }
       // B's baseline just before each attack: the machine's load drifts (other
       // suites may run on it), and the ratio is about A's attack alone.
       const baseline = await roundTrips(b);
@@ -352,7 +400,7 @@ liveTest(
           fmt(baseline.max)
         } (n=${baseline.n})`,
       );
-      const mounted = await attack.mount(a);
+      const mounted = (await attack.mount(attacker, a))!;
       // The fleet CLI first: nothing revives A before A's own call notices the attack.
       if (attack.fleetCli) failures.push(...await fleetUnderAttack(home, attack, mounted));
       const aCall = timedCall(a, "echo a-call");
@@ -492,9 +540,9 @@ liveTest(
   },
 );
 
-liveTest(
-  "2b. a command cannot kill or stop the runner (EPERM) and the sandbox keeps serving",
-  async (docker) => {
+bothWays(
+  "2b. signalling the runner: a command cannot kill or stop it (EPERM) and the same runner keeps serving; the runner can, and the host calls it dead, restarts it and keeps the workspace",
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const a = home.open(uniqueUser("kill-runner"));
     await runOk(a, "true");
@@ -502,11 +550,12 @@ liveTest(
     const pidBefore = await runnerPid(container);
     const startedBefore = await startedAt(docker, container);
     const bootBefore = a.queue.heartbeat()?.bootId;
+    if (attacker.kind === "runner") return await runnerSignalsItself(attacker, a, bootBefore);
 
     for (
       const [how, attempt] of [
         ["a request", () => run(a, SIGNAL_RUNNER)],
-        ["a leftover process (asCommand)", () => asCommand(container, SIGNAL_RUNNER)],
+        ["a leftover process", () => attacker.sh(a, SIGNAL_RUNNER)],
       ] as const
     ) {
       const out = await attempt();
@@ -552,63 +601,110 @@ liveTest(
   },
 );
 
-/** Rewrites the heartbeat's time a year ahead, same boot id and seq, until killed (at most 60 s). */
-const FUTURE_HEARTBEAT_SCRIPT = `
-import { DatabaseSync } from "node:sqlite";
-const db = new DatabaseSync("/queue/outbound/outbound.db");
-db.exec("PRAGMA busy_timeout = 1000");
-const YEAR = 365 * 24 * 3600 * 1000;
-const forge = db.prepare("UPDATE heartbeat SET time = ? WHERE id = 1");
-let ready = false;
-const until = Date.now() + 60_000;
-while (Date.now() < until) {
-  try {
-    forge.run(Date.now() + YEAR);
-    if (!ready) console.log("forging");
-    ready = true;
-  } catch (error) {
-    console.error(String(error));
-  }
-  await new Promise((resolve) => setTimeout(resolve, 200));
+/**
+ * The runner's uid stops the runner while a command runs, then kills it: the
+ * host calls it dead by its own clock (the wait returns interrupted), starts
+ * a new runner, and the next call runs with the workspace kept. A command
+ * cannot do either (the other variant).
+ */
+async function runnerSignalsItself(
+  attacker: Attacker,
+  a: Sandbox,
+  bootBefore: string | undefined,
+): Promise<void> {
+  await runOk(a, "echo kept > /workspace/kept");
+  const id = await a.submit({ shell: "echo started > /workspace/started; sleep 1000" });
+  await waitFor(() => {
+    try {
+      return Deno.readTextFileSync(join(a.paths.workspace, "started")) === "started\n";
+    } catch {
+      return false;
+    }
+  }, { timeoutMs: 20_000, what: "the command to start" });
+  const stop = await attacker.sh(a, `${FIND_RUNNER}\nkill -STOP "$runner"; echo "stop=$?"`);
+  assert.equal(
+    field(stop.stdout, "stop"),
+    "0",
+    `the runner's uid stops the runner: ${stop.stderr}`,
+  );
+  const stoppedAt = performance.now();
+  const { result } = await a.queue.collect(id, { revive: (trouble) => a.ensure(trouble) });
+  const ms = performance.now() - stoppedAt;
+  await a.queue.ack(id);
+  const bootAfterStop = a.queue.heartbeat()?.bootId;
+  log(`runner stopped by its own uid: wait returned '${outcomeOf(result)}' after ${fmt(ms)}`);
+  assert.equal(result.interrupted, true, JSON.stringify(result));
+  assert.ok(ms < STALE_BOUND_MS, `the host took ${fmt(ms)} to call the runner dead`);
+  assert.ok(bootAfterStop !== undefined && bootAfterStop !== bootBefore, "a new runner beats");
+
+  // Killed outright: docker-init, and the container, end with it.
+  const kill = await attacker.sh(a, `${FIND_RUNNER}\nkill -KILL "$runner"; echo "kill=$?"`);
+  assert.match(kill.stdout, /^runner=\d+$/m, kill.stdout);
+  const started = performance.now();
+  const after = await timedCall(a, "cat /workspace/kept");
+  log(
+    `runner killed by its own uid (exec exit ${kill.code}): the next call ${after.outcome} ` +
+      `after ${fmt(performance.now() - started)}`,
+  );
+  assert.equal(after.stdout, "kept\n", after.outcome);
+  assert.ok(after.ms < CALL_BOUND_MS, `the next call took ${fmt(after.ms)}`);
+  assert.notEqual(a.queue.heartbeat()?.bootId, bootAfterStop, "a new runner after the kill");
 }
+
+/**
+ * Replaces the heartbeat file (as the runner does, written aside and renamed
+ * over) with the last beat, same boot id and seq, its time a year ahead.
+ */
+const FUTURE_HEARTBEAT_SCRIPT = `
+const path = "/queue/outbound/heartbeat.json";
+const beat = JSON.parse(Deno.readTextFileSync(path));
+beat.time = Date.now() + 365 * 24 * 3600 * 1000;
+Deno.writeTextFileSync(path + ".forged", JSON.stringify(beat));
+Deno.renameSync(path + ".forged", path);
+console.log(JSON.stringify(beat));
 `;
 
-/** A command's attempt to forge a changing heartbeat with a real SQLite client. */
+/** A command's attempt to forge a heartbeat: the file, the database, a real SQLite client. */
 const COMMAND_FORGE_SCRIPT = `
 ls /queue/outbound > /dev/null; echo "ls=$?"
+(echo '{"runnerId":"forged","bootId":"forged","seq":1,"time":1,"state":"running"}' > /queue/outbound/heartbeat.json); echo "beat=$?"
 (echo forged >> /queue/outbound/outbound.db); echo "append=$?"
-DENO_DIR=/workspace/.deno /opt/waffle/deno eval '
+DENO_DIR=/tmp/forge-deno /opt/waffle/deno eval '
 import { DatabaseSync } from "node:sqlite";
 try {
   const db = new DatabaseSync("/queue/outbound/outbound.db");
-  db.exec("UPDATE heartbeat SET seq = seq + 1, time = time + 1");
+  db.exec("UPDATE meta SET max_started_seq = max_started_seq + 1");
   console.log("sqlite=FORGED");
 } catch (error) {
   console.log("sqlite=denied: " + (error instanceof Error ? error.message : String(error)));
 }'`;
 
-liveTest(
-  "2c. a heartbeat from the future does not keep a stopped runner alive; a command cannot write one at all",
-  async (docker) => {
+bothWays(
+  "2c. a heartbeat from the future: a command cannot write one at all; the runner's does not keep a stopped runner alive",
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const a = home.open(uniqueUser("future"));
     await runOk(a, "true");
-    const container = containerOf(a);
     const bootBefore = a.queue.heartbeat()?.bootId;
     assert.ok(bootBefore !== undefined);
 
-    // A command (uid 10001) cannot even open the runner's directory.
-    const forged = await run(a, COMMAND_FORGE_SCRIPT);
-    log(`command forging a heartbeat: ${forged.stdout.trim().split("\n").join(", ")}`);
-    assert.notEqual(field(forged.stdout, "ls"), "0", "the command listed /queue/outbound");
-    assert.notEqual(field(forged.stdout, "append"), "0", "the command opened outbound.db");
-    assert.match(forged.stderr, /Permission denied/);
-    const sqlite = field(forged.stdout, "sqlite");
-    assert.ok(sqlite !== undefined, `the SQLite attempt ran: ${forged.stdout}${forged.stderr}`);
-    assert.match(sqlite, /^denied: .*(unable to open|permission|readonly)/i);
-    assert.equal(a.queue.heartbeat()?.bootId, bootBefore);
+    if (attacker.kind === "command") {
+      // A command (uid 10001), through a real request, cannot even open the runner's directory.
+      const forged = await run(a, COMMAND_FORGE_SCRIPT);
+      log(`command forging a heartbeat: ${forged.stdout.trim().split("\n").join(", ")}`);
+      for (const name of ["ls", "beat", "append"]) {
+        assert.equal(field(forged.stdout, name), "1", `the command's '${name}': ${forged.stdout}`);
+      }
+      assert.match(forged.stderr, /Permission denied/);
+      const sqlite = field(forged.stdout, "sqlite");
+      assert.ok(sqlite !== undefined, `the SQLite attempt ran: ${forged.stdout}${forged.stderr}`);
+      assert.match(sqlite, /^denied: unable to open database file/);
+      assert.equal(a.queue.heartbeat()?.bootId, bootBefore, "the runner was restarted");
+      assert.equal(a.queue.liveness().state, "alive");
+      return;
+    }
 
-    // The runner's uid stops the runner and keeps rewriting its beat a year ahead.
+    // The runner's uid stops the runner, then rewrites its beat a year ahead.
     const pidFile = join(a.paths.workspace, "pid");
     const id = await a.submit({ shell: "echo $$ > /workspace/pid; sleep 1000" });
     await waitFor(() => {
@@ -618,19 +714,19 @@ liveTest(
         return false;
       }
     }, { timeoutMs: 20_000, what: "the command to start" });
-    const found = await dockerCli(["exec", "-u", "0", container, "sh", "-c", FIND_RUNNER]);
-    const inner = field(found.stdout, "runner");
-    assert.ok(inner !== undefined && /^\d+$/.test(inner), `runner pid inside: ${found.stdout}`);
-    const stop = await dockerCli(["exec", "-u", "0", container, "kill", "-STOP", inner]);
-    assert.equal(stop.code, 0, `kill -STOP as the runner's uid: ${stop.stderr}`);
+    const stop = await attacker.sh(a, `${FIND_RUNNER}\nkill -STOP "$runner"; echo "stop=$?"`);
+    assert.equal(field(stop.stdout, "stop"), "0", `kill -STOP as the runner's uid: ${stop.stderr}`);
     const stoppedAt = performance.now();
-    await using forger = await spawnAsRunner(container, FUTURE_HEARTBEAT_SCRIPT, "forging");
+    const written = await mount(attacker, a, FUTURE_HEARTBEAT_SCRIPT);
+    const forgedBeat = JSON.parse(written!) as { time: number; bootId: string };
+    assert.equal(forgedBeat.bootId, bootBefore);
 
     const collected = a.queue.collect(id, { revive: (trouble) => a.ensure(trouble) });
     // The host reads the forged beat (a year ahead) and still calls the runner dead.
     let sawFuture = 0;
+    let done = false;
     const watch = (async () => {
-      while (!forger.exited && performance.now() - stoppedAt < STALE_BOUND_MS) {
+      while (!done && performance.now() - stoppedAt < STALE_BOUND_MS) {
         const beat = a.queue.liveness().beat;
         if (beat !== undefined && beat.bootId === bootBefore) {
           sawFuture = Math.max(sawFuture, beat.time - Date.now());
@@ -640,13 +736,12 @@ liveTest(
     })();
     const { result } = await collected;
     const ms = performance.now() - stoppedAt;
+    done = true;
     await watch;
     await a.queue.ack(id);
     log(
       `heartbeat from the future (${(sawFuture / 86_400_000).toFixed(0)} days ahead, same seq): ` +
-        `wait returned '${outcomeOf(result)}' after ${fmt(ms)}; forger output: ${
-          forger.output().trim().slice(0, 200)
-        }`,
+        `wait returned '${outcomeOf(result)}' after ${fmt(ms)}`,
     );
     assert.ok(sawFuture > 300 * 86_400_000, "the host read the forged future time");
     assert.equal(result.interrupted, true, JSON.stringify(result));
@@ -658,12 +753,70 @@ liveTest(
 );
 
 /**
- * As the runner's uid, marks a request id no host ever submitted as started
- * (with no result): the runner's word that something is in flight.
+ * A forger beside the stopped runner: rewrites the heartbeat file as the
+ * runner would (seq and time moving, written aside and renamed over) every
+ * 500 ms, for at most 90 s.
  */
-async function forgeStarted(containerId: string, id: string): Promise<void> {
-  const planted = await asRunner(
-    containerId,
+const FORGER_SCRIPT = `
+const path = "/queue/outbound/heartbeat.json";
+const beat = JSON.parse(Deno.readTextFileSync(path));
+const until = Date.now() + 90_000;
+let ready = false;
+while (Date.now() < until) {
+  beat.seq++;
+  beat.time = Date.now();
+  Deno.writeTextFileSync(path + ".forged", JSON.stringify(beat));
+  Deno.renameSync(path + ".forged", path);
+  if (!ready) console.log("forging");
+  ready = true;
+  await new Promise((resolve) => setTimeout(resolve, 500));
+}
+`;
+
+/** How long 2f gives the host's wait to end by itself. */
+const BEATING_BOUND_MS = 45_000;
+
+bothWays(
+  "2f. a runner that keeps beating but never serves (stopped, its heartbeat forged on): the host's wait still ends, and the next call is served",
+  async (docker, attacker) => {
+    await using home = await tempHome(docker, { idleSeconds: 600 });
+    const a = home.open(uniqueUser("beating"));
+    await runOk(a, "echo kept > /workspace/kept");
+    const forger = await mountInBackground(attacker, a, FORGER_SCRIPT, "forging");
+    if (forger === null) return; // a command cannot write the heartbeat (EACCES)
+    await using _forger = forger;
+    const stop = await attacker.sh(a, `${FIND_RUNNER}\nkill -STOP "$runner"; echo "stop=$?"`);
+    assert.equal(field(stop.stdout, "stop"), "0", stop.stderr);
+    const call = timedCall(a, "cat /workspace/kept");
+    const ended = await Promise.race([
+      call.then((outcome) => outcome),
+      new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), BEATING_BOUND_MS)),
+    ]);
+    log(
+      `a stopped runner with a forged, moving heartbeat: the call ${
+        ended === undefined ? `had not ended after ${fmt(BEATING_BOUND_MS)}` : ended.outcome
+      }; liveness ${a.queue.liveness().state}`,
+    );
+    assert.ok(ended !== undefined, `the host's wait did not end within ${fmt(BEATING_BOUND_MS)}`);
+    assertEnded("the call to a beating, stopped runner", ended);
+    await forger.stop();
+    assert.equal(await runOk(a, "cat /workspace/kept"), "kept\n");
+  },
+  {
+    sanitizeOps: false,
+    sanitizeResources: false,
+  },
+);
+
+/**
+ * Marks a request id no host ever submitted as started (with no result): the
+ * runner's word that something is in flight. As the runner's uid it lands
+ * (true); a command is refused (EACCES, checked unharmed) and false.
+ */
+async function forgeStarted(attacker: Attacker, a: Sandbox, id: string): Promise<boolean> {
+  const planted = await mount(
+    attacker,
+    a,
     `import { DatabaseSync } from "node:sqlite";
      const db = new DatabaseSync("/queue/outbound/outbound.db");
      db.exec("PRAGMA busy_timeout = 10000");
@@ -671,24 +824,25 @@ async function forgeStarted(containerId: string, id: string): Promise<void> {
      db.prepare("INSERT INTO states (request_id, state, boot_id, accepted_at, started_at) VALUES (?, 'started', 'forged', ?, ?)").run(id, Date.now(), Date.now());
      console.log(JSON.stringify(db.prepare("SELECT request_id, state FROM states WHERE request_id = ?").get(id)));`,
   );
-  assert.equal(planted.code, 0, planted.stderr);
-  assert.deepEqual(JSON.parse(planted.stdout), { request_id: id, state: "started" });
+  if (planted === null) return false;
+  assert.deepEqual(JSON.parse(planted), { request_id: id, state: "started" });
+  return true;
 }
 
 /** How long 2d lets the forged in-flight row delay a recycle (the library's default is 60 s). */
 const GRACE_MS = 8_000;
 const FULL_GRACE = Deno.env.get("WAFFLE_HOSTILE_FULL_GRACE") === "1";
 
-liveTest(
+bothWays(
   "2d. a forged in-flight row delays a recycle by at most the drain grace",
-  async (docker) => {
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const user = uniqueUser("forged-busy");
     const a = home.open(user);
     await runOk(a, "true");
     const container = containerOf(a);
     const forgedId = `forged-${crypto.randomUUID()}`;
-    await forgeStarted(container, forgedId);
+    if (!await forgeStarted(attacker, a, forgedId)) return;
     log(
       `forged in-flight row: the host lists it in flight: ${a.queue.inFlight().includes(forgedId)}`,
     );
@@ -733,14 +887,14 @@ liveTest(
   },
 );
 
-liveTest(
+bothWays(
   "2e. a forged in-flight row does not exempt a sandbox from sweep's running cap",
-  async (docker) => {
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const a = home.open(uniqueUser("cap-a"));
     const b = home.open(uniqueUser("cap-b"));
     await Promise.all([runOk(a, "true"), runOk(b, "true")]);
-    await forgeStarted(containerOf(a), "forged-cap");
+    if (!await forgeStarted(attacker, a, "forged-cap")) return;
     const out = await home.cli(["sweep", "--max-running", "1", "--idle-seconds", "0", "--json"]);
     assert.equal(out.code, 0, out.stderr);
     const actions = (JSON.parse(out.stdout) as {
@@ -788,9 +942,9 @@ const QUOTA = 256 * MiB;
  */
 const QUOTA_SLACK = 1 * MiB;
 
-liveTest(
-  "3. disk quota: 1 GiB written into /workspace gets ENOSPC, the result arrives, the host loses at most the quota",
-  async (docker) => {
+bothWays(
+  "3. disk quota: 1 GiB written into the volume (a command: /workspace; the runner: /queue/outbound, reserve included) gets ENOSPC, the host loses at most the quota, the sandbox serves on with the workspace kept",
+  async (docker, attacker) => {
     // A filesystem of its own for this home, so the free-space figure is this
     // sandbox's alone (other tests on the machine write to /tmp meanwhile).
     const base = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-quota-fs-" }));
@@ -805,32 +959,45 @@ liveTest(
         config: { home, quotaBytes: QUOTA, idleSeconds: 600 },
         docker,
       });
-      await runOk(sandbox, "true");
+      await runOk(sandbox, "echo kept > /workspace/kept");
       assert.ok(sandbox.volume?.enforced, `quota not enforced: ${sandbox.volume?.reason}`);
       const afterStart = dfAvail(home);
 
+      // Each where it may write: a command in the workspace (its share of the
+      // volume), the runner in its queue (uid 0: the reserve as well).
+      const runner = attacker.kind === "runner";
+      const [inside, onHost] = runner
+        ? ["/queue/outbound/big", join(sandbox.paths.outbound, "big")]
+        : ["/workspace/big", join(sandbox.paths.workspace, "big")];
       const started = performance.now();
       // 1 GiB (busybox's head has no "1G", and reports any write error as "I/O error").
-      const filled = await run(sandbox, "dd if=/dev/zero of=/workspace/big bs=1M count=1024");
+      const fill = `dd if=/dev/zero of=${inside} bs=1M count=1024`;
+      const filled = runner
+        ? { ...await attacker.sh(sandbox, fill), result: undefined }
+        : await run(sandbox, fill);
       const fillMs = performance.now() - started;
       const afterFill = dfAvail(home);
-      const bigBytes = Deno.statSync(join(sandbox.paths.workspace, "big")).size;
+      const bigBytes = Deno.statSync(onHost).size;
       const image = Deno.statSync(join(sandbox.paths.root, "volume.img"));
       const drop = before - afterFill;
       log(
-        `disk quota ${QUOTA / MiB} MiB: write of 1 GiB ended '${outcomeOf(filled.result)}' after ${
-          fmt(fillMs)
-        } with stderr '${filled.stderr.trim().split("\n").join(" / ")}'; /workspace/big ${
-          (bigBytes / MiB).toFixed(1)
-        } MiB; ` +
+        `disk quota ${QUOTA / MiB} MiB: write of 1 GiB into ${inside} as ${attacker.label} ended '${
+          filled.result === undefined ? `exit ${filled.code}` : outcomeOf(filled.result)
+        }' after ${fmt(fillMs)} with stderr '${
+          filled.stderr.trim().split("\n").join(" / ")
+        }'; ${inside} ${(bigBytes / MiB).toFixed(1)} MiB; ` +
           `host free space dropped ${(drop / MiB).toFixed(1)} MiB (start ${
             ((before - afterStart) / MiB).toFixed(1)
           } MiB); volume.img ${(image.size / MiB).toFixed(0)} MiB long, ${
             ((image.blocks ?? 0) * 512 / MiB).toFixed(1)
           } MiB allocated`,
       );
-      assert.notEqual(filled.result.exitCode, 0, "the write succeeded past the quota");
-      assert.equal(filled.result.interrupted, false, JSON.stringify(filled.result));
+      if (filled.result === undefined) assert.notEqual(filled.code, 0, "the write succeeded");
+      else {
+        // The runner still recorded the command's result (its reserve).
+        assert.notEqual(filled.result.exitCode, 0, "the write succeeded past the quota");
+        assert.equal(filled.result.interrupted, false, JSON.stringify(filled.result));
+      }
       assert.match(filled.stderr, /No space left/);
       assert.ok(bigBytes < QUOTA, `the command wrote ${bigBytes} bytes`);
       assert.ok(
@@ -838,10 +1005,16 @@ liveTest(
         `host free space dropped ${drop} bytes, more than the quota ${QUOTA} + ${QUOTA_SLACK}`,
       );
 
-      assert.equal(await runOk(sandbox, "rm /workspace/big; echo ok"), "ok\n");
+      // A full volume, reserve and all, must not brick the sandbox: the next
+      // call runs (healing as it must) with the workspace kept.
+      const next = await timedCall(sandbox, "cat /workspace/kept");
+      log(`the next call on the full volume: ${next.outcome} after ${fmt(next.ms)}`);
+      assert.equal(next.stdout, "kept\n", `the next call on the full volume: ${next.outcome}`);
+      assert.ok(next.ms < CALL_BOUND_MS, `the next call took ${fmt(next.ms)}`);
+      if (!runner) assert.equal(await runOk(sandbox, "rm /workspace/big; echo ok"), "ok\n");
       const afterRm = dfAvail(home);
       log(
-        `after 'rm /workspace/big': host free space ${
+        `after the next call${runner ? "" : " and 'rm /workspace/big'"}: host free space ${
           ((before - afterRm) / MiB).toFixed(1)
         } MiB below the start`,
       );
@@ -1132,9 +1305,9 @@ liveTest(
   },
 );
 
-liveTest(
+bothWays(
   "a FIFO swapped in under a command's name while the runner checks it never wedges the runner",
-  async (docker) => {
+  async (docker, attacker) => {
     await using home = await tempHome(docker, { idleSeconds: 600 });
     const sandbox = home.open(uniqueUser("fifo-race"));
     await runOk(
@@ -1142,7 +1315,6 @@ liveTest(
       "mkdir -p /workspace/race && printf '#!/bin/sh\\nexit 0\\n' > /workspace/race/f && " +
         "chmod 755 /workspace/race/f && mkfifo /workspace/race/p && cp /workspace/race/f /workspace/race/x",
     );
-    const container = containerOf(sandbox);
     // A process a command left behind (here: started beside the runner as the
     // commands' uid) swaps a FIFO and a script under the name, atomically, as
     // fast as Deno can, for at most a minute or until told to stop.
@@ -1160,10 +1332,26 @@ while (Date.now() < end) {
 }
 JS`,
     );
-    const racer = asCommand(
-      container,
+    const racer = attacker.sh(
+      sandbox,
       "DENO_DIR=/tmp/racer HOME=/tmp /opt/waffle/deno run -A --quiet /workspace/race/racer.js",
     );
+    if (attacker.kind === "runner") {
+      // The runner's uid 0 has neither CAP_DAC_OVERRIDE nor CAP_FOWNER: it
+      // can neither write the command's directory (EACCES) nor hard-link the
+      // command's files (EPERM where fs.protected_hardlinks is on), so to race
+      // there it must become a command: the other variant. A runner that
+      // wedges itself is a stopped runner (2b).
+      const refused = await racer;
+      log(`the racer as the runner: exit ${refused.code}, ${refused.stderr.split("\n")[0]}`);
+      assert.notEqual(refused.code, 0, "the runner's uid wrote the command's directory");
+      assert.match(
+        refused.stderr,
+        /(Operation not permitted \(os error 1\)|Permission denied \(os error 13\)): link '\/workspace\/race\//,
+      );
+      assert.equal(await runOk(sandbox, "echo still serving"), "still serving\n");
+      return;
+    }
     try {
       let ran = 0;
       for (let i = 0; i < 40; i++) {
@@ -1179,7 +1367,7 @@ JS`,
       }
       assert.equal(ran, 40);
     } finally {
-      await asCommand(container, "touch /workspace/race/stop");
+      await attacker.sh(sandbox, "touch /workspace/race/stop");
       await racer;
     }
     assert.equal(await runOk(sandbox, "echo still serving"), "still serving\n");
