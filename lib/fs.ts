@@ -1,10 +1,28 @@
 /**
  * Yes/no questions about paths that fail quietly: anything that cannot be
- * looked at counts as "no". Synchronous, dependency-free (the runner and the
- * volume code load this alone).
+ * looked at counts as "no" (but for {@linkcode lexists}, which must not
+ * mistake "cannot look" for "not there"). Synchronous, dependency-free (the
+ * runner and the volume code load this alone).
  *
  * @module
  */
+
+/**
+ * Whether a name exists at `path`, the name itself (a symlink is not
+ * followed). Only a definite "not there" counts as no: what cannot be looked
+ * at may be there, so it is never replaced or recreated in error.
+ *
+ * @param path The path.
+ * @returns False only when nothing is at `path`.
+ */
+export function lexists(path: string): boolean {
+  try {
+    Deno.lstatSync(path);
+    return true;
+  } catch (error) {
+    return !(error instanceof Deno.errors.NotFound);
+  }
+}
 
 /**
  * Whether something exists at `path` (a symlink is followed).

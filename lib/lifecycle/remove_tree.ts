@@ -30,7 +30,7 @@
  */
 import { normalize } from "../path.ts";
 import { UsageError } from "../errors.ts";
-import { isFile } from "../fs.ts";
+import { isFile, lexists } from "../fs.ts";
 
 /** How long one removal may run before its process is killed: 2 minutes. */
 export const REMOVE_TIMEOUT_MS = 120_000;
@@ -153,15 +153,6 @@ async function removeNow(
   spawned(child);
   await child.status;
   return !lexists(path);
-}
-
-function lexists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch (error) {
-    return !(error instanceof Deno.errors.NotFound);
-  }
 }
 
 // coreutils from the standard places first: the host's PATH is trusted, but

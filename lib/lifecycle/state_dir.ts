@@ -20,6 +20,7 @@
  * @module
  */
 import { basename, dirname, join } from "../path.ts";
+import { lexists } from "../fs.ts";
 import { QueueError, UsageError } from "../errors.ts";
 import { messageOf } from "../queue/connection.ts";
 import { initQueue } from "../queue/schema.ts";
@@ -119,15 +120,6 @@ function placeOutbound(paths: StatePaths): void {
     Deno.mkdirSync(sparePath(paths), { mode: 0o700 });
   } catch {
     // There already, or no room now: the next call makes it.
-  }
-}
-
-function lexists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch (error) {
-    return !(error instanceof Deno.errors.NotFound);
   }
 }
 
