@@ -412,16 +412,23 @@ liveTest(
       env: { WAFFLE_HOME: home.home },
       stdin: "null",
       stdout: "null",
-      stderr: "null",
+      stderr: "piped",
     }).spawn();
+    let exited: Deno.CommandStatus | undefined;
+    const output = child.output().then((out) => {
+      exited = out;
+      return new TextDecoder().decode(out.stderr);
+    });
     try {
-      await waitFor(async () => (await readLog(log)).includes("start"), {
+      await waitFor(async () => exited !== undefined || (await readLog(log)).includes("start"), {
         timeoutMs: START_TIMEOUT_MS,
         what: "'start' in the log",
       });
+      // The host is to be killed mid-command: one that ended first says why.
+      assert.equal(exited, undefined, `the first exec ended first: ${await output}`);
     } finally {
-      child.kill("SIGKILL");
-      await child.status;
+      if (exited === undefined) child.kill("SIGKILL");
+      await output;
     }
     const second = await home.cli([
       "exec",

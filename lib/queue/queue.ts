@@ -343,13 +343,16 @@ export class Queue {
         .run(id, Date.now())
     );
     // The runner deletes its rows about once a second; then ours can go.
-    if (this.#gcTimer === undefined && !this.#closed.signal.aborted) {
-      this.#gcTimer = setTimeout(() => {
-        this.#gcTimer = undefined;
-        this.gc().catch(() => {});
-      }, 1500);
-      Deno.unrefTimer(this.#gcTimer);
-    }
+    this.#scheduleGc();
+  }
+
+  #scheduleGc(): void {
+    if (this.#gcTimer !== undefined || this.#closed.signal.aborted) return;
+    this.#gcTimer = setTimeout(() => {
+      this.#gcTimer = undefined;
+      this.gc().catch(() => {});
+    }, 1500);
+    Deno.unrefTimer(this.#gcTimer);
   }
 
   /**
@@ -370,6 +373,14 @@ export class Queue {
       // No outbound file (or a damaged one) holds nothing of ours.
       if (!(error instanceof SandboxFileError) || error.problem === "busy") throw error;
       present = new Set();
+    }
+    // A row's absence from an older copy (served while the runner held its
+    // lock, or before the next copy was due) proves nothing: rows written
+    // after it are not in it, and forgetting their acks would strand them in
+    // outbound.db for good. Only a fresh copy decides; else later.
+    if (this.#outbound.busySince !== undefined || this.#outbound.deferredUntil !== undefined) {
+      this.#scheduleGc();
+      return 0;
     }
     const gone = acked.filter((id) => !present.has(id));
     if (gone.length === 0) return 0;
