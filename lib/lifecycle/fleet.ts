@@ -330,11 +330,22 @@ async function sweepOne(
 
 /** How many times a sweep looks at a locked queue file before calling it busy. */
 const BUSY_TRIES = 10;
+/** Largest outbound.db a sweep reads to see what still runs; a larger one counts as busy. */
+const SWEEP_READ_BYTES = 4 * 1024 * 1024;
+
+function sizeOf(path: string): number {
+  try {
+    return Deno.lstatSync(path).size;
+  } catch {
+    return 0;
+  }
+}
 
 // Requests the runner still runs, among those the host holds open. Nothing
-// open: nothing to ask the runner. Otherwise outbound.db is read, bounded by
-// what the open requests asked for; a file locked on every try counts as
-// busy (never stop what may be busy), a missing or damaged one as idle.
+// open: nothing to ask the runner. Otherwise outbound.db is read, at most
+// SWEEP_READ_BYTES of it (a larger file counts as busy, never copied); a file
+// locked on every try counts as busy (never stop what may be busy), a missing
+// or damaged one as idle.
 async function inFlight(root: string): Promise<number> {
   const paths = queueOf(root);
   let inbound: DatabaseSync | undefined;
@@ -342,11 +353,13 @@ async function inFlight(root: string): Promise<number> {
     inbound = openDatabase(paths.inbound, { role: "reader" });
     const open = openRequestCount(inbound);
     if (open === 0) return 0;
-    const allowance = outboundAllowance(inbound);
+    // Never a big copy: a file over the small cap may be busy, and is kept.
+    const cap = Math.min(outboundAllowance(inbound), SWEEP_READ_BYTES);
+    if (sizeOf(paths.outbound) > cap) return open;
     const file = new SandboxFile(paths.outbound, {
       schema: OUTBOUND_SCHEMA,
       maxValueBytes: 16 * MAX_CHUNK_BYTES,
-      maxFileBytes: allowance,
+      maxFileBytes: cap,
     });
     try {
       for (let tries = 0; tries < BUSY_TRIES; tries++) {

@@ -807,10 +807,17 @@ export class Queue {
     judged: Liveness,
     now: number,
   ): (Liveness & { state: "stale" }) | undefined {
-    // The clock for taking the request starts when this boot was first seen alive.
-    if (budget.boot === undefined || budget.boot.id !== judged.beat?.bootId) {
-      budget.boot = { id: judged.beat?.bootId, since: now };
-      budget.startedSeenAt = undefined;
+    // The clock for taking the request starts when a boot was first seen
+    // alive. A beat that does not parse is no new boot, and one wait accepts
+    // only as many new boots as it may revive: a runner that changes its boot
+    // id every beat cannot keep resetting the clock. The clock of a started
+    // request never resets (an honest new boot turns it into an interrupted
+    // result at once).
+    const bootId = judged.beat?.bootId;
+    if (budget.boot === undefined) budget.boot = { id: bootId, since: now };
+    else if (bootId !== undefined && bootId !== budget.boot.id && budget.boots < MAX_REVIVALS) {
+      budget.boots++;
+      budget.boot = { id: bootId, since: now };
     }
     let state: RequestState;
     try {
@@ -858,11 +865,13 @@ interface WaitBudget {
   lastCheck: number;
   /** The runner boot this wait saw alive, and since when. */
   boot?: { id: string | undefined; since: number };
+  /** How many new boots this wait has accepted. */
+  boots: number;
   startedSeenAt?: number | undefined;
 }
 
 function newBudget(id: string): WaitBudget {
-  return { id, revivals: 0, lastCheck: 0 };
+  return { id, revivals: 0, lastCheck: 0, boots: 0 };
 }
 
 // A session's output has no total: the runner's window bounds what is unread.
