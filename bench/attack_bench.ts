@@ -36,6 +36,7 @@ import {
   FORGE_AND_FREEZE_SCRIPT,
   GROW_OUTBOUND_SCRIPT,
 } from "../tests/_runner_attacks.ts";
+import { kernelUse } from "../tests/_kernel_use.ts";
 import { installedRunner } from "./cli_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
@@ -215,7 +216,7 @@ async function underAttack(victim: Sandbox, target: Sandbox, attack: Attack): Pr
   const samples: number[] = [];
   while (!targetDone || samples.length < MIN_SAMPLES) {
     samples.push(await call(victim, ["true"]));
-    watches = Math.max(watches, inotifyWatches());
+    watches = Math.max(watches, kernelUse().watches);
   }
   const output = await attackDone;
   await targetLoop;
@@ -248,19 +249,4 @@ async function runAsRunner(containerId: string, script: string): Promise<{ code:
     console.error(`bench: attack exited ${out.code}: ${new TextDecoder().decode(out.stderr)}`);
   }
   return { code: out.code };
-}
-
-// Inotify watches this process holds, from /proc (the kernel's count).
-function inotifyWatches(): number {
-  let watches = 0;
-  for (const entry of Deno.readDirSync("/proc/self/fd")) {
-    try {
-      if (Deno.readLinkSync(`/proc/self/fd/${entry.name}`) !== "anon_inode:inotify") continue;
-      const info = Deno.readTextFileSync(`/proc/self/fdinfo/${entry.name}`);
-      watches += info.split("\n").filter((line) => line.startsWith("inotify wd:")).length;
-    } catch {
-      // Closed meanwhile.
-    }
-  }
-  return watches;
 }

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { DatabaseSync } from "node:sqlite";
@@ -214,7 +215,7 @@ const SDK_CLIENT = { sanitizeOps: false, sanitizeResources: false };
 /** The host's MCP client: it can sample and elicit; every message it receives and every handler call is counted. */
 interface HostClient {
   client: Client;
-  calls: { sampling: number; elicitation: number };
+  calls: HandlerCalls;
   received: Record<string, unknown>[];
   stderr: string[];
 }
@@ -236,23 +237,7 @@ async function hostClient(home: TestHome, server: string, user: string): Promise
   const received: Record<string, unknown>[] = [];
   // Set before connect: the client chains its own handler after this one.
   transport.onmessage = (message) => void received.push(message as Record<string, unknown>);
-  const client = new Client(
-    { name: "waffle-host-client", version: "1.0.0" },
-    { capabilities: { sampling: {}, elicitation: {} } },
-  );
-  const calls = { sampling: 0, elicitation: 0 };
-  client.setRequestHandler("sampling/createMessage", () => {
-    calls.sampling++;
-    return {
-      model: "host-model",
-      role: "assistant" as const,
-      content: { type: "text" as const, text: "the host's model answered" },
-    };
-  });
-  client.setRequestHandler("elicitation/create", () => {
-    calls.elicitation++;
-    return { action: "decline" as const };
-  });
+  const { client, calls } = samplingClient("waffle-host-client", "the host's model answered");
   await client.connect(transport);
   return { client, calls, received, stderr };
 }

@@ -13,6 +13,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
 import { MAX_MESSAGE_BYTES } from "../lib/mcp/jsonrpc.ts";
 
 const REPO = dirname(dirname(fileURLToPath(import.meta.url)));
@@ -777,33 +778,17 @@ client_requests = ["sampling/createMessage", "elicitation/create"]
 `;
 
 /** An SDK client that can sample and elicit, counting each time its handlers run. */
-async function samplingClient(
+async function connectedSamplingClient(
   home: Home,
   server: string,
-): Promise<{ client: Client; calls: { sampling: number; elicitation: number } }> {
+): Promise<{ client: Client; calls: HandlerCalls }> {
   const transport = new StdioClientTransport({
     command: Deno.execPath(),
     args: ["run", "--allow-all", MAIN, "mcp", "run", server, "--config", home.config],
     env: waffleEnv(home.dir),
     stderr: "pipe",
   });
-  const client = new Client(
-    { name: "waffle-sampling-test", version: "1.0.0" },
-    { capabilities: { sampling: {}, elicitation: {} } },
-  );
-  const calls = { sampling: 0, elicitation: 0 };
-  client.setRequestHandler("sampling/createMessage", () => {
-    calls.sampling++;
-    return {
-      model: "host-model",
-      role: "assistant" as const,
-      content: { type: "text" as const, text: "sampled on the host" },
-    };
-  });
-  client.setRequestHandler("elicitation/create", () => {
-    calls.elicitation++;
-    return { action: "decline" as const };
-  });
+  const { client, calls } = samplingClient("waffle-sampling-test", "sampled on the host");
   await client.connect(transport);
   return { client, calls };
 }
@@ -815,7 +800,7 @@ Deno.test({
   sanitizeOps: false,
   async fn(): Promise<void> {
     await using home = await tempHome(SAMPLING_CONFIG);
-    const strict = await samplingClient(home, "everything");
+    const strict = await connectedSamplingClient(home, "everything");
     try {
       const sampled = await strict.client.callTool({
         name: "trigger-sampling-request",
@@ -837,7 +822,7 @@ Deno.test({
       await strict.client.close();
     }
 
-    const llm = await samplingClient(home, "everything-llm");
+    const llm = await connectedSamplingClient(home, "everything-llm");
     try {
       const sampled = await llm.client.callTool({
         name: "trigger-sampling-request",

@@ -22,6 +22,7 @@ import { liveTest } from "./_docker_gate.ts";
 import { text, waitFor } from "./_helpers.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
 import { CHURN, CHURN_SCRIPT } from "./_runner_attacks.ts";
+import { type KernelUse, kernelUse } from "./_kernel_use.ts";
 import { runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 // Loaded before any test, so the resource sanitizer does not blame the first one.
@@ -36,45 +37,6 @@ const NO_POLL_MS = 600_000;
 const WAKE_BOUND_MS = 10_000;
 /** How long a wait that must not be woken is given to be woken anyway. */
 const QUIET_MS = 300;
-
-// ---------------------------------------------------------------------------
-// What this process holds, from /proc/self.
-
-/** Descriptors and inotify watches this process holds. */
-interface KernelUse {
-  /** Every open descriptor. */
-  fds: number;
-  /**
-   * Descriptors other than pipes, sockets and pidfds: those are the test's
-   * own `docker` CLI children (a pidfd and three pipes each) and Docker API
-   * connections.
-   */
-  own: number;
-  /** inotify instances. */
-  inotifyFds: number;
-  /** inotify watches, over all instances. */
-  watches: number;
-}
-
-function kernelUse(): KernelUse {
-  const use: KernelUse = { fds: 0, own: 0, inotifyFds: 0, watches: 0 };
-  // Listed first, so the listing's own descriptor is closed before the count.
-  for (const entry of [...Deno.readDirSync("/proc/self/fd")]) {
-    let target: string;
-    try {
-      target = Deno.readLinkSync(`/proc/self/fd/${entry.name}`);
-    } catch {
-      continue; // the listing's descriptor
-    }
-    use.fds++;
-    if (!/^(pipe|socket):|^anon_inode:\[pidfd\]$/.test(target)) use.own++;
-    if (target !== "anon_inode:inotify") continue;
-    use.inotifyFds++;
-    const info = Deno.readTextFileSync(`/proc/self/fdinfo/${entry.name}`);
-    use.watches += info.split("\n").filter((line) => line.startsWith("inotify wd:")).length;
-  }
-  return use;
-}
 
 // ---------------------------------------------------------------------------
 // Wakes.
