@@ -70,45 +70,10 @@ find_busybox() {
   fi
 }
 
-# The spawn helper: its source, installed path, and the compiler that builds it.
-SPAWN_HELPER_SOURCE="$HERE/spawn_helper.c"
+# The spawn helper and the library lister, shared with image/runtime_kit.sh.
+# shellcheck source=image/common.sh
+source "$HERE/common.sh"
 SPAWN_HELPER_PATH=/usr/libexec/waffle/spawn
-
-# The compiler's absolute path; dies unless it links static programs.
-find_cc() {
-  local cc="${CC:-gcc}" path libc
-  path="$(command -v "$cc" 2>/dev/null)" ||
-    die "C compiler '$cc' not found: the spawn helper is built with it" \
-      "(apt-get install -y gcc libc6-dev, or run scripts/setup.sh --docker as root)"
-  libc="$("$path" -print-file-name=libc.a 2>/dev/null || true)"
-  [[ "$libc" == /* && -f "$libc" ]] ||
-    die "'$path' has no static C library (libc.a): apt-get install -y libc6-dev"
-  printf '%s\n' "$path"
-}
-
-# Host files that shape the helper: its source, the compiler driver, and libc.a.
-spawn_helper_inputs() {
-  local cc
-  cc="$(find_cc)"
-  printf '%s\n' "$SPAWN_HELPER_SOURCE" "$(readlink -f "$cc")" \
-    "$(readlink -f "$("$cc" -print-file-name=libc.a)")"
-}
-
-# Compiles the static helper to $1 and checks it is static.
-build_spawn_helper() {
-  local out="$1" cc headers
-  cc="$(find_cc)"
-  mkdir -p "$(dirname "$out")"
-  chmod 0755 "$(dirname "$out")" "$(dirname "$(dirname "$out")")"
-  "$cc" -static -Os -Wall -Wextra -Werror -s -o "$out" "$SPAWN_HELPER_SOURCE" ||
-    die "Could not compile '$SPAWN_HELPER_SOURCE' with '$cc -static'"
-  # Static: it runs as root with the request's environment, so no loader may
-  # honour LD_PRELOAD in it (runner/spawn.ts refuses a dynamic one anyway).
-  headers="$(LC_ALL=C readelf -lW "$out")" || die "readelf (binutils) cannot read '$out'"
-  ! grep -q 'INTERP' <<<"$headers" || die "'$out' came out dynamically linked"
-  chmod 0755 "$out"
-  log "spawn helper: $SPAWN_HELPER_PATH ($(stat -c %s "$out") bytes, $cc -static -Os)"
-}
 
 # util-linux setpriv: the runner starts a command as `setsid setpriv --reuid=U
 # --regid=G --clear-groups -- env -i ...`, exec'ing in place, so that Deno can
@@ -127,23 +92,12 @@ find_setpriv() {
     "be started by forking the runner"
 }
 
-# Shared libraries (absolute paths, as the dynamic linker looks them up) of a binary.
-libs_of() {
-  local out
-  # A static binary makes ldd fail with "not a dynamic executable": no libraries.
-  out="$(LC_ALL=C ldd "$1" 2>/dev/null)" || return 0
-  printf '%s\n' "$out" | awk '
-    $2 == "=>" && $3 ~ /^\// { print $3; next }
-    $1 ~ /^\// { print $1 }
-  ' | sort -u
-}
-
 input_files() {
   local deno busybox setpriv
   deno="$(find_deno)"
   busybox="$(find_busybox)"
   setpriv="$(find_setpriv)"
-  printf '%s\n' "$SELF" "$busybox"
+  printf '%s\n' "$SELF" "$HERE/common.sh" "$busybox"
   spawn_helper_inputs
   [[ -z "$setpriv" ]] || printf '%s\n' "$setpriv"
   {

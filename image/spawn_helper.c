@@ -4,6 +4,10 @@
  *
  *   spawn UID GID PROGRAM [ARGS...]   setsid, drop to UID:GID (no groups), exec
  *   spawn - PROGRAM [ARGS...]         setsid, exec (no uid drop)
+ *   spawn --tty /dev/pts/N ...        as above, on that terminal: after setsid
+ *                                     it opens the pty (as the runner, which
+ *                                     owns it), makes it the controlling
+ *                                     terminal and stdin, stdout and stderr
  *
  * Why it exists: Deno starts a child with posix_spawn (vfork + exec, cheap)
  * unless it must run code between fork and exec (setsid, a uid/gid drop);
@@ -39,8 +43,10 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -107,21 +113,52 @@ static void drop_to(uid_t uid, gid_t gid) {
   }
 }
 
+/* "/dev/pts/" and 1-9 digits: a pty slave of the container's devpts, nothing else. */
+static int pty_path(const char *path) {
+  const char *prefix = "/dev/pts/";
+  size_t length = strlen(prefix), digits = 0;
+  if (strncmp(path, prefix, length) != 0) return -1;
+  for (path += length; path[digits] != '\0'; digits++) {
+    if (path[digits] < '0' || path[digits] > '9' || digits >= 9) return -1;
+  }
+  return digits == 0 ? -1 : 0;
+}
+
+/* The new session's controlling terminal, and the command's three streams. */
+static void take_terminal(const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) fail(path, errno, CANNOT_RUN);
+  if (ioctl(fd, TIOCSCTTY, 0) != 0) fail("TIOCSCTTY", errno, CANNOT_RUN);
+  for (int stream = 0; stream <= 2; stream++) {
+    if (dup2(fd, stream) != stream) fail("dup2", errno, CANNOT_RUN);
+  }
+  if (fd > 2) close(fd);
+}
+
 int main(int argc, char **argv) {
-  int program;
+  int first = 1, program;
+  const char *tty = NULL;
   unsigned long long uid = 0, gid = 0;
-  if (argc >= 3 && strcmp(argv[1], "-") == 0) {
-    program = 2;
-  } else if (argc >= 4) {
-    program = 3;
-    if (parse_id(argv[1], &uid) != 0) fail("invalid UID", 0, CANNOT_RUN);
-    if (parse_id(argv[2], &gid) != 0) fail("invalid GID", 0, CANNOT_RUN);
+  if (argc >= 3 && strcmp(argv[1], "--tty") == 0) {
+    if (pty_path(argv[2]) != 0) fail("invalid --tty path", 0, CANNOT_RUN);
+    tty = argv[2];
+    first = 3;
+  }
+  if (argc - first >= 2 && strcmp(argv[first], "-") == 0) {
+    program = first + 1;
+  } else if (argc - first >= 3) {
+    program = first + 2;
+    if (parse_id(argv[first], &uid) != 0) fail("invalid UID", 0, CANNOT_RUN);
+    if (parse_id(argv[first + 1], &gid) != 0) fail("invalid GID", 0, CANNOT_RUN);
   } else {
-    fail("usage: spawn UID GID PROGRAM [ARGS...] | spawn - PROGRAM [ARGS...]", 0, CANNOT_RUN);
+    fail("usage: spawn [--tty /dev/pts/N] UID GID PROGRAM [ARGS...] | spawn [--tty ...] - PROGRAM"
+         " [ARGS...]", 0, CANNOT_RUN);
   }
   /* Before anything else: leave the runner's session and process group. */
   if (setsid() < 0) fail("setsid", errno, CANNOT_RUN);
-  if (program == 3) drop_to((uid_t)uid, (gid_t)gid);
+  /* Opened as the runner (the pty's owner), before the drop. */
+  if (tty != NULL) take_terminal(tty);
+  if (program == first + 2) drop_to((uid_t)uid, (gid_t)gid);
   execve(argv[program], &argv[program], environ);
   int error = errno;
   say("waffle-spawn: '");

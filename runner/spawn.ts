@@ -50,6 +50,7 @@
  * @module
  */
 import { libc, O_CLOEXEC, O_NOCTTY, O_NONBLOCK, O_RDONLY } from "../lib/libc.ts";
+import { SANDBOX_SPAWN_HELPER } from "../lib/config/sandbox_paths.ts";
 
 /** What runs when a command is spawned. */
 export interface SpawnPlan {
@@ -89,7 +90,8 @@ export type Resolution =
   | { ok: false; notFound: true }
   | { ok: false; notFound: false; reason: string };
 
-const HELPER_PATHS = ["/usr/libexec/waffle/spawn"];
+// The runtime kit's helper first (any image), then the contract image's own.
+const HELPER_PATHS = [SANDBOX_SPAWN_HELPER, "/usr/libexec/waffle/spawn"];
 const SETSID_PATHS = ["/usr/bin/setsid", "/bin/setsid"];
 const SETPRIV_PATHS = ["/usr/bin/setpriv", "/bin/setpriv"];
 const ENV_PATHS = ["/usr/bin/env", "/bin/env"];
@@ -173,6 +175,17 @@ export function spawnHelperProblem(path: string): string | null {
   return null;
 }
 
+/**
+ * Whether a command can be given a terminal: only the spawn helper can
+ * (`spawn --tty`), and it drops a uid only in a root runner.
+ *
+ * @param user The uid and gid the command runs as.
+ * @returns True when {@linkcode planSpawn} would use the helper.
+ */
+export function ttySupported(user: { uid: number; gid: number } | undefined): boolean {
+  return spawnWrappers().helper !== null && (user === undefined || runnerUid() === 0);
+}
+
 function findHelper(candidates: readonly string[]): string | null {
   return candidates.find((candidate) => spawnHelperProblem(candidate) === null) ?? null;
 }
@@ -202,6 +215,8 @@ function findWrapper(candidates: readonly string[], busyboxOk: boolean): string 
  * @param args Its arguments (without argv[0]).
  * @param env The command's complete environment.
  * @param user The uid and gid to run as, or undefined for the runner's own.
+ * @param options `tty`: a pty slave the helper makes the command's terminal
+ *   (only the helper can: see {@linkcode ttySupported}).
  * @returns What to hand to `Deno.Command`.
  */
 export function planSpawn(
@@ -209,8 +224,10 @@ export function planSpawn(
   args: readonly string[],
   env: Record<string, string>,
   user: { uid: number; gid: number } | undefined,
+  options: { tty?: string | undefined } = {},
 ): SpawnPlan {
   const { helper, setsid, setpriv, env: envWrapper } = spawnWrappers();
+  const tty = options.tty === undefined ? [] : ["--tty", options.tty];
   const legacy: SpawnPlan = {
     program: path,
     args: [...args],
@@ -225,8 +242,8 @@ export function planSpawn(
     return {
       program: helper,
       args: user === undefined
-        ? ["-", path, ...args]
-        : [String(user.uid), String(user.gid), path, ...args],
+        ? [...tty, "-", path, ...args]
+        : [...tty, String(user.uid), String(user.gid), path, ...args],
       env,
       detached: false,
       sessionPending: true,

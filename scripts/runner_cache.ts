@@ -13,7 +13,8 @@
  * @module
  */
 // deno-lint-ignore-file no-console
-import { ARTEFACT_FLAGS, PROGRAM_DIR, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
+import { ARTEFACT_FLAGS, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
+import { PROGRAM_DIR } from "../lib/config/sandbox_paths.ts";
 import { isDirectory, onPath } from "../lib/fs.ts";
 
 const [lib] = Deno.args;

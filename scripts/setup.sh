@@ -2,7 +2,7 @@
 # Prepares a machine to develop and run waffle. Idempotent: every step checks
 # first and only acts when something is missing, so it is safe to run often.
 #
-# Usage: scripts/setup.sh [--docker] [--force-image]
+# Usage: scripts/setup.sh [--docker] [--images] [--force-image]
 #   (always)       Deno 2.9.6 at .tools/bin/deno (from the npm package `deno`),
 #                  then `deno install` so node_modules is complete on disk (the
 #                  runner container mounts it read-only and cannot fetch).
@@ -13,8 +13,12 @@
 #                  start dockerd when the daemon does not answer, install gcc and
 #                  the static C library via apt when missing (the image's spawn
 #                  helper is compiled with them), build the runner image
-#                  (scripts/build_image.sh) when missing or stale,
-#                  and print the daemon's version, arch, storage and cgroup driver.
+#                  (scripts/build_image.sh) when missing or stale, build the
+#                  runtime kit .tools/runtime (image/runtime_kit.sh: what any
+#                  image needs to run waffle's runner), and print the daemon's
+#                  version, arch, storage and cgroup driver.
+#   --images       also: build the user-style images the tests run
+#                  (scripts/build_images.sh all: Debian python/git, musl, no shell).
 #   --force-image  rebuild the runner image even when it is up to date.
 set -euo pipefail
 
@@ -25,13 +29,15 @@ DENO="$REPO/.tools/bin/deno"
 DOCKER_WAIT_SECONDS=60
 
 with_docker=0
+with_images=0
 force_image=0
 for arg in "$@"; do
   case "$arg" in
     --docker) with_docker=1 ;;
+    --images) with_images=1 ;;
     --force-image) force_image=1 ;;
     -h | --help)
-      sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -234,6 +240,9 @@ if ((with_docker == 1)); then
   ensure_docker_running
   ensure_build_tools
   ensure_image
+  say "image/runtime_kit.sh $REPO/.tools/runtime (rebuilds only when its inputs changed)"
+  "$REPO/image/runtime_kit.sh" "$REPO/.tools/runtime" "$DENO"
+  ((with_images == 0)) || "$REPO/scripts/build_images.sh" all
   print_docker_summary
 else
   say "skipping Docker (run with --docker to install/start it and build the runner image)"

@@ -2,8 +2,8 @@
 # Runs waffle's whole test suite on a machine prepared by scripts/setup.sh.
 #
 # Usage: bash scripts/test.sh [--json] [DENO TEST ARGS...]
-#   Runs `scripts/setup.sh --docker` (idempotent: Deno, node_modules, Docker
-#   engine + daemon, runner image), then `deno test --allow-all` over tests/
+#   Runs `scripts/setup.sh --docker --images` (idempotent: Deno, node_modules,
+#   Docker engine + daemon, runner image, runtime kit, the test images), then `deno test --allow-all` over tests/
 #   with the usual console output, and ends with exactly one line
 #       tests: N passed, N failed, N skipped
 #   computed from the junit report (scripts/test_summary.ts; ignored tests
@@ -64,8 +64,8 @@ esac
 
 started=$SECONDS
 setup_status=0
-bash "$REPO/scripts/setup.sh" --docker || setup_status=$?
-((setup_status == 0)) || give_up "$setup_status" "scripts/setup.sh --docker failed (exit $setup_status)"
+bash "$REPO/scripts/setup.sh" --docker --images || setup_status=$?
+((setup_status == 0)) || give_up "$setup_status" "scripts/setup.sh --docker --images failed (exit $setup_status)"
 say "setup took $((SECONDS - started))s"
 
 junit="${WAFFLE_JUNIT_PATH:-}"

@@ -190,7 +190,11 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
     const paths = statePaths(home, key);
     await prepareState(paths, { quotaBytes: QUOTA });
     const config = loadConfig({ home });
-    const base = containerSpec(key, { config, imageId: "sha256:aa", paths });
+    const base = containerSpec(key, {
+      config,
+      image: { id: "sha256:aa", env: [], workingDir: "", volumes: [] },
+      paths,
+    });
     assert.equal(base.body.Labels?.[LABELS.posture], base.postureHash);
     assert.equal(base.body.Labels?.[LABELS.image], "sha256:aa");
     assert.equal(base.body.HostConfig?.NetworkMode, "none");
@@ -200,7 +204,11 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
     assert.ok(base.body.Cmd?.join(" ").includes(`--command-user ${SANDBOX_UID}:${SANDBOX_UID}`));
     assert.equal(base.body.HostConfig?.ReadonlyRootfs, true);
     assert.equal(
-      containerSpec(key, { config, imageId: "sha256:bb", paths }).postureHash,
+      containerSpec(key, {
+        config,
+        image: { id: "sha256:bb", env: [], workingDir: "", volumes: [] },
+        paths,
+      }).postureHash,
       base.postureHash,
     );
     for (
@@ -215,7 +223,7 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
     ) {
       const other = containerSpec(key, {
         config: { ...config, ...change },
-        imageId: "sha256:aa",
+        image: { id: "sha256:aa", env: [], workingDir: "", volumes: [] },
         paths,
       });
       assert.notEqual(other.postureHash, base.postureHash, JSON.stringify(change));

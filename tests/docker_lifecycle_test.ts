@@ -726,10 +726,10 @@ liveTest(
     const first = sandbox.lastEnsure!.containerId;
     // A container under the sandbox's name carrying today's labels (posture
     // hash included) but a looser config, as a copied label would.
-    const imageId = await resolveImage(docker, sandbox.config.image);
+    const image = await resolveImage(docker, sandbox.config.image);
     const spec = containerSpec(sandbox.key, {
       config: sandbox.config,
-      imageId,
+      image,
       paths: sandbox.paths,
     });
     await docker.removeContainer(first, { force: true });

@@ -123,7 +123,11 @@ Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks secur
     await Deno.mkdir(paths.outbound, { recursive: true });
     await Deno.mkdir(paths.workspace, { recursive: true });
     const config = loadConfig({ home });
-    const spec = containerSpec(key, { config, imageId: "sha256:abc", paths });
+    const spec = containerSpec(key, {
+      config,
+      image: { id: "sha256:abc", env: [], workingDir: "", volumes: [] },
+      paths,
+    });
     const host = spec.body.HostConfig!;
     assert.equal(host.ReadonlyRootfs, true);
     assert.deepEqual(host.CapDrop, ["ALL"]);
@@ -142,14 +146,18 @@ Deno.test("containerSpec: hardened HostConfig, and the posture hash tracks secur
     assert.deepEqual(host.RestartPolicy, { Name: "no" });
     assert.equal(host.AutoRemove, false);
     assert.equal(host.Binds, undefined);
-    const same = containerSpec(key, { config, imageId: "sha256:abc", paths });
+    const same = containerSpec(key, {
+      config,
+      image: { id: "sha256:abc", env: [], workingDir: "", volumes: [] },
+      paths,
+    });
     assert.equal(same.postureHash, spec.postureHash);
     for (
       const change of [{ pidsLimit: 512 }, { network: "bridge" as const }, { tmpBytes: 8 * MiB }]
     ) {
       const other = containerSpec(key, {
         config: { ...config, ...change },
-        imageId: "sha256:abc",
+        image: { id: "sha256:abc", env: [], workingDir: "", volumes: [] },
         paths,
       });
       assert.notEqual(other.postureHash, spec.postureHash, JSON.stringify(change));

@@ -606,7 +606,7 @@ Deno.test(
       };
       const warm = {
         containerId: "c",
-        imageId: "i",
+        image: { id: "i", env: [], workingDir: "", volumes: [] },
         postureHash: "p",
         process: "1 1",
         bootId: "b",

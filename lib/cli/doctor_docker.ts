@@ -8,10 +8,14 @@
 import { join } from "../path.ts";
 import { loadConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
+import { resolveImage } from "../lifecycle/ensure.ts";
 import { removeSandbox } from "../lifecycle/fleet.ts";
+import { artefactCommand, runtimeKitOf, selfCommand } from "../config/self.ts";
 import { removeTree } from "../lifecycle/remove_tree.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
+import { SANDBOX_DENO_ARGV, SANDBOX_DENO_ENV } from "../lifecycle/posture.ts";
 import type { DoctorCheck } from "./doctor.ts";
+import { describeImage } from "./doctor_image.ts";
 
 /**
  * The Docker checks, in order; later ones reuse what earlier ones learned.
@@ -21,6 +25,7 @@ import type { DoctorCheck } from "./doctor.ts";
 export function dockerChecks(): DoctorCheck[] {
   const docker = new DockerClient();
   const config = loadConfig();
+  let provided: Promise<string> | undefined;
   return [
     {
       name: "docker daemon",
@@ -34,13 +39,20 @@ export function dockerChecks(): DoctorCheck[] {
     {
       name: "runner image",
       run: async () => {
-        const image = await docker.inspectImage(config.image);
-        if (image === null) {
-          throw new Error(
-            `Image '${config.image}' not found; build it with 'bash scripts/build_image.sh'`,
-          );
-        }
-        return `${config.image} = ${image.id.slice(0, 19)}`;
+        const image = await resolveImage(docker, config.image);
+        // What commands get from it; the runner brings its own runtime (any libc).
+        const path = image.env.find((entry) => entry.startsWith("PATH="))?.slice(5);
+        const kit = runtimeKitOf(
+          config.runner === undefined ? selfCommand() : artefactCommand(config.runner),
+        );
+        return [
+          `${config.image} = ${image.id.slice(0, 19)}`,
+          `PATH ${path ?? "(waffle's)"}`,
+          `${image.env.length} ENV`,
+          `workdir ${image.workingDir || "/workspace"}`,
+          ...(image.volumes.length === 0 ? [] : [`VOLUMEs as tmpfs: ${image.volumes.join(" ")}`]),
+          `runtime kit ${kit}`,
+        ].join(", ");
       },
     },
     {
@@ -59,8 +71,15 @@ export function dockerChecks(): DoctorCheck[] {
           const token = crypto.randomUUID();
           await Deno.writeTextFile(join(sandbox.paths.workspace, "from-host"), token);
           const trip = performance.now();
+          // waffle's own Deno, so any image passes (one without a shell too).
           const id = await sandbox.submit({
-            shell: "cat /workspace/from-host > /workspace/from-sandbox",
+            argv: [
+              ...SANDBOX_DENO_ARGV,
+              "eval",
+              "--quiet",
+              "Deno.copyFileSync('/workspace/from-host', '/workspace/from-sandbox')",
+            ],
+            env: { ...SANDBOX_DENO_ENV },
           });
           const result = await sandbox.queue.wait(id);
           const tripMs = performance.now() - trip;
@@ -70,6 +89,9 @@ export function dockerChecks(): DoctorCheck[] {
               `Bind-mount round trip failed: exit ${result.exitCode}, read '${back.slice(0, 40)}'`,
             );
           }
+          // Looked at while the sandbox is up; the next row reports it.
+          provided = describeImage(sandbox);
+          await provided.catch(() => {});
           return `container ready in ${startMs.toFixed(0)} ms, write/read round trip ${
             tripMs.toFixed(1)
           } ms`;
@@ -82,6 +104,10 @@ export function dockerChecks(): DoctorCheck[] {
           await removeTree(home).catch(() => false);
         }
       },
+    },
+    {
+      name: "image provides",
+      run: () => provided ?? Promise.reject(new Error("Not looked at: the sandbox did not start")),
     },
   ];
 }

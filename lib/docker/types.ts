@@ -54,6 +54,12 @@ export interface ImageSummary {
   id: string;
   /** Image labels (`Config.Labels`); `{}` when it has none. */
   labels: Record<string, string>;
+  /** The image's own `Config.Env` entries (`NAME=value`); `[]` when it has none. */
+  env: string[];
+  /** The image's `Config.WorkingDir`; empty when it sets none. */
+  workingDir: string;
+  /** Paths the image declares as `VOLUME`s (`Config.Volumes`), sorted. */
+  volumes: string[];
 }
 
 /** A mount in a create body or `HostConfig.Mounts`. */
@@ -351,9 +357,20 @@ export const infoSchema: z.ZodMiniType<DockerInfo> = z.object({
 export const imageInspectSchema: z.ZodMiniType<ImageSummary> = z.pipe(
   z.object({
     Id: z.string(),
-    Config: z.nullish(z.object({ Labels: labels })),
+    Config: z.nullish(z.object({
+      Labels: labels,
+      Env: strings,
+      WorkingDir: z.nullish(z.string()),
+      Volumes: z.nullish(z.record(z.string(), z.unknown())),
+    })),
   }),
-  z.transform((v): ImageSummary => ({ id: v.Id, labels: v.Config?.Labels ?? {} })),
+  z.transform((v): ImageSummary => ({
+    id: v.Id,
+    labels: v.Config?.Labels ?? {},
+    env: v.Config?.Env ?? [],
+    workingDir: v.Config?.WorkingDir ?? "",
+    volumes: Object.keys(v.Config?.Volumes ?? {}).sort(),
+  })),
 );
 
 /** @internal */

@@ -16,7 +16,13 @@ import type { Queue } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { mark } from "../trace.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
-import { type ContainerSpec, containerSpec, LABELS, postureDrift } from "./posture.ts";
+import {
+  type ContainerSpec,
+  containerSpec,
+  type ImageFacts,
+  LABELS,
+  postureDrift,
+} from "./posture.ts";
 import { outboundMounted, outboundReplaced } from "./outbound_in_place.ts";
 import { removeSetAsideTrees, resetOutbound, stateExists } from "./state_dir.ts";
 
@@ -32,6 +38,8 @@ export interface Ensured {
   containerId: string;
   /** The immutable id of the image the container runs. */
   imageId: string;
+  /** That image's settings the sandbox takes (see {@linkcode ImageFacts}). */
+  image: ImageFacts;
   /** The posture hash it was created with (today's). */
   postureHash: string;
   /** Its init process's pid as Docker reports it (0 when not running). */
@@ -74,15 +82,18 @@ export interface EnsureOptions {
  *
  * @param docker The Docker client.
  * @param ref Image reference.
- * @returns The image id.
+ * @returns The image's id and the settings the sandbox takes from it.
  * @throws {DockerError} When the image does not exist.
  */
-export async function resolveImage(docker: DockerClient, ref: string): Promise<string> {
+export async function resolveImage(docker: DockerClient, ref: string): Promise<ImageFacts> {
   const image = await docker.inspectImage(ref);
   if (image === null) {
-    throw new DockerError(`Image '${ref}' not found; build it with 'bash scripts/build_image.sh'`);
+    throw new DockerError(
+      `Image '${ref}' not found; build it with 'bash scripts/build_image.sh' (the default image) or 'bash scripts/build_images.sh python'`,
+    );
   }
-  return image.id;
+  const { id, env, workingDir, volumes } = image;
+  return { id, env, workingDir, volumes };
 }
 
 /**
@@ -129,13 +140,14 @@ export async function ensureContainer(
   const { config, paths, queue } = options;
   // Both answers are needed on every call (a same-tag rebuild must recycle):
   // ask for them at once.
-  const [imageId, found] = await Promise.all([
+  const [image, found] = await Promise.all([
     resolveImage(docker, config.image),
     docker.inspectContainer(key.containerName),
     options.prepared,
   ]);
   mark("image and container inspected");
-  const spec = containerSpec(key, { config, imageId, paths });
+  const imageId = image.id;
+  const spec = containerSpec(key, { config, image, paths });
   const postureHash = spec.postureHash;
   let container = found;
   let action: EnsureAction = "reused";
@@ -199,13 +211,14 @@ export async function ensureContainer(
     }
     const pid = await startReady(docker, id, { ...options, before });
     await queue.syncGeneration();
-    return { containerId: id, imageId, postureHash, pid, action };
+    return { containerId: id, imageId, image, postureHash, pid, action };
   }
 
   if (container.State.Running) {
     const judged = queue.liveness();
     if (judged.state === "alive") {
-      return { containerId: container.Id, imageId, postureHash, pid: container.State.Pid, action };
+      const pid = container.State.Pid;
+      return { containerId: container.Id, imageId, image, postureHash, pid, action };
     }
     if (judged.state === "none") {
       // Still booting (no outbound file or heartbeat yet).
@@ -215,7 +228,8 @@ export async function ensureContainer(
         timeoutMs: options.readyTimeoutMs,
       });
       await queue.syncGeneration();
-      return { containerId: container.Id, imageId, postureHash, pid: container.State.Pid, action };
+      const pid = container.State.Pid;
+      return { containerId: container.Id, imageId, image, postureHash, pid, action };
     }
     // Exited (idle exit, SIGTERM) and about to stop, or judged dead: the
     // waiting host decides the latter (it has watched the heartbeat); here a
@@ -229,7 +243,7 @@ export async function ensureContainer(
   const before = queue.heartbeat()?.bootId;
   const pid = await startReady(docker, container.Id, { ...options, before });
   await queue.syncGeneration();
-  return { containerId: container.Id, imageId, postureHash, pid, action: "started" };
+  return { containerId: container.Id, imageId, image, postureHash, pid, action: "started" };
 }
 
 // The pid of a container's init process after a start (0 when it is gone).

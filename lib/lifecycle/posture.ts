@@ -14,13 +14,24 @@ import {
   ARTEFACT_FLAGS,
   artefactCommand,
   artefactDigest,
-  PROGRAM_DIR,
   RUNNER_V8_FLAGS,
   runnerCacheOf,
+  runtimeKitOf,
   selfCommand,
 } from "../config/self.ts";
-import type { ContainerCreateBody, ContainerInspect, HostConfigMount } from "../docker/mod.ts";
+import type {
+  ContainerCreateBody,
+  ContainerInspect,
+  HostConfigMount,
+  ImageSummary,
+} from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
+import {
+  IMAGE_ENV_VARIABLE,
+  IMAGE_WORKDIR_VARIABLE,
+  PROGRAM_DIR,
+  SANDBOX_RUNTIME,
+} from "../config/sandbox_paths.ts";
 
 /** Uid and gid every command runs as (the image's `waffle` user). */
 export const SANDBOX_UID = 10001;
@@ -36,9 +47,29 @@ export const SANDBOX_UID = 10001;
  */
 export const RUNNER_CAPS = ["SETUID", "SETGID", "KILL"] as const;
 
-/** Where the runner's program is mounted inside the container. */
-/** Deno inside the container, when waffle runs from source (it runs npm MCP servers too). */
-export const SANDBOX_DENO = `${PROGRAM_DIR}/deno`;
+/** The Deno executable inside the container (it runs the runner, npm MCP servers and cp). */
+const SANDBOX_DENO = `${PROGRAM_DIR}/deno`;
+/**
+ * The variables a command running {@linkcode SANDBOX_DENO_ARGV} needs: a Deno
+ * cache it can write (on the sandbox's /tmp) and quiet output.
+ */
+export const SANDBOX_DENO_ENV: Readonly<Record<string, string>> = {
+  DENO_DIR: "/tmp/.waffle-deno",
+  DENO_NO_UPDATE_CHECK: "1",
+  NO_COLOR: "1",
+};
+
+/**
+ * How anything in a sandbox starts waffle's Deno: through the runtime kit's
+ * own loader and libraries (`image/runtime_kit.sh`), so that the image's
+ * libc, or its lack of one, never matters.
+ */
+export const SANDBOX_DENO_ARGV: readonly string[] = [
+  `${SANDBOX_RUNTIME}/ld.so`,
+  "--library-path",
+  SANDBOX_RUNTIME,
+  SANDBOX_DENO,
+];
 /** The runner cache's mount point (read-only), the runner's `DENO_DIR` when there is one. */
 const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
 /** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
@@ -90,12 +121,13 @@ export function containerSpec(
   key: SandboxKey,
   options: {
     config: SandboxConfig;
-    imageId: string;
+    image: ImageFacts;
     paths: StatePaths;
     restricted?: { id: string } | undefined;
   },
 ): ContainerSpec {
-  const { imageId, paths, restricted } = options;
+  const { image, paths, restricted } = options;
+  const imageId = image.id;
   // A restricted session's container: no network, the workspace read-only,
   // a tmpfs home, removed when its runner exits.
   // The commands' env allowlist is not the session's: none of it goes in.
@@ -111,8 +143,10 @@ export function containerSpec(
   const groups = hostCanChown() ? [] : [String(Deno.gid())];
   const body: ContainerCreateBody = {
     Image: imageId,
-    Cmd: cmd,
-    Env: runnerEnv(config, launchIdentity, denoDir ?? `${RUNNER_DIR}/deno`),
+    // Whatever the image's own entrypoint, the container runs the runner.
+    Entrypoint: cmd.slice(0, 1),
+    Cmd: cmd.slice(1),
+    Env: runnerEnv(config, { launchIdentity, denoDir: denoDir ?? `${RUNNER_DIR}/deno`, image }),
     // The runner is the container's root with RUNNER_CAPS only; commands
     // run as SANDBOX_UID (see RUNNER_CAPS).
     User: "0:0",
@@ -120,6 +154,8 @@ export function containerSpec(
     Hostname: key.containerName.slice(0, 63),
     StopSignal: "SIGTERM",
     StopTimeout: 10,
+    // An image's HEALTHCHECK would run its command in here, outside any request.
+    Healthcheck: { Test: ["NONE"] },
     Labels: {
       [restricted === undefined ? LABELS.key : LABELS.restricted]: key.hash,
       [LABELS.tenant]: key.tenant,
@@ -137,6 +173,7 @@ export function containerSpec(
           [RESTRICTED_HOME]:
             `rw,noexec,nosuid,nodev,size=64m,uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
         }),
+        ...imageVolumes(image, config),
       },
       CapDrop: ["ALL"],
       CapAdd: [...RUNNER_CAPS],
@@ -191,6 +228,7 @@ export function postureDrift(container: ContainerInspect, spec: ContainerSpec): 
     );
   const checks: [string, unknown, unknown][] = [
     ["User", container.Config.User, want.User],
+    ["Entrypoint", JSON.stringify(container.Config.Entrypoint), JSON.stringify(want.Entrypoint)],
     ["Cmd", JSON.stringify(container.Config.Cmd), JSON.stringify(want.Cmd)],
     ["StopTimeout", container.Config.StopTimeout, want.StopTimeout],
     ["Privileged", have.Privileged, host.Privileged],
@@ -220,20 +258,56 @@ export function postureDrift(container: ContainerInspect, spec: ContainerSpec): 
   return checks.find(([, got, expected]) => got !== expected)?.[0];
 }
 
-function runnerEnv(config: SandboxConfig, launchIdentity: string[], denoDir: string): string[] {
-  return [
-    ...launchIdentity,
+/**
+ * What the sandbox takes from its image: the id, and the settings whose
+ * semantics commands keep (`Env`, `WorkingDir`) or that must be covered
+ * (`Volumes`). Part of the spec, so recorded with the image id (warm.ts).
+ */
+export type ImageFacts = Pick<ImageSummary, "id" | "env" | "workingDir" | "volumes">;
+
+// Docker adds the image's Env to the container's: each of its names is set
+// empty for the runner (an image's LD_PRELOAD, LD_AUDIT, DENO_* must not
+// reach the container's root), and handed to commands instead.
+function runnerEnv(
+  config: SandboxConfig,
+  options: { launchIdentity: string[]; denoDir: string; image: ImageFacts },
+): string[] {
+  const own = [
+    ...options.launchIdentity,
     "PATH=/usr/local/bin:/usr/bin:/bin",
     `HOME=${RUNNER_DIR}`,
-    `DENO_DIR=${denoDir}`,
+    `DENO_DIR=${options.denoDir}`,
     "DENO_NO_UPDATE_CHECK=1",
     "NO_COLOR=1",
     `WAFFLE_PASS_ENV=${config.envAllowlist.join(",")}`,
+    `${IMAGE_ENV_VARIABLE}=${JSON.stringify(options.image.env)}`,
+    `${IMAGE_WORKDIR_VARIABLE}=${options.image.workingDir}`,
     ...config.envAllowlist.flatMap((name) => {
       const value = Deno.env.get(name);
       return value === undefined ? [] : [`${name}=${value}`];
     }),
   ];
+  const named = new Set(own.map((entry) => entry.slice(0, entry.indexOf("="))));
+  const masked = options.image.env
+    .map((entry) => entry.includes("=") ? entry.slice(0, entry.indexOf("=")) : entry)
+    .filter((name) => name !== "" && !named.has(name) && !name.includes("\0"));
+  // Deno refuses an empty DENO_V8_FLAGS: it gets the runner's own flag instead.
+  const value = (name: string): string =>
+    name === "DENO_V8_FLAGS" ? RUNNER_V8_FLAGS.slice("--v8-flags=".length) : "";
+  return [...own, ...[...new Set(masked)].map((name) => `${name}=${value(name)}`)];
+}
+
+// An image's VOLUMEs would be anonymous volumes outside the quota that
+// outlive the container: each is a tmpfs instead, sized like /tmp.
+function imageVolumes(image: ImageFacts, config: SandboxConfig): Record<string, string> {
+  const reserved = ["/workspace", "/queue", "/tmp", PROGRAM_DIR, RUNNER_DIR, RESTRICTED_HOME];
+  const covered = image.volumes.filter((path) =>
+    path.startsWith("/") && !/[\0,]/.test(path) &&
+    !reserved.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
+  );
+  return Object.fromEntries(
+    covered.map((path) => [path, `rw,nosuid,nodev,size=${config.tmpBytes},mode=1777`]),
+  );
 }
 
 // The runner's command line and mounts: the host's inbound directory
@@ -244,7 +318,7 @@ function runnerLaunch(
   paths: StatePaths,
   options: { readOnlyWorkspace: boolean },
 ): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[]; denoDir?: string } {
-  const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
+  const program = programLaunch(config);
   const runnerArgs = [
     "runner",
     "--queue",
@@ -261,44 +335,65 @@ function runnerLaunch(
     bind(paths.outbound, "/queue/outbound", false, paths.root),
     bind(paths.workspace, "/workspace", options.readOnlyWorkspace, paths.root),
     bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
+    ...program.mounts,
   ];
+  return {
+    cmd: [...program.argv, ...runnerArgs],
+    mounts,
+    launchIdentity: program.launchIdentity,
+    ...(program.denoDir === undefined ? {} : { denoDir: program.denoDir }),
+  };
+}
+
+/** waffle's own program as a sandbox runs it: argv up to the subcommand, and its mounts. */
+interface ProgramLaunch {
+  /** The command line before the subcommand. */
+  argv: string[];
+  /** The read-only mounts it needs. */
+  mounts: HostConfigMount[];
+  /** Variables that pin the build into the posture. */
+  launchIdentity: string[];
+  /** A read-only warm Deno cache, when the install made one. */
+  denoDir?: string;
+}
+
+function programLaunch(config: SandboxConfig): ProgramLaunch {
+  const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
+  if (self.sourceRoot === undefined && self.artefact === undefined) {
+    return {
+      argv: [`${PROGRAM_DIR}/waffle`],
+      mounts: [bind(Deno.realPathSync(self.executable), `${PROGRAM_DIR}/waffle`, true)],
+      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.executable)}`],
+    };
+  }
+  // The Deno that runs waffle and the kit it runs with (any image); the
+  // kit's hash joins the posture, so a rebuilt kit recycles every sandbox.
+  const kit = runtimeKitOf(self);
+  const mounts = [
+    bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true),
+    bind(Deno.realPathSync(kit), SANDBOX_RUNTIME, true),
+  ];
+  const kitIdentity = `WAFFLE_RUNTIME_KIT=${readKitHash(kit)}`;
   if (self.artefact !== undefined) {
-    // The bundled artefact and the Deno that runs it, nothing else; its
-    // digest joins the posture, so a new build recycles every sandbox.
-    mounts.push(bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true));
+    // The bundled artefact, nothing else; its digest joins the posture, so
+    // a new build recycles every sandbox.
     mounts.push(bind(Deno.realPathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
     const cache = runnerCacheOf(self.artefact);
     if (cache !== undefined) mounts.push(bind(Deno.realPathSync(cache), RUNNER_CACHE, true));
     return {
       ...(cache === undefined ? {} : { denoDir: RUNNER_CACHE }),
-      cmd: [
-        SANDBOX_DENO,
-        ...ARTEFACT_FLAGS,
-        RUNNER_V8_FLAGS,
-        `${PROGRAM_DIR}/waffle.js`,
-        ...runnerArgs,
-      ],
+      argv: [...SANDBOX_DENO_ARGV, ...ARTEFACT_FLAGS, RUNNER_V8_FLAGS, `${PROGRAM_DIR}/waffle.js`],
       mounts,
-      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`],
+      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`, kitIdentity],
     };
   }
-  if (self.sourceRoot === undefined) {
-    mounts.push(bind(Deno.realPathSync(self.executable), `${PROGRAM_DIR}/waffle`, true));
-    return {
-      cmd: [`${PROGRAM_DIR}/waffle`, ...runnerArgs],
-      mounts,
-      launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.executable)}`],
-    };
-  }
-  // From source: the Deno executable plus the project (sources and
-  // node_modules), both read-only. --cached-only: never fetch anything.
-  mounts.push(bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true));
-  // Only what the runner loads: not .git, .tools or anything else in the checkout.
+  // From source: only what the runner loads (sources and node_modules), not
+  // .git, .tools or anything else in the checkout. --cached-only: never fetch.
   for (const entry of ["main.ts", "deno.json", "deno.lock", "lib", "runner", "node_modules"]) {
     mounts.push(bind(`${self.sourceRoot}/${entry}`, `${PROGRAM_DIR}/src/${entry}`, true));
   }
-  const cmd = [
-    SANDBOX_DENO,
+  const argv = [
+    ...SANDBOX_DENO_ARGV,
     "run",
     "--allow-all",
     "--quiet",
@@ -309,9 +404,43 @@ function runnerLaunch(
     "--config",
     `${PROGRAM_DIR}/src/deno.json`,
     `${PROGRAM_DIR}/src/main.ts`,
-    ...runnerArgs,
   ];
-  return { cmd, mounts, launchIdentity: [] };
+  return { argv, mounts, launchIdentity: [kitIdentity] };
+}
+
+// The kit's input hash (image/runtime_kit.sh writes it); "unknown" when unreadable.
+function readKitHash(kit: string): string {
+  try {
+    const hash = Deno.readTextFileSync(`${kit}/kit.hash`).trim();
+    return /^[0-9a-f]{64}$/.test(hash) ? hash : "unknown";
+  } catch {
+    return "unknown";
+  }
+}
+
+/**
+ * How a command in the sandbox runs waffle's own CLI (the same program as
+ * its runner, e.g. `waffle files …` for `waffle cp`): as any other command,
+ * with the commands' uid and nothing of the runner's privileges, so it can
+ * touch only what the sandbox's own code could. Works in any image.
+ *
+ * @param config The sandbox's config.
+ * @param args The subcommand and its arguments.
+ * @returns The argv and the variables it needs (a Deno cache it can use).
+ */
+export function sandboxWaffleCommand(
+  config: SandboxConfig,
+  args: string[],
+): { argv: string[]; env: Record<string, string> } {
+  const program = programLaunch(config);
+  return {
+    argv: [...program.argv, ...args],
+    // The install's warm cache is read-only; from source Deno needs a writable one.
+    env: {
+      ...SANDBOX_DENO_ENV,
+      ...(program.denoDir === undefined ? {} : { DENO_DIR: program.denoDir }),
+    },
+  };
 }
 
 /**

@@ -68,10 +68,10 @@ export async function openRestricted(
   // Which host process owns it: a leftover is one whose owner is gone.
   Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
   const queue = Queue.open(dir, { create: true });
-  const imageId = await resolveImage(docker, config.image);
+  const image = await resolveImage(docker, config.image);
   const spec = containerSpec(key, {
     config,
-    imageId,
+    image,
     paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
     restricted: { id },
   });

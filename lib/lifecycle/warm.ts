@@ -28,13 +28,14 @@ import * as z from "../schema.ts";
 import { processMark } from "../process_mark.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { VolumeStatus } from "./quota.ts";
+import type { ImageFacts } from "./posture.ts";
 
 /** What a full ensure verified about a running sandbox. */
 export interface WarmRecord {
   /** The container's id. */
   containerId: string;
-  /** The image id it runs. */
-  imageId: string;
+  /** The image it runs: its id and the settings the sandbox took from it. */
+  image: ImageFacts;
   /** Its posture hash. */
   postureHash: string;
   /** "pid starttime" of its init process, as the host sees it. */
@@ -47,7 +48,12 @@ export interface WarmRecord {
 
 const recordSchema = z.object({
   containerId: z.string(),
-  imageId: z.string(),
+  image: z.object({
+    id: z.string(),
+    env: z.array(z.string()),
+    workingDir: z.string(),
+    volumes: z.array(z.string()),
+  }),
   postureHash: z.string(),
   process: z.string(),
   bootId: z.string(),
@@ -70,7 +76,7 @@ const FILE = "warm.json";
 export function readWarm(root: string): WarmRecord | undefined {
   try {
     const text = Deno.readTextFileSync(join(root, FILE));
-    if (text.length > 4096) return undefined;
+    if (text.length > 256 * 1024) return undefined;
     const parsed = recordSchema.safeParse(JSON.parse(text));
     if (!parsed.success) return undefined;
     const { reason, ...volume } = parsed.data.volume;
@@ -132,7 +138,7 @@ export function stillWarm(
   record: WarmRecord,
   today: { imageId: string | undefined; postureHash: string; queue: Queue },
 ): boolean {
-  if (today.imageId !== record.imageId || today.postureHash !== record.postureHash) return false;
+  if (today.imageId !== record.image.id || today.postureHash !== record.postureHash) return false;
   const pid = recordedPid(record);
   if (!Number.isSafeInteger(pid) || initMark(pid) !== record.process) return false;
   const judged = today.queue.liveness();

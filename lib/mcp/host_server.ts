@@ -68,7 +68,10 @@ export function openHostServer(
   let argv: string[];
   let extra: Record<string, string> = {};
   if (spec !== undefined) {
-    const built = packageLaunch(spec, args, { deno: Deno.execPath(), cacheDir: options.cacheDir });
+    const built = packageLaunch(spec, args, {
+      deno: [Deno.execPath()],
+      cacheDir: options.cacheDir,
+    });
     argv = built.argv;
     extra = built.env;
   } else if (command !== undefined && command.startsWith("/")) {

@@ -173,22 +173,22 @@ export async function fetchPackage(spec: string, options: FetchOptions): Promise
  *
  * @example
  * ```ts ignore
- * const { argv, env } = packageLaunch(spec, ["stdio"], { deno: Deno.execPath(), cacheDir });
+ * const { argv, env } = packageLaunch(spec, ["stdio"], { deno: [Deno.execPath()], cacheDir });
  * ```
  *
  * @param spec `npm:<name>@<version>`.
  * @param args The server's arguments.
- * @param where `deno`: the Deno executable; `cacheDir`: the cache (both as the server's side sees them).
+ * @param where `deno`: the argv that starts Deno; `cacheDir`: the cache (both as the server's side sees them).
  * @returns The argv (program first) and the variables to add (DENO_DIR and quiet settings).
  */
 export function packageLaunch(
   spec: string,
   args: string[],
-  where: { deno: string; cacheDir: string },
+  where: { deno: readonly string[]; cacheDir: string },
 ): { argv: string[]; env: Record<string, string> } {
   return {
     argv: [
-      where.deno,
+      ...where.deno,
       "run",
       "-A",
       "--cached-only",

@@ -8,7 +8,7 @@
 import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import { RESTRICTED_HOME, SANDBOX_DENO, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
+import { RESTRICTED_HOME, SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openRestricted } from "../lifecycle/restricted.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { ExecResult } from "../queue/protocol.ts";
@@ -102,7 +102,7 @@ function sandboxLaunch(planned: PlannedServer): { argv: string[]; env: Record<st
         `Server '${planned.name}' is an npm package, which needs waffle's Deno in the sandbox; this waffle binary has none`,
       );
     }
-    return packageLaunch(spec, args, { deno: SANDBOX_DENO, cacheDir: SANDBOX_MCP_CACHE });
+    return packageLaunch(spec, args, { deno: SANDBOX_DENO_ARGV, cacheDir: SANDBOX_MCP_CACHE });
   }
   if (command === undefined) throw new UsageError(`Server '${planned.name}' has no program`);
   return { argv: [command, ...args], env: {} };

@@ -1,0 +1,19 @@
+/**
+ * Where things are inside a sandbox, and the variables through which the
+ * host tells its runner about the image: shared by the host (which builds
+ * the container) and the runner (which lives in it). Import-free, so the
+ * runner loads nothing for it.
+ *
+ * @module
+ */
+
+/** Where a sandbox finds its program: the artefact, Deno, the runtime kit, the runner cache. */
+export const PROGRAM_DIR = "/opt/waffle";
+/** The runtime kit's mount point (read-only): glibc's loader and libraries, the spawn helper. */
+export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
+/** The spawn helper the runtime kit brings (`image/spawn_helper.c`), whatever the image has. */
+export const SANDBOX_SPAWN_HELPER = `${SANDBOX_RUNTIME}/spawn`;
+/** The runner's variable carrying the image's own `Env` (a JSON array) to its commands. */
+export const IMAGE_ENV_VARIABLE = "WAFFLE_IMAGE_ENV";
+/** The runner's variable carrying the image's `WorkingDir`: the default cwd of commands. */
+export const IMAGE_WORKDIR_VARIABLE = "WAFFLE_IMAGE_WORKDIR";
