@@ -16,6 +16,8 @@ const SYMBOLS = {
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
   pread: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
   read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+  write: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+  ioctl: { parameters: ["i32", "u64", "buffer"], result: "i32" },
   access: { parameters: ["buffer", "i32"], result: "i32" },
   statvfs: { parameters: ["buffer", "buffer"], result: "i32" },
   inotify_init1: { parameters: ["i32"], result: "i32" },
@@ -44,6 +46,8 @@ export const O_NONBLOCK = 0o4000;
 export const O_CLOEXEC = 0o2000000;
 /** A terminal opened does not become the controlling terminal. */
 export const O_NOCTTY = 0o400;
+/** Open for reading and writing. */
+export const O_RDWR = 2;
 
 let loaded: Libc | null | undefined;
 

@@ -15,7 +15,8 @@ import {
   type KillTreeOptions,
   readProcStat,
 } from "./process_tree.ts";
-import { planSpawn, type Resolution, resolveProgram } from "./spawn.ts";
+import { planSpawn, type Resolution, resolveProgram, ttySupported } from "./spawn.ts";
+import type { Pty } from "./pty.ts";
 import { quoteValue } from "./workspace.ts";
 import { exists, isDirectory } from "../lib/fs.ts";
 
@@ -40,6 +41,11 @@ export interface ExecSpec {
   outputCap: number;
   /** Run the command as this uid and gid (the runner needs CAP_SETUID/CAP_SETGID). */
   user?: { uid: number; gid: number } | undefined;
+  /**
+   * Run on this terminal: its slave is the command's stdin, stdout and
+   * stderr (all output is stdout), `stdin` is written to its master.
+   */
+  pty?: Pty | undefined;
 }
 
 /** How a command ended. */
@@ -197,7 +203,13 @@ async function execute(
   // helper or a wrapper (see spawn.ts).
   const program = resolveProgram(argv0, spec.cwd, spec.env, spec.user);
   if (!program.ok) return notExecutable(spec, argv0, program, startedAt);
-  const plan = planSpawn(program.path, spec.argv.slice(1), spec.env, spec.user);
+  const pty = spec.pty;
+  if (pty !== undefined && !ttySupported(spec.user)) {
+    return notRun(startedAt, "A terminal needs waffle's spawn helper, which this sandbox lacks");
+  }
+  const plan = planSpawn(program.path, spec.argv.slice(1), spec.env, spec.user, {
+    tty: pty?.slave,
+  });
   let child: Deno.ChildProcess;
   try {
     child = new Deno.Command(plan.program, {
@@ -205,9 +217,10 @@ async function execute(
       cwd: spec.cwd,
       env: plan.env,
       clearEnv: true,
-      stdin: spec.stdin === null ? "null" : "piped",
-      stdout: "piped",
-      stderr: "piped",
+      // On a terminal the helper opens the slave as all three.
+      stdin: spec.stdin === null || pty !== undefined ? "null" : "piped",
+      stdout: pty === undefined ? "piped" : "null",
+      stderr: pty === undefined ? "piped" : "null",
       // Without helper or wrappers, Deno's own setsid() and uid/gid drop (it
       // forks the runner for them): the request gets its own session and
       // process group (pgid = pid), and another uid than the runner's, so the
@@ -260,13 +273,22 @@ async function execute(
       fail(`Output handler failed: ${messageOf(error)}`);
     }
   };
-  const stdout = startPump(child.stdout, spec.outputCap, (data) => deliver("stdout", data));
-  const stderr = startPump(child.stderr, spec.outputCap, (data) => deliver("stderr", data));
+  const stdout = startPump(
+    pty?.output ?? child.stdout,
+    spec.outputCap,
+    (data) => deliver("stdout", data),
+  );
+  const stderr = startPump(
+    pty === undefined ? child.stderr : new ReadableStream({ start: (c) => c.close() }),
+    spec.outputCap,
+    (data) => deliver("stderr", data),
+  );
   const stdinDone = spec.stdin === null
     ? Promise.resolve()
     : spec.stdin instanceof ReadableStream
-    ? spec.stdin.pipeTo(child.stdin).catch(() => {})
-    : writeStdin(child.stdin, spec.stdin);
+    ? spec.stdin.pipeTo(pty?.input ?? child.stdin, { preventClose: pty !== undefined })
+      .catch(() => {})
+    : writeStdin(pty?.input ?? child.stdin, spec.stdin);
 
   let timer: ReturnType<typeof setTimeout> | undefined;
   if (spec.timeoutMs !== undefined) {
@@ -432,9 +454,20 @@ function stopMessage(kind: StopKind, spec: ExecSpec): string {
   }
 }
 
-// The protocol's one not-run result, as an outcome: the caller adds the
-// request id and the duration back.
-function notRun(startedAt: number, error: string, exitCode: number | null = null): ExecOutcome {
+/**
+ * The protocol's one not-run result, as an outcome: the caller adds the
+ * request id and the duration back.
+ *
+ * @param startedAt When running it was attempted (epoch ms).
+ * @param error Why it did not run.
+ * @param exitCode `EXIT_CANNOT_EXECUTE` or `EXIT_NOT_FOUND` when the program was rejected.
+ * @returns The outcome.
+ */
+export function notRun(
+  startedAt: number,
+  error: string,
+  exitCode: number | null = null,
+): ExecOutcome {
   const { requestId: _id, durationMs: _ms, ...outcome } = notRunResult("", {
     error,
     exitCode,

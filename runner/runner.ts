@@ -6,6 +6,9 @@
  *
  * @module
  */
+import { concat } from "../lib/bytes.ts";
+import { openPty, type Pty } from "./pty.ts";
+import { imageEnv, imageWorkdir as defaultWorkdir } from "./image_defaults.ts";
 import { mark } from "../lib/trace.ts";
 import { UsageError } from "../lib/errors.ts";
 import { EXIT_RUNNER_FAILED } from "../lib/exit_codes.ts";
@@ -21,7 +24,7 @@ import {
 import { type InboundRequest, RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
-import { type ExecOutcome, runCommand } from "./exec.ts";
+import { type ExecOutcome, notRun, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
 import { HEARTBEAT_SOURCE } from "./worker_name.ts";
 import { logLine } from "./log.ts";
@@ -60,7 +63,9 @@ export interface RunnerOptions {
 /** Output flushed at least this often while a command runs. */
 const FLUSH_MS = 50;
 /** Buffered output that forces a flush before the timer. */
-const FLUSH_BYTES = 256 * 1024;
+const FLUSH_BYTES = 1024 * 1024;
+/** A session's output that arrived during a commit waits this long for more before the next. */
+const SESSION_FLUSH_MS = 5;
 /** How often acknowledged outbound rows are deleted. */
 const COLLECT_MS = 1000;
 /** Orphan reaping interval (descendants that escaped and then died). */
@@ -77,7 +82,8 @@ type Chunk = { stream: StreamName; seq: number; data: Uint8Array };
 const BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
 /**
- * The environment every command starts from: a fixed minimum plus the
+ * The environment every command starts from: a fixed minimum, the image's
+ * own `Env` over it (its PATH, language settings), HOME and TMPDIR, then the
  * variables named in `WAFFLE_PASS_ENV` (the config's allowlist, which the
  * host passed into the container). Never the runner's whole environment.
  *
@@ -91,8 +97,10 @@ export function commandBaseEnv(
 ): Record<string, string> {
   const env: Record<string, string> = {
     PATH: BASE_PATH,
-    HOME: workspace,
     LANG: "C.UTF-8",
+    ...imageEnv(),
+    // The image's HOME is rarely writable here: the workspace is.
+    HOME: workspace,
     TMPDIR: "/tmp",
   };
   // A session (an MCP server) gets only what its request names.
@@ -131,6 +139,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const workspace = Deno.realPathSync(options.workspace);
   const baseEnv = commandBaseEnv(workspace);
   const sessionEnv = commandBaseEnv(workspace, { passEnv: false });
+  const imageWorkdir = defaultWorkdir();
 
   const waiting: InboundRequest[] = [];
   const running = new Map<string, Running>();
@@ -262,6 +271,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         bootId,
         workspace,
         baseEnv: spec === undefined ? baseEnv : sessionEnv,
+        imageWorkdir,
         abort: entry.abort.signal,
         // An orphan may belong to a session's server: claim none while one runs.
         claimOrphans: concurrency === 1 && sessions.size === 0,
@@ -389,6 +399,8 @@ interface RunOneOptions {
   bootId: string;
   workspace: string;
   baseEnv: Record<string, string>;
+  /** Where a request that names no cwd runs, when not the workspace (the image's). */
+  imageWorkdir: string | undefined;
   abort: AbortSignal;
   claimOrphans: boolean;
   /** A session's stdin feed and output window. */
@@ -413,7 +425,9 @@ async function runOne(
     if (payload.session?.makeCwd && payload.cwd !== undefined) {
       await makeDirectory(options.workspace, payload.cwd, options.user);
     }
-    cwd = resolveCwd(options.workspace, payload.cwd);
+    cwd = payload.cwd === undefined && options.imageWorkdir !== undefined
+      ? options.imageWorkdir
+      : resolveCwd(options.workspace, payload.cwd);
     env = buildEnv(options.baseEnv, { extra: payload.env, requestId: request.id });
   } catch (error) {
     if (error instanceof UsageError) {
@@ -459,8 +473,16 @@ async function runOne(
       () => {
         writing = undefined;
         if (buffered.length > 0) {
-          const now = bufferedBytes >= FLUSH_BYTES || feed !== undefined;
-          timer ??= setTimeout(flush, now ? 0 : FLUSH_MS);
+          // A session's output waited for this commit: a little more is let
+          // in first, so bulk output goes in large commits (each one blocks
+          // the loop that reads the pipe) while a conversation's line waits
+          // at most SESSION_FLUSH_MS.
+          const wait = bufferedBytes >= FLUSH_BYTES
+            ? 0
+            : feed !== undefined
+            ? SESSION_FLUSH_MS
+            : FLUSH_MS;
+          timer ??= setTimeout(flush, wait);
         }
       },
       (error) => {
@@ -477,28 +499,52 @@ async function runOne(
     let admitted: Promise<void> | undefined;
     for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
       const piece = data.slice(offset, offset + MAX_CHUNK_BYTES);
+      bufferedBytes += piece.byteLength;
+      // Small reads of one stream share a row while it is not yet written:
+      // fewer rows for both sides to check, whatever size the pipe gives.
+      const last = buffered.at(-1);
+      if (last?.stream === stream && last.data.byteLength + piece.byteLength <= MAX_CHUNK_BYTES) {
+        last.data = concat([last.data, piece]);
+        admitted = feed?.admit(stream, last.seq, piece.byteLength);
+        continue;
+      }
       const at = seq[stream]++;
       buffered.push({ stream, seq: at, data: piece });
       admitted = feed?.admit(stream, at, piece.byteLength);
-      bufferedBytes += piece.byteLength;
     }
-    // A session is a conversation: its output goes out at once, not batched.
-    if (bufferedBytes >= FLUSH_BYTES || feed !== undefined) flush();
+    // A session is a conversation: its output goes out at once, unless it
+    // is waiting for more after a commit (see SESSION_FLUSH_MS).
+    if (bufferedBytes >= FLUSH_BYTES || (feed !== undefined && timer === undefined)) flush();
     else timer ??= setTimeout(flush, FLUSH_MS);
     return admitted;
   };
 
   mark(`'${request.id}' start committed`);
-  const outcome: ExecOutcome = await runCommand({
-    requestId: request.id,
-    argv: payload.argv,
-    cwd,
-    env,
-    stdin: feed?.stdin ?? (payload.stdin === undefined ? null : fromBase64(payload.stdin)),
-    ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
-    outputCap: feed === undefined ? payload.outputCap ?? DEFAULT_OUTPUT_CAP : Infinity,
-    user: options.user,
-  }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
+  let pty: Pty | undefined;
+  const tty = payload.session?.tty;
+  let outcome: ExecOutcome;
+  try {
+    if (tty !== undefined && feed !== undefined) {
+      pty = openPty(tty);
+      feed.onResize = (size) => pty?.resize(size);
+    }
+    outcome = await runCommand({
+      requestId: request.id,
+      argv: payload.argv,
+      cwd,
+      env: tty === undefined ? env : { TERM: "xterm-256color", ...env },
+      stdin: feed?.stdin ?? (payload.stdin === undefined ? null : fromBase64(payload.stdin)),
+      ...(payload.timeoutMs === undefined ? {} : { timeoutMs: payload.timeoutMs }),
+      outputCap: feed === undefined ? payload.outputCap ?? DEFAULT_OUTPUT_CAP : Infinity,
+      user: options.user,
+      pty,
+    }, { onOutput, signal: options.abort, claimOrphans: options.claimOrphans });
+  } catch (error) {
+    // Only the pty can fail here (runCommand reports its own failures).
+    outcome = notRun(Date.now(), `Cannot open a terminal: ${messageOf(error)}`);
+  } finally {
+    pty?.close();
+  }
   // The output left over (and any a failed write gave back) goes with the result.
   clearTimeout(timer);
   timer = undefined;

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import type { SessionSpec, StreamName } from "../lib/queue/protocol.ts";
+import type { SessionSpec, StreamName, TtySize } from "../lib/queue/protocol.ts";
 import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
 import type { RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { messageOf } from "../lib/queue/connection.ts";
@@ -23,12 +23,16 @@ export class SessionFeed {
   readonly stdin: ReadableStream<Uint8Array>;
   /** Why the watchdog ended the session; undefined while it runs. */
   endedBecause: string | undefined;
+  /** Called when the host sets a new window size (a terminal session). */
+  onResize: ((size: TtySize) => void) | undefined;
   #queue: RunnerQueue;
   #id: string;
   #spec: SessionSpec;
   #abort: AbortController;
   #controller!: ReadableStreamDefaultController<Uint8Array>;
   #inputSeq = -1;
+  #inputChanged: (() => void) | undefined;
+  #tty: TtySize | undefined;
   #inputEnded = false;
   #lease = { value: -1, changedAt: Date.now() };
   #activeAt = Date.now();
@@ -57,16 +61,20 @@ export class SessionFeed {
     this.#id = options.id;
     this.#spec = options.spec;
     this.#abort = options.abort;
+    this.#tty = options.spec.tty;
+    // Pulled: input rows are read only as fast as the process takes them,
+    // and the host sends at most a window past the last row taken.
     this.stdin = new ReadableStream<Uint8Array>({
       start: (controller) => {
         this.#controller = controller;
       },
-    });
+      pull: () => this.#pull(),
+    }, { highWaterMark: 0 });
     this.#timer = setInterval(() => this.#check(), CHECK_MS);
     options.abort.signal.addEventListener("abort", () => this.stop(), { once: true });
   }
 
-  /** Reads new input and the lease row; called whenever inbound.db changed. */
+  /** Reads the lease and window size rows and wakes the input; called whenever inbound.db changed. */
   poll(): void {
     try {
       const lease = this.#queue.sessionLease(this.#id);
@@ -74,25 +82,57 @@ export class SessionFeed {
         this.#lease = { value: lease.lease, changedAt: Date.now() };
         this.#acknowledge({ stdout: lease.stdout, stderr: lease.stderr });
       }
-      while (!this.#inputEnded) {
-        const rows = this.#queue.sessionInput(this.#id, this.#inputSeq);
-        if (rows.length === 0) break;
-        for (const row of rows) {
-          this.#inputSeq = row.seq;
+      if (this.#tty !== undefined) {
+        const size = this.#queue.ttySize(this.#id);
+        if (size !== undefined && (size.rows !== this.#tty.rows || size.cols !== this.#tty.cols)) {
+          this.#tty = size;
           this.#activeAt = Date.now();
-          if (row.data === null) {
-            this.#inputEnded = true;
-            this.#endedAt = Date.now();
-            this.#closeStdin();
-            break;
-          }
-          this.#enqueue(row.data);
+          this.onResize?.(size);
         }
       }
     } catch (error) {
       // Retried on the next change or check.
-      logLine(`cannot read session '${this.#id}' input yet: ${messageOf(error)}`);
+      logLine(`cannot read session '${this.#id}' rows yet: ${messageOf(error)}`);
     }
+    this.#inputChanged?.();
+  }
+
+  // The next rows for the process's stdin, waiting for the host to send them.
+  async #pull(): Promise<void> {
+    while (!this.#inputEnded && !this.#abort.signal.aborted) {
+      let rows: { seq: number; data: Uint8Array | null }[] = [];
+      try {
+        rows = this.#queue.sessionInput(this.#id, this.#inputSeq);
+      } catch (error) {
+        logLine(`cannot read session '${this.#id}' input yet: ${messageOf(error)}`);
+      }
+      if (rows.length > 0) {
+        this.#take(rows);
+        return;
+      }
+      // Woken by the next inbound change (poll) or the watchdog's check.
+      await new Promise<void>((resolve) => {
+        this.#inputChanged = resolve;
+      });
+      this.#inputChanged = undefined;
+    }
+  }
+
+  #take(rows: { seq: number; data: Uint8Array | null }[]): void {
+    for (const row of rows) {
+      this.#inputSeq = row.seq;
+      this.#activeAt = Date.now();
+      if (row.data === null) {
+        this.#inputEnded = true;
+        this.#endedAt = Date.now();
+        this.#closeStdin();
+        break;
+      }
+      this.#enqueue(row.data);
+    }
+    this.#queue.recordInputRead(this.#id, this.#inputSeq).catch((error) => {
+      logLine(`cannot record session '${this.#id}' input read: ${messageOf(error)}`);
+    });
   }
 
   /**
@@ -119,6 +159,7 @@ export class SessionFeed {
   stop(): void {
     clearInterval(this.#timer);
     this.#closeStdin();
+    this.#inputChanged?.();
     for (const wake of this.#waiters) wake();
     this.#waiters.clear();
   }
@@ -176,14 +217,16 @@ export class SessionFeed {
 
   #check(): void {
     const now = Date.now();
+    const grace = this.#spec.endGraceMs ?? END_GRACE_MS;
     // Lease and idle are timed by this runner's clock alone.
     if (now - this.#lease.changedAt > this.#spec.leaseMs) {
       this.#end(`its host stopped renewing the lease for ${this.#spec.leaseMs} ms`);
     } else if (now - this.#activeAt > this.#spec.idleMs) {
       this.#end(`it was idle for ${this.#spec.idleMs} ms`);
-    } else if (this.#endedAt !== undefined && now - this.#endedAt > END_GRACE_MS) {
-      this.#end(`it did not exit within ${END_GRACE_MS} ms of the end of its input`);
+    } else if (this.#endedAt !== undefined && grace > 0 && now - this.#endedAt > grace) {
+      this.#end(`it did not exit within ${grace} ms of the end of its input`);
     }
+    this.#inputChanged?.();
   }
 
   #end(why: string): void {

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
 import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
@@ -469,13 +470,13 @@ const FLOOD_BYTES = 64 * 1024 * 1024;
 
 /**
  * The flood, following the host's read window as the real runner does: a
- * chunk is written only while at most 512 KiB are unread (`stdout_read` in
+ * chunk is written only while at most the session window is unread (`stdout_read` in
  * inbound.db), and read chunks are deleted. It stops at 64 MiB, or once the
  * host ended the session's input or cancelled it.
  */
 const FLOOD_IN_WINDOW = forger(`
 const chunk = new Uint8Array(64 * 1024).fill(0x61);
-const window = 512 * 1024;
+const window = ${SESSION_WINDOW_BYTES};
 const readSoFar = () =>
   inbound.prepare("SELECT stdout_read FROM sessions WHERE request_id = ?").get(session)?.stdout_read ?? 0;
 // Ended: its input closed, a cancel, or already collected (acknowledged, rows gone).
@@ -600,7 +601,7 @@ liveTest(
       // The host read past one 4 MiB line, ended the input, and the forger stopped well short of 64 MiB.
       const written = ended.forged.written as number;
       assert.ok(written > 4 * 1024 * 1024 && written < FLOOD_BYTES, `written ${written}`);
-      assert.ok((ended.forged.maxUnread as number) <= 512 * 1024);
+      assert.ok((ended.forged.maxUnread as number) <= SESSION_WINDOW_BYTES);
       assert.equal(ended.forged.ended, true);
       assert.ok(ended.peakMiB < bound, `waffle mcp run peaked at ${ended.peakMiB.toFixed(0)} MiB`);
       assert.equal(await runOk(sandbox, "cat /workspace/keep.txt"), "kept\n");

@@ -85,6 +85,47 @@ Deno.test("the host's copy of outbound.db fails the same schema-version check", 
   );
 });
 
+Deno.test("a read that fails leaves no stale deferral or lock behind for the wait to trust", async () => {
+  await using q = await tempQueue();
+  RunnerQueue.open(q.queueDir).close();
+  const path = queuePaths(q.queueDir).outbound;
+  const raw = new DatabaseSync(path);
+  const insert = raw.prepare(
+    "INSERT INTO chunks (request_id, stream, seq, data) VALUES ('r', 'stdout', ?, ?)",
+  );
+  let seq = 0;
+  const grow = (mib: number): void => {
+    raw.exec("BEGIN");
+    for (let i = 0; i < mib * 16; i++) insert.run(seq++, new Uint8Array(64 * 1024));
+    raw.exec("COMMIT");
+  };
+  grow(3);
+  const file = new SandboxFile(path, {
+    schema: OUTBOUND_SCHEMA,
+    maxValueBytes: 1024 * 1024,
+    maxFileBytes: 4 * 1024 * 1024,
+  });
+  try {
+    file.read(() => 0);
+    // A change right after a copy of 3 MiB: the next copy is not due yet.
+    raw.exec("DELETE FROM chunks WHERE seq = 0");
+    file.read(() => 0);
+    assert.ok(file.deferredUntil !== undefined, "the second read served the older copy");
+    grow(2);
+    assert.throws(
+      () => file.read(() => 0),
+      (error: unknown) => error instanceof SandboxFileError && error.problem === "damaged",
+    );
+    // Else a wait sleeps "until the next copy" and reads again, forever,
+    // never judging (and reviving) the runner.
+    assert.equal(file.deferredUntil, undefined);
+    assert.equal(file.busySince, undefined);
+  } finally {
+    file.close();
+    raw.close();
+  }
+});
+
 Deno.test("notRunResult() builds a valid result that ran nothing", () => {
   const lost = notRunResult("r1", { interrupted: true, endedAt: 5, error: "Lost" });
   assert.deepEqual(lost, {

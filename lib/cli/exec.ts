@@ -6,7 +6,6 @@
  * @module
  */
 import { mark } from "../trace.ts";
-import { concat } from "../bytes.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 import {
   EXIT_CANCELLED,
@@ -18,7 +17,14 @@ import {
 } from "../exit_codes.ts";
 import type { Backend } from "../host_backend.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
-import { DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../queue/protocol.ts";
+import {
+  DEFAULT_OUTPUT_CAP,
+  type ExecResult,
+  MAX_OUTPUT_CAP,
+  type OutputChunk,
+} from "../queue/protocol.ts";
+import { collectOutput } from "../queue/queue.ts";
+import { QueueSession } from "../queue/session.ts";
 import { envFlags, numberFlag, parse, stringFlag } from "./args.ts";
 import { BACKEND_OPTIONS, openBackend } from "./backend_flags.ts";
 import type { CliIo } from "./io.ts";
@@ -35,8 +41,9 @@ Options:
   --image REF        runner image (default: waffle-runner:latest)
   --backend host     run on the host filesystem instead; NOT a sandbox (needs --queue)
   --queue DIR        queue directory for --backend host
-  -i, --interactive  pass stdin to CMD, read to its end first (at most ${MAX_STDIN_BYTES} bytes);
-                     without -i stdin is not read and CMD's stdin is closed
+  -i, --interactive  stream stdin to CMD while it runs (any size; output streams back as it
+                     comes, without --output-cap); without -i stdin is not read and
+                     CMD's stdin is closed
   --timeout SECONDS  kill the command's whole process tree after this long (exit ${EXIT_TIMEOUT})
   --output-cap BYTES keep at most BYTES of each of stdout and stderr (default ${DEFAULT_OUTPUT_CAP},
                      at most ${MAX_OUTPUT_CAP}); a stream cut short is named on stderr
@@ -76,17 +83,29 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
   const env = envFlags((parsed.values.env as string[] | undefined) ?? []);
   // Like `docker exec`: stdin only when asked for. Reading it otherwise would
   // hang a script whose stdin is a pipe that never closes.
-  const stdin = parsed.values.interactive === true ? await readStdin(io.stdin) : undefined;
+  const interactive = parsed.values.interactive === true;
+  if (interactive && (parsed.values.detach || outputCap !== undefined)) {
+    throw new UsageError(
+      `'-i' streams stdin and output while the command runs: it takes no '${
+        parsed.values.detach ? "--detach" : "--output-cap"
+      }'`,
+    );
+  }
   mark("arguments parsed");
   const backend = openBackend(parsed);
   mark("backend open (config, queue)");
+  const request = {
+    argv: parsed.positionals,
+    ...(cwd === undefined ? {} : { cwd }),
+    ...(Object.keys(env).length === 0 ? {} : { env }),
+    ...(timeout === undefined ? {} : { timeoutMs: Math.round(timeout * 1000) }),
+  };
   try {
+    if (interactive) {
+      return await streamed(backend, request, { io, json: parsed.values.json === true });
+    }
     const id = await backend.submit({
-      argv: parsed.positionals,
-      ...(cwd === undefined ? {} : { cwd }),
-      ...(Object.keys(env).length === 0 ? {} : { env }),
-      ...(stdin === undefined ? {} : { stdin }),
-      ...(timeout === undefined ? {} : { timeoutMs: Math.round(timeout * 1000) }),
+      ...request,
       ...(outputCap === undefined ? {} : { outputCap }),
     });
     mark("submitted");
@@ -102,6 +121,58 @@ export async function execCommand(args: string[], io: CliIo): Promise<number> {
   } finally {
     backend.close();
   }
+}
+
+// `exec -i`: a session whose stdin is pumped from ours while it runs (with
+// the queue's flow control: a window of rows, however large the input) and
+// whose output streams back unbounded. It may run on after its stdin ends.
+async function streamed(
+  backend: Backend,
+  request: { argv: string[]; cwd?: string; env?: Record<string, string>; timeoutMs?: number },
+  options: { io: CliIo; json: boolean },
+): Promise<number> {
+  const wait = { revive: (trouble: RunnerTrouble) => backend.ensure(trouble) };
+  const session = await QueueSession.open(backend, {
+    ...request,
+    endGraceMs: 0,
+    // Ended by its own time limit, or by ours ending (the lease).
+    idleMs: 7 * 24 * 3600 * 1000,
+  }, wait);
+  mark("submitted");
+  const pump = pumpStdin(options.io.stdin, session);
+  try {
+    return await follow(backend, session.id, { ...options, output: () => session.output() });
+  } finally {
+    await pump.cancel();
+    await session.close();
+  }
+}
+
+// Copies our stdin into the session until it ends (then closes the
+// session's), or until the session is over.
+function pumpStdin(
+  stdin: ReadableStream<Uint8Array> | null,
+  session: QueueSession,
+): { cancel(): Promise<void> } {
+  const reader = (stdin ?? Deno.stdin.readable).getReader();
+  const done = (async () => {
+    try {
+      while (true) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        await session.write(value);
+      }
+      await session.end();
+    } catch {
+      // The session ended first (its input is closed, or it is gone).
+    }
+  })();
+  return {
+    cancel: async () => {
+      await reader.cancel().catch(() => {});
+      await done;
+    },
+  };
 }
 
 /** Help text of `waffle wait`. */
@@ -142,7 +213,7 @@ export async function waitCommand(args: string[], io: CliIo): Promise<number> {
 async function follow(
   backend: Backend,
   id: string,
-  options: { io: CliIo; json: boolean; outputCap?: number },
+  options: { io: CliIo; json: boolean; outputCap?: number; output?: () => OutputStream },
 ): Promise<number> {
   const forced = Promise.withResolvers<never>();
   const stopWaiting = new AbortController();
@@ -178,23 +249,30 @@ async function follow(
 async function report(
   backend: Backend,
   id: string,
-  options: { io: CliIo; json: boolean; outputCap?: number; signal: AbortSignal },
+  options: {
+    io: CliIo;
+    json: boolean;
+    outputCap?: number;
+    signal: AbortSignal;
+    output?: () => OutputStream;
+  },
 ): Promise<number> {
   const { io, queue } = { io: options.io, queue: backend.queue };
   const wait = {
     signal: options.signal,
     revive: (trouble: RunnerTrouble) => backend.ensure(trouble),
   };
+  const output = options.output ?? (() => queue.output(id, wait));
   const notes: string[] = [];
   let stderrMidLine = false;
   let collected;
   if (options.json) {
     // The object carries the truncation flags itself.
-    collected = await queue.collect(id, wait);
+    collected = await collectOutput(output());
     await io.stdout(`${JSON.stringify(jsonOf(id, collected))}\n`);
   } else {
     const received = { stdout: 0, stderr: 0 };
-    const stream = queue.output(id, wait);
+    const stream = output();
     let next = await stream.next();
     while (!next.done) {
       const { stream: name, data } = next.value;
@@ -221,25 +299,5 @@ async function report(
   return exitStatusOf(collected.result);
 }
 
-// Reads all of stdin for `-i`, refusing more than a request may carry before
-// anything is submitted.
-async function readStdin(stream: ReadableStream<Uint8Array> | null): Promise<Uint8Array> {
-  if (stream === null) {
-    throw new UsageError(
-      "Stdin is a terminal: 'waffle exec -i' passes stdin whole, so pipe or redirect it",
-    );
-  }
-  const parts: Uint8Array[] = [];
-  let size = 0;
-  for await (const part of stream) {
-    size += part.byteLength;
-    if (size > MAX_STDIN_BYTES) {
-      throw new UsageError(
-        `Stdin exceeds the ${MAX_STDIN_BYTES}-byte limit of 'waffle exec -i': ` +
-          "pass large input through a file in the workspace",
-      );
-    }
-    parts.push(part);
-  }
-  return concat(parts);
-}
+/** A request's output chunks, its result on the return value. */
+type OutputStream = AsyncGenerator<OutputChunk, ExecResult>;

@@ -16,6 +16,7 @@ export { GroupCommit } from "./group_commit.ts";
 export * from "./protocol.ts";
 export {
   type Collected,
+  collectOutput,
   LOCK_WAIT_MS,
   Queue,
   type QueueOpenOptions,

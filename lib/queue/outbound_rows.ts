@@ -181,7 +181,8 @@ export function idsWithOutboundRows(db: DatabaseSync, ids: string[]): Set<string
     db,
     `SELECT EXISTS (SELECT 1 FROM states WHERE request_id = ?1)
         OR EXISTS (SELECT 1 FROM results WHERE request_id = ?1)
-        OR EXISTS (SELECT 1 FROM chunks WHERE request_id = ?1) AS present`,
+        OR EXISTS (SELECT 1 FROM chunks WHERE request_id = ?1)
+        OR EXISTS (SELECT 1 FROM input_read WHERE request_id = ?1) AS present`,
   );
   for (const id of ids) {
     const row = query.get(id) as { present: number } | undefined;
@@ -232,4 +233,19 @@ export function readInFlight(db: DatabaseSync): string[] {
        AND octet_length(request_id) <= 128
        AND NOT EXISTS (SELECT 1 FROM results r WHERE r.request_id = s.request_id) LIMIT 256`,
   )).map((row) => String(row.request_id));
+}
+
+/**
+ * The last input row the runner took for a session's stdin.
+ *
+ * @param db `outbound.db` (untrusted).
+ * @param requestId The session.
+ * @returns Its sequence number; -1 when none was taken (or the row is not a number).
+ */
+export function readInputTaken(db: DatabaseSync, requestId: string): number {
+  const row = statement(db, "SELECT seq FROM input_read WHERE request_id = ?").get(requestId) as
+    | { seq: unknown }
+    | undefined;
+  const seq = row?.seq;
+  return typeof seq === "number" && Number.isSafeInteger(seq) && seq >= 0 ? seq : -1;
 }

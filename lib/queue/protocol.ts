@@ -24,15 +24,22 @@ export const MAX_ERROR_CHARS = 4096;
 /** Largest piece of session input in one inbound row, in bytes. */
 export const MAX_INPUT_CHUNK_BYTES = 64 * 1024;
 /**
+ * Session input rows the host may have written beyond the last one the runner
+ * took for the process (`input_read` in `outbound.db`): 256 rows, at most 16 MiB.
+ */
+export const INPUT_WINDOW_ROWS = 256;
+/**
  * Session output per stream the runner may have written and the host not yet
  * read: past it the runner stops reading the server's pipe until the host's
  * lease row says it caught up. It bounds `outbound.db` however long a session lives.
  */
-export const SESSION_WINDOW_BYTES = 512 * 1024;
+export const SESSION_WINDOW_BYTES = 4 * 1024 * 1024;
 /** Runner heartbeat interval. Hosts call a runner dead after three (see `liveness.ts`). */
 export const HEARTBEAT_INTERVAL_MS = 2000;
 
 const noNul = (value: string): boolean => !value.includes("\0");
+/** A terminal's rows or columns. */
+const ttySide = z.int().check(z.minimum(1), z.maximum(4096));
 
 // The schemas are `@ignore`d in the docs: their types are zod's internals,
 // which `deno doc` cannot show. The interfaces they are annotated with
@@ -68,6 +75,8 @@ export const execPayloadSchema: z.ZodMiniType<ExecPayload> = z.object({
     idleMs: z.int().check(z.positive(), z.maximum(7 * 24 * 3600 * 1000)),
     leaseMs: z.int().check(z.minimum(1000), z.maximum(3600 * 1000)),
     makeCwd: z.optional(z.boolean()),
+    endGraceMs: z.optional(z.int().check(z.minimum(0), z.maximum(7 * 24 * 3600 * 1000))),
+    tty: z.optional(z.strictObject({ rows: ttySide, cols: ttySide })),
   })),
 });
 
@@ -102,6 +111,21 @@ export interface SessionSpec {
   leaseMs: number;
   /** Create the working directory (inside the workspace) when missing. */
   makeCwd?: boolean | undefined;
+  /**
+   * After the end of its input the process gets this long to exit by itself
+   * (default 2000 ms, for a server); 0 lets it run on (a command: `exec -i`).
+   */
+  endGraceMs?: number | undefined;
+  /** Run on a terminal of this size (`waffle shell`); the host resizes it with `Queue.resize`. */
+  tty?: TtySize | undefined;
+}
+
+/** A terminal's window size. */
+export interface TtySize {
+  /** Rows. */
+  rows: number;
+  /** Columns. */
+  cols: number;
 }
 
 /**

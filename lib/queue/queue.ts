@@ -17,6 +17,7 @@ import {
   readChunks,
   readGeneration,
   readInFlight,
+  readInputTaken,
   readResult,
   readState,
   readStateIds,
@@ -27,6 +28,7 @@ import {
   execPayloadSchema,
   type ExecResult,
   type Heartbeat,
+  INPUT_WINDOW_ROWS,
   MAX_CHUNK_BYTES,
   MAX_INPUT_CHUNK_BYTES,
   MAX_STDIN_BYTES,
@@ -34,6 +36,7 @@ import {
   type OutputChunk,
   type RequestState,
   type SessionSpec,
+  type TtySize,
 } from "./protocol.ts";
 import { SandboxFile } from "./sandbox_file.ts";
 import {
@@ -264,21 +267,87 @@ export class Queue {
 
   /**
    * Appends bytes to a session's stdin, or ends it (`null`). Input is
-   * durable, and so seen by the runner, when this resolves.
+   * durable, and so seen by the runner, when this resolves. At most
+   * {@linkcode INPUT_WINDOW_ROWS} rows wait beyond what the runner took for
+   * the process (it records that in `outbound.db`): past them this waits, so
+   * neither side holds more than a window however much is streamed, and
+   * rows the runner took are deleted as new ones go in. Input for a session
+   * that has ended is dropped.
    *
    * @param id A session this host opened.
    * @param data The bytes, or null to close the session's stdin.
+   * @param options Abort signal and runner revival while waiting for room.
    * @throws {UsageError} When `id` is not an open session.
    */
-  async sendInput(id: string, data: Uint8Array | null): Promise<void> {
+  async sendInput(id: string, data: Uint8Array | null, options: WaitOptions = {}): Promise<void> {
     this.#requireRequest(id);
     const pieces: (Uint8Array | null)[] = [];
     if (data === null) pieces.push(null);
     for (let at = 0; data !== null && at < data.byteLength; at += MAX_INPUT_CHUNK_BYTES) {
       pieces.push(data.subarray(at, at + MAX_INPUT_CHUNK_BYTES));
     }
-    if (pieces.length === 0) return;
-    await this.#commits.add(() => {
+    for (let at = 0; at < pieces.length; at += INPUT_WINDOW_ROWS / 4) {
+      const taken = await this.#inputRoom(id, options);
+      if (taken === undefined) return;
+      await this.#appendInput(id, pieces.slice(at, at + INPUT_WINDOW_ROWS / 4), taken);
+    }
+  }
+
+  /**
+   * Sets a terminal session's window size (the runner applies it to the pty,
+   * which signals SIGWINCH to its foreground process group).
+   *
+   * @param id A terminal session this host opened.
+   * @param size Rows and columns.
+   */
+  async resize(id: string, size: TtySize): Promise<void> {
+    this.#requireRequest(id);
+    const rows = Math.max(1, Math.min(4096, Math.trunc(size.rows)));
+    const cols = Math.max(1, Math.min(4096, Math.trunc(size.cols)));
+    await this.#commits.add(() =>
+      statement(
+        this.#inbound,
+        `INSERT INTO tty (request_id, rows, cols) VALUES (?, ?, ?)
+           ON CONFLICT (request_id) DO UPDATE SET rows = excluded.rows, cols = excluded.cols`,
+      ).run(id, rows, cols)
+    );
+  }
+
+  // Waits until fewer than a window of input rows are untaken. Returns the
+  // last row taken (-1: none), or undefined once the session has ended.
+  async #inputRoom(id: string, options: WaitOptions): Promise<number | undefined> {
+    const budget = newBudget(id);
+    while (true) {
+      const version = this.#outbound.version();
+      let read: { taken: number; ended: boolean } = { taken: -1, ended: false };
+      try {
+        read = this.#outbound.read((db) => ({
+          taken: readInputTaken(db, id),
+          ended: readResult(db, id) !== undefined,
+        }));
+      } catch (error) {
+        this.#rethrowForRequest(id, error);
+      }
+      const last = statement(
+        this.#inbound,
+        `SELECT seq, data IS NULL AS closed FROM input WHERE request_id = ?
+           ORDER BY seq DESC LIMIT 1`,
+      ).get(id) as { seq: number; closed: number } | undefined;
+      if (last?.closed) throw new UsageError(`Session '${id}' input is already closed`);
+      if (read.ended || this.#lostResult(id) !== undefined) return undefined;
+      if ((last?.seq ?? -1) - read.taken < INPUT_WINDOW_ROWS) return read.taken;
+      await this.#changedSince(version, options, budget);
+    }
+  }
+
+  #appendInput(id: string, pieces: (Uint8Array | null)[], taken: number): Promise<void> {
+    return this.#commits.add(() => {
+      // What the runner took is gone from this file, so a long stream stays
+      // small; the last row taken stays, the next one numbers after it.
+      statement(
+        this.#inbound,
+        "DELETE FROM input WHERE request_id = ? AND seq < ? AND data IS NOT NULL",
+      ).run(id, taken);
       // The last row only (the primary key's order): a long session never
       // rescans its input, and nothing follows the end-of-input row.
       const last = statement(
@@ -545,15 +614,8 @@ export class Queue {
    * @param options Abort signal and runner revival.
    * @returns Result, stdout and stderr.
    */
-  async collect(id: string, options: WaitOptions = {}): Promise<Collected> {
-    const parts: Record<"stdout" | "stderr", Uint8Array[]> = { stdout: [], stderr: [] };
-    const stream = this.output(id, options);
-    let next = await stream.next();
-    while (!next.done) {
-      parts[next.value.stream].push(next.value.data);
-      next = await stream.next();
-    }
-    return { result: next.value, stdout: concat(parts.stdout), stderr: concat(parts.stderr) };
+  collect(id: string, options: WaitOptions = {}): Promise<Collected> {
+    return collectOutput(this.output(id, options));
   }
 
   /**
@@ -919,4 +981,22 @@ function toBase64(bytes: Uint8Array): string {
     binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
   }
   return btoa(binary);
+}
+
+/**
+ * Gathers a whole output stream (of {@linkcode Queue.output} or a session's).
+ *
+ * @param stream The chunks, the result on the return value.
+ * @returns Result, stdout and stderr.
+ */
+export async function collectOutput(
+  stream: AsyncGenerator<OutputChunk, ExecResult>,
+): Promise<Collected> {
+  const parts: Record<"stdout" | "stderr", Uint8Array[]> = { stdout: [], stderr: [] };
+  let next = await stream.next();
+  while (!next.done) {
+    parts[next.value.stream].push(next.value.data);
+    next = await stream.next();
+  }
+  return { result: next.value, stdout: concat(parts.stdout), stderr: concat(parts.stderr) };
 }

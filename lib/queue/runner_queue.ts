@@ -17,6 +17,7 @@ import {
   type ExecResult,
   type Heartbeat,
   type StreamName,
+  type TtySize,
 } from "./protocol.ts";
 import { hasSchema } from "./sandbox_file.ts";
 import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "./schema.ts";
@@ -196,7 +197,7 @@ export class RunnerQueue {
     return this.#inboundRead(() =>
       (statement(
         this.#inbound,
-        "SELECT seq, data FROM input WHERE request_id = ? AND seq > ? ORDER BY seq LIMIT 256",
+        "SELECT seq, data FROM input WHERE request_id = ? AND seq > ? ORDER BY seq LIMIT 16",
       ).all(id, afterSeq) as { seq: number; data: Uint8Array | null }[]).map((row) => ({
         seq: Number(row.seq),
         data: row.data instanceof Uint8Array ? row.data : null,
@@ -223,6 +224,38 @@ export class RunnerQueue {
       stdout: Number(row.stdout_read),
       stderr: Number(row.stderr_read),
     };
+  }
+
+  /**
+   * A terminal session's window size as the host last set it.
+   *
+   * @param id The session.
+   * @returns The size, or undefined when the host set none.
+   */
+  ttySize(id: string): TtySize | undefined {
+    const row = this.#inboundRead(() =>
+      statement(this.#inbound, "SELECT rows, cols FROM tty WHERE request_id = ?").get(id) as
+        | { rows: number; cols: number }
+        | undefined
+    );
+    return row === undefined ? undefined : { rows: Number(row.rows), cols: Number(row.cols) };
+  }
+
+  /**
+   * Records the last input row taken for a session's stdin, so the host may
+   * send more (and drop what was taken).
+   *
+   * @param id The session.
+   * @param seq The row's sequence number.
+   */
+  recordInputRead(id: string, seq: number): Promise<void> {
+    return this.commits.add(() => {
+      statement(
+        this.#outbound,
+        `INSERT INTO input_read (request_id, seq) VALUES (?, ?)
+           ON CONFLICT (request_id) DO UPDATE SET seq = max(seq, excluded.seq)`,
+      ).run(id, seq);
+    });
   }
 
   /**
@@ -254,7 +287,7 @@ export class RunnerQueue {
     const present = [...idsWithOutboundRows(this.#outbound, acked)];
     if (present.length === 0) return 0;
     await this.commits.add(() => {
-      const statements = ["states", "chunks", "results"].map((table) =>
+      const statements = ["states", "chunks", "results", "input_read"].map((table) =>
         statement(this.#outbound, `DELETE FROM ${table} WHERE request_id = ?`)
       );
       for (const id of present) for (const query of statements) query.run(id);

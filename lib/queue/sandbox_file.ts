@@ -159,7 +159,20 @@ export class SandboxFile {
    * @throws {SandboxFileError} `missing`, `busy` (try again later) or `damaged`.
    */
   read<T>(read: (db: DatabaseSync) => T): T {
-    const db = this.#snapshot();
+    let db: DatabaseSync;
+    // `deferredUntil` and `busySince` describe the last read only: a read
+    // that failed otherwise (the file grew too large, was damaged or went
+    // away) served no deferred or locked copy, and a wait must judge the
+    // runner instead of retrying on their stale word.
+    this.#deferredUntil = undefined;
+    try {
+      db = this.#snapshot();
+    } catch (error) {
+      if (!(error instanceof SandboxFileError && error.problem === "busy")) {
+        this.#busySince = undefined;
+      }
+      throw error;
+    }
     try {
       return read(db);
     } catch (error) {

@@ -37,6 +37,16 @@ CREATE TABLE sessions (
 );
 `;
 
+// Added in schema version 5.
+const TTY_TABLE = `
+-- A terminal session's window size, as the host last set it.
+CREATE TABLE tty (
+  request_id TEXT PRIMARY KEY,
+  rows INTEGER NOT NULL,
+  cols INTEGER NOT NULL
+);
+`;
+
 /** `inbound.db`: written only by the host. */
 export const INBOUND_SCHEMA = `
 CREATE TABLE requests (
@@ -55,14 +65,18 @@ CREATE TABLE cancels (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE acks (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE lost (request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
 CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), generation TEXT);
-${SESSION_TABLES}`;
+${SESSION_TABLES}${TTY_TABLE}`;
 
 /**
  * What older `inbound.db` files lack, by version: upgraded in place by their
  * owner. Version 4 moved the heartbeat out of `outbound.db`; `inbound.db`
  * did not change.
  */
-export const INBOUND_UPGRADES: Readonly<Record<number, string>> = { 2: SESSION_TABLES, 3: "" };
+export const INBOUND_UPGRADES: Readonly<Record<number, string>> = {
+  2: SESSION_TABLES + TTY_TABLE,
+  3: TTY_TABLE,
+  4: TTY_TABLE,
+};
 
 /** `outbound.db`: written only by the runner. */
 export const OUTBOUND_SCHEMA = `
@@ -89,6 +103,12 @@ CREATE TABLE results (
   request_id TEXT PRIMARY KEY,
   body TEXT NOT NULL,
   created_at INTEGER NOT NULL
+);
+-- The last input row of each session the runner took for the process's
+-- stdin: the host sends no more than a window beyond it.
+CREATE TABLE input_read (
+  request_id TEXT PRIMARY KEY,
+  seq INTEGER NOT NULL
 );
 `;
 

@@ -4,14 +4,17 @@
  *
  * @module
  */
-import type { ExecResult, OutputChunk, SessionSpec } from "./protocol.ts";
+import type { ExecResult, OutputChunk, SessionSpec, TtySize } from "./protocol.ts";
 import { SESSION_WINDOW_BYTES } from "./protocol.ts";
 import type { Queue, SubmitOptions, WaitOptions } from "./queue.ts";
+import { concat } from "../bytes.ts";
 
 /** Default lease: the runner ends a session whose host stops renewing for this long. */
 export const SESSION_LEASE_MS = 10_000;
 /** Default idle limit: no input or output for this long ends a session. */
 export const SESSION_IDLE_MS = 30 * 60_000;
+/** Input a session holds before sending it, at most: a writer waits past it. */
+export const PENDING_INPUT_BYTES = 4 * 1024 * 1024;
 
 /** Where a session is submitted: a queue, or a backend that ensures a runner first. */
 export interface SessionTarget {
@@ -29,6 +32,10 @@ export interface SessionOptions extends Omit<SubmitOptions, "session" | "stdin">
   idleMs?: number;
   /** Create the working directory when missing. */
   makeCwd?: boolean;
+  /** After the end of its input the process may run this long (default 2 s; 0: on, as a command). */
+  endGraceMs?: number;
+  /** Run on a terminal of this size. */
+  tty?: TtySize;
 }
 
 /**
@@ -54,6 +61,11 @@ export class QueueSession {
   #timer: ReturnType<typeof setInterval>;
   #renewing: Promise<void> | undefined;
   #wait: WaitOptions;
+  // Input accepted and not yet sent: one commit carries all of it.
+  #pending: Uint8Array[] = [];
+  #pendingBytes = 0;
+  #sending: Promise<void> | undefined;
+  #sendError: unknown;
 
   private constructor(queue: Queue, id: string, leaseMs: number, wait: WaitOptions) {
     this.queue = queue;
@@ -76,24 +88,79 @@ export class QueueSession {
     options: SessionOptions,
     wait: WaitOptions = {},
   ): Promise<QueueSession> {
-    const { leaseMs = SESSION_LEASE_MS, idleMs = SESSION_IDLE_MS, makeCwd, ...rest } = options;
-    const session: SessionSpec = { leaseMs, idleMs, ...(makeCwd ? { makeCwd } : {}) };
+    const {
+      leaseMs = SESSION_LEASE_MS,
+      idleMs = SESSION_IDLE_MS,
+      makeCwd,
+      endGraceMs,
+      tty,
+      ...rest
+    } = options;
+    const session: SessionSpec = {
+      leaseMs,
+      idleMs,
+      ...(makeCwd ? { makeCwd } : {}),
+      ...(endGraceMs === undefined ? {} : { endGraceMs }),
+      ...(tty === undefined ? {} : { tty }),
+    };
     const id = await target.submit({ ...rest, session });
     return new QueueSession(target.queue, id, leaseMs, wait);
   }
 
   /**
-   * Sends bytes to the session's stdin.
+   * Sends bytes to the session's stdin. It resolves once they are accepted:
+   * what is written while a commit is under way goes out together in the
+   * next one (many small writes cost few commits), and a writer waits while
+   * more than {@linkcode PENDING_INPUT_BYTES} are not yet sent. `end()`
+   * resolves once everything is durable.
    *
-   * @param data The bytes.
+   * @param data The bytes (copied).
+   * @throws {Error} What a previous send failed with.
    */
-  write(data: Uint8Array): Promise<void> {
-    return this.queue.sendInput(this.id, data);
+  async write(data: Uint8Array): Promise<void> {
+    if (this.#sendError !== undefined) throw this.#sendError;
+    if (data.byteLength === 0) return;
+    this.#pending.push(data.slice());
+    this.#pendingBytes += data.byteLength;
+    this.#sending ??= this.#send();
+    while (this.#pendingBytes > PENDING_INPUT_BYTES && this.#sending !== undefined) {
+      await this.#sending.catch(() => {});
+    }
+    if (this.#sendError !== undefined) throw this.#sendError;
   }
 
-  /** Closes the session's stdin (a well-behaved server then exits). */
-  end(): Promise<void> {
-    return this.queue.sendInput(this.id, null);
+  // Sends what is pending, batch after batch, until nothing is.
+  async #send(): Promise<void> {
+    try {
+      while (this.#pending.length > 0) {
+        const batch = concat(this.#pending);
+        this.#pending = [];
+        this.#pendingBytes = 0;
+        await this.queue.sendInput(this.id, batch, this.#wait);
+      }
+    } catch (error) {
+      this.#sendError = error;
+      this.#pending = [];
+      this.#pendingBytes = 0;
+    } finally {
+      this.#sending = undefined;
+    }
+  }
+
+  /**
+   * Sets a terminal session's window size.
+   *
+   * @param size Rows and columns.
+   */
+  resize(size: TtySize): Promise<void> {
+    return this.queue.resize(this.id, size);
+  }
+
+  /** Sends what is pending and closes the session's stdin (a well-behaved server then exits). */
+  async end(): Promise<void> {
+    while (this.#sending !== undefined) await this.#sending;
+    if (this.#sendError !== undefined) throw this.#sendError;
+    await this.queue.sendInput(this.id, null);
   }
 
   /** Asks the runner to kill the session's process tree now. */

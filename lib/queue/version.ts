@@ -6,4 +6,4 @@
  */
 
 /** Bumped whenever either file's schema changes; stored in `PRAGMA user_version`. */
-export const SCHEMA_VERSION = 4;
+export const SCHEMA_VERSION = 5;
