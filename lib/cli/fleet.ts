@@ -18,7 +18,8 @@ export const PS_HELP = `Usage: waffle ps [--json]
 Lists sandbox containers: tenant, user, container id, Docker state, image id,
 the runner (alive, stale, exited, none: judged by its heartbeat changing by
 this host's clock), when its heartbeat last changed, requests open, and idle
-time (since a host last used the sandbox, while none is open). A sandbox whose
+time (since a host last used the sandbox, while none is open), and how many
+workspace snapshots it keeps ('waffle snapshot ls'). A sandbox whose
 state cannot be read says why in PROBLEM; the others are listed all the same.
 `;
 
@@ -41,6 +42,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
   const lines = [
     ["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
   ];
+  lines[0]!.push("SNAPS");
   if (anyProblem) lines[0]!.push("PROBLEM");
   const now = Date.now();
   for (const row of rows) {
@@ -56,6 +58,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
         : `${Math.max(0, Math.round((now - row.lastHeartbeat) / 1000))} s ago`,
       String(row.openRequests),
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
+      String(row.snapshots),
       ...(anyProblem ? [row.problem ?? "-"] : []),
     ]);
   }

@@ -19,7 +19,7 @@ import {
   policyShape,
   tableNameProblem,
 } from "../mcp/policy.ts";
-import { stringify } from "smol-toml";
+import { stringify } from "npm:smol-toml@1.9.1";
 import { issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";
 
@@ -49,6 +49,10 @@ export interface SandboxConfig {
   maxRunning: number;
   /** Disk quota of each sandbox's volume (workspace and queue), in bytes. */
   quotaBytes: number;
+  /** Most workspace snapshots one sandbox (tenant, user) may keep; 0 allows none. */
+  maxSnapshots: number;
+  /** Most host disk, in bytes, one sandbox's snapshots may take together; 0 no limit beyond the count. */
+  snapshotBytes: number;
   /** Host directory of the npm package cache, mounted read-only into sandboxes (default `<home>/mcp-cache`). */
   mcpCache: string;
   /**
@@ -100,6 +104,8 @@ const field = {
   envAllowlist: z.array(envNameSchema).check(z.maxLength(256)),
   maxRunning: z.int().check(z.minimum(0)),
   quotaBytes: z.int().check(z.minimum(16 * 1024 * 1024)),
+  maxSnapshots: z.int().check(z.minimum(0), z.maximum(1024)),
+  snapshotBytes: z.int().check(z.minimum(0)),
   mcpCache: absolutePath,
   runner: absolutePath.check(
     z.refine((v) => v.endsWith(".js"), { error: "must name a bundled artefact (*.js)" }),
@@ -119,6 +125,8 @@ const settingsSchema = z.strictObject({
   envAllowlist: z.optional(field.envAllowlist),
   maxRunning: z.optional(field.maxRunning),
   quotaBytes: z.optional(field.quotaBytes),
+  maxSnapshots: z.optional(field.maxSnapshots),
+  snapshotBytes: z.optional(field.snapshotBytes),
   mcpCache: z.optional(field.mcpCache),
   runner: z.optional(field.runner),
   configPath: z.optional(
@@ -141,6 +149,8 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
   env: "envAllowlist",
   max_running: "maxRunning",
   quota_bytes: "quotaBytes",
+  max_snapshots: "maxSnapshots",
+  snapshot_bytes: "snapshotBytes",
   mcp_cache: "mcpCache",
   runner: "runner",
 });
@@ -157,6 +167,8 @@ const sandboxTableSchema = z.strictObject({
   env: z.optional(field.envAllowlist),
   max_running: z.optional(field.maxRunning),
   quota_bytes: z.optional(field.quotaBytes),
+  max_snapshots: z.optional(field.maxSnapshots),
+  snapshot_bytes: z.optional(field.snapshotBytes),
   mcp_cache: z.optional(field.mcpCache),
   runner: z.optional(field.runner),
 });
@@ -185,6 +197,8 @@ const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {
   envAllowlist: [],
   maxRunning: 0,
   quotaBytes: 1024 ** 3,
+  maxSnapshots: 8,
+  snapshotBytes: 0,
 };
 
 const ENV_OVERRIDES: [string, keyof Settings][] = [
@@ -195,6 +209,7 @@ const ENV_OVERRIDES: [string, keyof Settings][] = [
   ["WAFFLE_CPUS", "cpus"],
   ["WAFFLE_MAX_RUNNING", "maxRunning"],
   ["WAFFLE_QUOTA_BYTES", "quotaBytes"],
+  ["WAFFLE_MAX_SNAPSHOTS", "maxSnapshots"],
   ["WAFFLE_MCP_CACHE", "mcpCache"],
   ["WAFFLE_RUNNER", "runner"],
 ];
