@@ -119,3 +119,16 @@ export class SandboxFileError extends QueueError {
     this.problem = options.problem;
   }
 }
+
+/**
+ * A file copy into or out of a sandbox failed or was refused: a missing
+ * path, a full disk quota, or an entry the copy never extracts (a link, a
+ * device, a FIFO, a name with `..`). Nothing is left half-copied.
+ */
+export class FilesError extends WaffleError {
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "FilesError";
+  }
+}

@@ -1,0 +1,188 @@
+/**
+ * `waffle files …` (internal): the half of `waffle cp` and `sandbox.files`
+ * that runs inside the sandbox, as an ordinary command (the commands' uid,
+ * never the runner's root), so every path inside the sandbox is resolved by
+ * a process inside it and never by the host.
+ *
+ * @module
+ */
+import { FilesError, UsageError } from "../errors.ts";
+import { parse, stringFlag } from "../cli/args.ts";
+import type { CliIo } from "../cli/io.ts";
+import { basename, dirname } from "../path.ts";
+import { extractTar, fsError, rootNameOf } from "./extract.ts";
+import { packTree, READ_CHUNK } from "./pack.ts";
+
+/** Help of the internal `waffle files`. */
+export const FILES_HELP = `Usage: waffle files pack|unpack|read|write|list|remove PATH [options]
+
+Internal: the in-sandbox half of 'waffle cp' and the library's sandbox.files.
+It runs inside the sandbox as the commands' uid; the host streams through it.
+
+  pack PATH [--name N]    write PATH (never followed) as a tar stream to stdout
+  unpack DEST [--name N]  extract a tar stream from stdin (only files and directories)
+  read PATH               write a regular file's bytes to stdout
+  write PATH              write stdin to a fresh file renamed onto PATH at the end
+  list PATH               print the entries of PATH as JSON
+  remove PATH             remove PATH (a directory with its contents; links not followed)
+`;
+
+function kind(info: Deno.FileInfo): string {
+  if (info.isSymlink) return "symlink";
+  if (info.isFile) return "file";
+  if (info.isDirectory) return "directory";
+  if (info.isFifo) return "fifo";
+  if (info.isSocket) return "socket";
+  if (info.isCharDevice || info.isBlockDevice) return "device";
+  return "other";
+}
+
+function entryOf(name: string, info: Deno.FileInfo): Record<string, unknown> {
+  return {
+    name,
+    type: kind(info),
+    size: info.size,
+    mode: (info.mode ?? 0) & 0o7777,
+    mtime: info.mtime?.getTime() ?? 0,
+  };
+}
+
+/**
+ * Runs `waffle files`.
+ *
+ * @param args Arguments after `files`.
+ * @param io Process streams.
+ * @returns The exit status.
+ */
+export async function filesCommand(args: string[], io: CliIo): Promise<number> {
+  const [verb, ...rest] = args;
+  const parsed = parse(rest, { name: { type: "string" }, recursive: { type: "boolean" } });
+  const [path, ...extra] = parsed.positionals;
+  if (path === undefined || extra.length > 0) {
+    throw new UsageError(`Expected one PATH: 'waffle files ${verb ?? "VERB"} PATH'`);
+  }
+  const name = stringFlag(parsed, "name");
+  switch (verb) {
+    case "pack":
+      for await (
+        const chunk of packTree(path, name ?? rootNameOf(path, "root"), { special: "emit" })
+      ) {
+        await io.stdout(chunk);
+      }
+      return 0;
+    case "unpack": {
+      const result = await extractTar(
+        input(io),
+        path,
+        name === undefined ? {} : { rootName: name },
+      );
+      await io.stdout(JSON.stringify({ ...result.stats, stripped: result.stripped }) + "\n");
+      return 0;
+    }
+    case "read":
+      await readRaw(path, io);
+      return 0;
+    case "write":
+      await writeRaw(path, io);
+      return 0;
+    case "list":
+      await io.stdout(JSON.stringify(await list(path)) + "\n");
+      return 0;
+    case "remove":
+      try {
+        await Deno.remove(path, { recursive: true });
+      } catch (error) {
+        throw fsError(error, path);
+      }
+      return 0;
+    default:
+      throw new UsageError(`Unknown 'waffle files' command '${verb ?? ""}'`);
+  }
+}
+
+async function* input(io: CliIo): AsyncGenerator<Uint8Array> {
+  if (io.stdin === null) return;
+  for await (const chunk of io.stdin) yield chunk;
+}
+
+async function list(path: string): Promise<Record<string, unknown>[]> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.lstat(path);
+  } catch (error) {
+    throw fsError(error, path);
+  }
+  if (!info.isDirectory) return [entryOf(basename(path), info)];
+  const out: Record<string, unknown>[] = [];
+  try {
+    for await (const child of Deno.readDir(path)) {
+      if (out.length >= 100_000) break;
+      try {
+        out.push(entryOf(child.name, await Deno.lstat(`${path}/${child.name}`)));
+      } catch {
+        // removed meanwhile
+      }
+    }
+  } catch (error) {
+    throw fsError(error, path);
+  }
+  return out.sort((a, b) => String(a.name) < String(b.name) ? -1 : 1);
+}
+
+async function readRaw(path: string, io: CliIo): Promise<void> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.lstat(path);
+  } catch (error) {
+    throw fsError(error, path);
+  }
+  if (!info.isFile) throw new FilesError(`Not a regular file '${path}': it is a ${kind(info)}`);
+  const file = await Deno.open(path, { read: true }).catch((error) => {
+    throw fsError(error, path);
+  });
+  try {
+    const opened = await file.stat();
+    if (opened.ino !== info.ino || opened.dev !== info.dev) {
+      throw new FilesError(`File '${path}' was replaced during the copy`);
+    }
+    const buffer = new Uint8Array(READ_CHUNK);
+    while (true) {
+      const n = await file.read(buffer);
+      if (n === null) break;
+      await io.stdout(buffer.slice(0, n));
+    }
+  } finally {
+    file.close();
+  }
+}
+
+async function writeRaw(path: string, io: CliIo): Promise<void> {
+  const temp = `${dirname(path)}/.waffle-tmp-${crypto.randomUUID().slice(0, 12)}`;
+  let file: Deno.FsFile;
+  try {
+    file = await Deno.open(temp, { write: true, createNew: true, mode: 0o644 });
+  } catch (error) {
+    throw fsError(error, path);
+  }
+  let done = false;
+  try {
+    try {
+      for await (const chunk of input(io)) {
+        let rest = chunk;
+        while (rest.byteLength > 0) rest = rest.subarray(await file.write(rest));
+      }
+    } finally {
+      file.close();
+    }
+    const existing = await Deno.lstat(path).catch(() => null);
+    if (existing?.isDirectory) {
+      throw new FilesError(`Destination '${path}' is a directory`);
+    }
+    Deno.renameSync(temp, path);
+    done = true;
+  } catch (error) {
+    throw fsError(error, path);
+  } finally {
+    if (!done) await Deno.remove(temp).catch(() => {});
+  }
+}

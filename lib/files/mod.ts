@@ -1,0 +1,386 @@
+/**
+ * Files in and out of a sandbox, streamed and bounded: the host half of
+ * `waffle cp` and the library's `sandbox.files`. Every path inside the
+ * sandbox is resolved by `waffle files …` running inside it as the
+ * commands' uid (see `inside.ts`); the host only streams bytes through a
+ * queue session, and extracts what comes out with `extract.ts`'s rules.
+ *
+ * @example
+ * ```ts ignore
+ * import { openSandbox } from "../mod.ts";
+ * const sandbox = openSandbox("alice");
+ * await sandbox.files.write("notes.txt", new TextEncoder().encode("hi\n"));
+ * const entries = await sandbox.files.list(".");
+ * ```
+ *
+ * @module
+ */
+import { z } from "zod";
+import { FilesError } from "../errors.ts";
+import type { Sandbox } from "../lifecycle/sandbox.ts";
+import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
+import type { ExecResult } from "../queue/protocol.ts";
+import type { WaitOptions } from "../queue/queue.ts";
+import { QueueSession } from "../queue/session.ts";
+
+/** One entry of {@linkcode listFiles}. */
+export interface FileEntry {
+  /** The entry's name in its directory. */
+  name: string;
+  /** `file`, `directory`, `symlink`, `fifo`, `socket`, `device` or `other`. */
+  type: "file" | "directory" | "symlink" | "fifo" | "socket" | "device" | "other";
+  /** Size in bytes. */
+  size: number;
+  /** Permission bits. */
+  mode: number;
+  /** Modification time, epoch milliseconds (the sandbox's clock). */
+  mtime: number;
+}
+
+const entrySchema = z.object({
+  name: z.string().check(z.maxLength(4096)),
+  type: z.enum(["file", "directory", "symlink", "fifo", "socket", "device", "other"]),
+  size: z.number().check(z.nonnegative()),
+  mode: z.number().check(z.int(), z.nonnegative()),
+  mtime: z.number(),
+});
+
+/** The library's files API of one sandbox (`sandbox.files`). */
+export interface SandboxFiles {
+  /**
+   * Writes a file (a fresh file renamed onto `path` when complete).
+   *
+   * @param path Inside the sandbox; relative paths are under the workspace.
+   * @param data The bytes, or a stream of them.
+   */
+  write(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void>;
+  /**
+   * Reads a regular file as a stream.
+   *
+   * @param path Inside the sandbox.
+   */
+  read(path: string): ReadableStream<Uint8Array>;
+  /**
+   * Lists a directory (or describes one non-directory); links are not followed.
+   *
+   * @param path Inside the sandbox.
+   */
+  list(path: string): Promise<FileEntry[]>;
+  /**
+   * Removes a file or a directory with its contents (links are not followed).
+   *
+   * @param path Inside the sandbox.
+   */
+  remove(path: string): Promise<void>;
+}
+
+/** Limits of the sessions a file transfer opens. */
+const SESSION = { cwd: ".", endGraceMs: 0, idleMs: 120_000, leaseMs: 15_000 } as const;
+const MAX_STDERR = 16 * 1024;
+
+/** How a finished helper went. */
+interface Finished {
+  result: ExecResult;
+  stdout: Uint8Array;
+  stderr: string;
+}
+
+async function open(sandbox: Sandbox, args: string[]): Promise<QueueSession> {
+  const { argv, env } = sandboxWaffleCommand(sandbox.config, ["files", ...args]);
+  return await QueueSession.open(sandbox, { argv, env, ...SESSION }, waitOf(sandbox));
+}
+
+function waitOf(sandbox: Sandbox): WaitOptions {
+  return { revive: (trouble) => sandbox.ensure(trouble) };
+}
+
+// deno-lint-ignore no-control-regex -- strip control characters from the sandbox's words
+const CONTROL = /[\x00-\x08\x0b-\x1f\x7f]/g;
+
+/**
+ * The one-line error a failed helper stands for: its own `waffle: …` line
+ * (the sandbox's words, cleaned and capped), or what the runner said.
+ */
+function failure(verb: string, path: string, finished: Finished): FilesError {
+  const { result, stderr } = finished;
+  const line = stderr.split("\n").reverse().find((l) => l.startsWith("waffle: "));
+  if (line !== undefined) {
+    return new FilesError(line.slice(8).replace(CONTROL, "").slice(0, 400));
+  }
+  const why = result.error ?? (result.timedOut ? "timed out" : result.cancelled ? "cancelled" : "");
+  const first = stderr.replace(CONTROL, "").split("\n")[0]?.slice(0, 200) ?? "";
+  return new FilesError(
+    `File transfer '${verb}' of '${path}' failed in the sandbox (exit ${result.exitCode}${
+      result.signal ? `, ${result.signal}` : ""
+    })${why ? `: ${why}` : first ? `: ${first}` : ""}`,
+  );
+}
+
+/**
+ * Drains a session's output: stdout to `onStdout` (or kept, up to
+ * `keepStdout` bytes), stderr kept up to 16 KiB.
+ */
+async function drain(
+  session: QueueSession,
+  onStdout?: (chunk: Uint8Array) => Promise<void> | void,
+  keepStdout = 1024 * 1024,
+): Promise<Finished> {
+  const kept: Uint8Array[] = [];
+  let keptBytes = 0;
+  let stderr = "";
+  const decoder = new TextDecoder();
+  const output = session.output();
+  let next = await output.next();
+  while (!next.done) {
+    const { stream, data } = next.value;
+    if (stream === "stderr") {
+      if (stderr.length < MAX_STDERR) stderr += decoder.decode(data).slice(0, MAX_STDERR);
+    } else if (onStdout !== undefined) await onStdout(data);
+    else {
+      keptBytes += data.byteLength;
+      if (keptBytes > keepStdout) {
+        throw new FilesError(`The sandbox's answer exceeds ${keepStdout} bytes`);
+      }
+      kept.push(data.slice());
+    }
+    next = await output.next();
+  }
+  const stdout = new Uint8Array(keptBytes);
+  let at = 0;
+  for (const chunk of kept) {
+    stdout.set(chunk, at);
+    at += chunk.byteLength;
+  }
+  return { result: next.value, stdout, stderr };
+}
+
+/**
+ * Streams bytes into a `waffle files` helper's stdin while draining its
+ * output, and fails with the helper's one-line error.
+ *
+ * @param sandbox The sandbox.
+ * @param args The helper's arguments after `files`.
+ * @param data What its stdin gets.
+ * @returns Its stdout (at most 1 MiB).
+ */
+async function feed(
+  sandbox: Sandbox,
+  args: string[],
+  data: AsyncIterable<Uint8Array>,
+): Promise<Uint8Array> {
+  const session = await open(sandbox, args);
+  let ended = false;
+  try {
+    const drained = drain(session).finally(() => {
+      ended = true;
+    });
+    drained.catch(() => {});
+    try {
+      for await (const chunk of data) {
+        if (ended) break;
+        await session.write(chunk);
+      }
+      if (!ended) await session.end();
+    } catch (error) {
+      await session.cancel().catch(() => {});
+      await drained.catch(() => {});
+      throw error;
+    }
+    const finished = await drained;
+    if (finished.result.exitCode !== 0) throw failure(args[0]!, args[1]!, finished);
+    return finished.stdout;
+  } finally {
+    await session.close();
+  }
+}
+
+/**
+ * A `waffle files` helper's stdout as a stream; it fails at its end when the
+ * helper failed. Leaving early cancels the helper.
+ *
+ * @param sandbox The sandbox.
+ * @param args The helper's arguments after `files`.
+ * @returns Its stdout.
+ */
+export async function* helperOutput(
+  sandbox: Sandbox,
+  args: string[],
+): AsyncGenerator<Uint8Array> {
+  const session = await open(sandbox, args);
+  let finishedCleanly = false;
+  try {
+    await session.end();
+    let stderr = "";
+    const decoder = new TextDecoder();
+    const output = session.output();
+    let next = await output.next();
+    while (!next.done) {
+      const { stream, data } = next.value;
+      if (stream === "stdout") yield data;
+      else if (stderr.length < MAX_STDERR) stderr += decoder.decode(data).slice(0, MAX_STDERR);
+      next = await output.next();
+    }
+    finishedCleanly = true;
+    if (next.value.exitCode !== 0) {
+      throw failure(args[0]!, args[1]!, { result: next.value, stdout: new Uint8Array(), stderr });
+    }
+  } finally {
+    if (!finishedCleanly) await session.cancel().catch(() => {});
+    await session.close();
+  }
+}
+
+/** What the in-sandbox unpack reports. */
+export interface Unpacked {
+  /** Regular files written. */
+  files: number;
+  /** Directories made. */
+  directories: number;
+  /** Bytes of file data. */
+  bytes: number;
+  /** Entries whose setuid, setgid or sticky bit was stripped. */
+  stripped: string[];
+}
+
+const unpackedSchema = z.object({
+  files: z.number().check(z.int(), z.nonnegative()),
+  directories: z.number().check(z.int(), z.nonnegative()),
+  bytes: z.number().check(z.nonnegative()),
+  stripped: z.array(z.string().check(z.maxLength(4096))).check(z.maxLength(100_000)),
+});
+
+/**
+ * Streams a tar archive into the sandbox, where `waffle files unpack` extracts
+ * it as the commands' uid (only files and directories; into a new directory
+ * renamed into place at the end, so a full quota leaves nothing).
+ *
+ * @param sandbox The sandbox.
+ * @param tar The archive.
+ * @param dest The destination inside the sandbox.
+ * @param rootName The archive's one top-level name; omitted: every top-level
+ *   entry goes into `dest`, an existing directory.
+ * @returns What the sandbox says it wrote.
+ */
+export async function unpackInSandbox(
+  sandbox: Sandbox,
+  tar: AsyncIterable<Uint8Array>,
+  dest: string,
+  rootName?: string,
+): Promise<Unpacked> {
+  const stdout = await feed(
+    sandbox,
+    ["unpack", dest, ...(rootName === undefined ? [] : ["--name", rootName])],
+    tar,
+  );
+  try {
+    return unpackedSchema.parse(JSON.parse(new TextDecoder().decode(stdout)));
+  } catch {
+    throw new FilesError(`The sandbox's report of the copy to '${dest}' is malformed`);
+  }
+}
+
+/**
+ * Packs a path inside the sandbox (`waffle files pack`, never following a
+ * link there) and streams the tar archive out: untrusted, for
+ * `extractTar` to check.
+ *
+ * @param sandbox The sandbox.
+ * @param path The path inside the sandbox.
+ * @param rootName The name its entries are under.
+ * @returns The archive's bytes.
+ */
+export function packInSandbox(
+  sandbox: Sandbox,
+  path: string,
+  rootName: string,
+): AsyncGenerator<Uint8Array> {
+  return helperOutput(sandbox, ["pack", path, "--name", rootName]);
+}
+
+async function* chunksOf(
+  data: Uint8Array | ReadableStream<Uint8Array>,
+): AsyncGenerator<Uint8Array> {
+  if (data instanceof Uint8Array) {
+    for (let at = 0; at < data.byteLength; at += 1024 * 1024) {
+      yield data.subarray(at, at + 1024 * 1024);
+    }
+  } else yield* data;
+}
+
+/**
+ * Writes a file in the sandbox.
+ *
+ * @param sandbox The sandbox.
+ * @param path Inside the sandbox (relative: under the workspace).
+ * @param data The bytes or a stream of them.
+ */
+export async function writeFile(
+  sandbox: Sandbox,
+  path: string,
+  data: Uint8Array | ReadableStream<Uint8Array>,
+): Promise<void> {
+  await feed(sandbox, ["write", path], chunksOf(data));
+}
+
+/**
+ * Reads a regular file in the sandbox as a stream (it errors at its end when
+ * the file could not be read).
+ *
+ * @param sandbox The sandbox.
+ * @param path Inside the sandbox.
+ * @returns The file's bytes.
+ */
+export function readFile(sandbox: Sandbox, path: string): ReadableStream<Uint8Array> {
+  return ReadableStream.from(helperOutput(sandbox, ["read", path]));
+}
+
+/**
+ * Lists a directory in the sandbox (at most 100,000 entries), or describes a
+ * single entry.
+ *
+ * @param sandbox The sandbox.
+ * @param path Inside the sandbox.
+ * @returns Entries by name.
+ */
+export async function listFiles(sandbox: Sandbox, path: string): Promise<FileEntry[]> {
+  const chunks: Uint8Array[] = [];
+  let bytes = 0;
+  for await (const chunk of helperOutput(sandbox, ["list", path])) {
+    bytes += chunk.byteLength;
+    if (bytes > 32 * 1024 * 1024) throw new FilesError(`The listing of '${path}' is too large`);
+    chunks.push(chunk.slice());
+  }
+  const text = new TextDecoder().decode(await new Blob(chunks as BlobPart[]).arrayBuffer());
+  try {
+    return z.array(entrySchema).check(z.maxLength(100_000)).parse(JSON.parse(text));
+  } catch {
+    throw new FilesError(`The sandbox's listing of '${path}' is malformed`);
+  }
+}
+
+/**
+ * Removes a file, or a directory with its contents, in the sandbox.
+ *
+ * @param sandbox The sandbox.
+ * @param path Inside the sandbox.
+ */
+export async function removeFile(sandbox: Sandbox, path: string): Promise<void> {
+  for await (const _ of helperOutput(sandbox, ["remove", path])) {
+    // nothing is printed
+  }
+}
+
+/**
+ * The files API bound to one sandbox.
+ *
+ * @param sandbox The sandbox.
+ * @returns `write`, `read`, `list` and `remove`.
+ */
+export function sandboxFiles(sandbox: Sandbox): SandboxFiles {
+  return {
+    write: (path, data) => writeFile(sandbox, path, data),
+    read: (path) => readFile(sandbox, path),
+    list: (path) => listFiles(sandbox, path),
+    remove: (path) => removeFile(sandbox, path),
+  };
+}

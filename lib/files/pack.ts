@@ -1,0 +1,193 @@
+/**
+ * Packs a file or directory tree into a tar stream, never following a
+ * symlink: the host packs its own files for a copy in, and `waffle files
+ * pack` packs the sandbox's as the commands' uid for a copy out.
+ *
+ * @module
+ */
+import { FilesError } from "../errors.ts";
+import { padding, TAR_END, type TarEntryInfo, tarHeader, type TarType } from "./tar.ts";
+
+/** Read size for file data. */
+export const READ_CHUNK = 1024 * 1024;
+
+/** Options of {@linkcode packTree}. */
+export interface PackOptions {
+  /**
+   * `refuse`: a symlink, FIFO, device or socket fails the pack, naming it
+   * (the host's own files). `emit`: it is written as a header of its kind and
+   * never opened, for the other side to refuse (inside the sandbox).
+   */
+  special: "refuse" | "emit";
+  /** Sees each file's data as it is packed (for a single file's digest). */
+  onFileData?: (chunk: Uint8Array) => void;
+  /** Totals, updated as the pack goes. */
+  stats?: PackStats;
+}
+
+/** What a pack or an extraction moved. */
+export interface PackStats {
+  /** Regular files. */
+  files: number;
+  /** Directories. */
+  directories: number;
+  /** Bytes of file data. */
+  bytes: number;
+}
+
+/** A fresh zeroed {@linkcode PackStats}. */
+export function newStats(): PackStats {
+  return { files: 0, directories: 0, bytes: 0 };
+}
+
+function kindOf(info: Deno.FileInfo): TarType | "socket" | "unknown" {
+  if (info.isSymlink) return "symlink";
+  if (info.isFile) return "file";
+  if (info.isDirectory) return "directory";
+  if (info.isFifo) return "fifo";
+  if (info.isCharDevice) return "char";
+  if (info.isBlockDevice) return "block";
+  if (info.isSocket) return "socket";
+  return "unknown";
+}
+
+function seconds(date: Date | null): number {
+  return date === null ? 0 : Math.floor(date.getTime() / 1000);
+}
+
+/**
+ * Packs `path` (not followed if it is a symlink) as the archive entry `name`,
+ * and a directory's contents recursively under it, in name order.
+ *
+ * @param path The file or directory to pack.
+ * @param name Its name in the archive (one path component).
+ * @param options What to do with special files; a data observer.
+ * @returns The archive's bytes, the end blocks included.
+ * @throws {FilesError} When the path is missing, a special file is refused,
+ *   or a file changes while it is read.
+ */
+export async function* packTree(
+  path: string,
+  name: string,
+  options: PackOptions,
+): AsyncGenerator<Uint8Array> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.lstat(path);
+  } catch (error) {
+    throw notFound(path, error);
+  }
+  yield* packEntry(path, name, info, options);
+  yield TAR_END;
+}
+
+function notFound(path: string, error: unknown): FilesError {
+  if (error instanceof Deno.errors.NotFound) {
+    return new FilesError(`No such file or directory '${path}'`, { cause: error });
+  }
+  if (error instanceof Deno.errors.PermissionDenied) {
+    return new FilesError(`Permission denied reading '${path}'`, { cause: error });
+  }
+  return new FilesError(
+    `Cannot read '${path}': ${error instanceof Error ? error.message : String(error)}`,
+    { cause: error },
+  );
+}
+
+async function* packEntry(
+  path: string,
+  name: string,
+  info: Deno.FileInfo,
+  options: PackOptions,
+): AsyncGenerator<Uint8Array> {
+  const kind = kindOf(info);
+  const base: Omit<TarEntryInfo, "type"> = {
+    name,
+    size: 0,
+    mode: (info.mode ?? 0o644) & 0o7777,
+    mtime: seconds(info.mtime),
+  };
+  if (kind === "directory") {
+    options.stats && options.stats.directories++;
+    yield tarHeader({ ...base, type: "directory" });
+    let children: string[];
+    try {
+      children = [];
+      for await (const child of Deno.readDir(path)) children.push(child.name);
+    } catch (error) {
+      throw notFound(path, error);
+    }
+    children.sort();
+    for (const child of children) {
+      const childPath = `${path}/${child}`;
+      let childInfo: Deno.FileInfo;
+      try {
+        childInfo = await Deno.lstat(childPath);
+      } catch (error) {
+        if (error instanceof Deno.errors.NotFound) continue; // removed meanwhile
+        throw notFound(childPath, error);
+      }
+      yield* packEntry(childPath, `${name}/${child}`, childInfo, options);
+    }
+    return;
+  }
+  if (kind === "file") {
+    yield* packFile(path, info, base, options);
+    return;
+  }
+  if (options.special === "refuse" || kind === "socket" || kind === "unknown") {
+    throw new FilesError(
+      `Refused '${path}': a ${kind === "char" || kind === "block" ? `${kind} device` : kind}; ` +
+        "waffle cp copies regular files and directories only",
+    );
+  }
+  let linkname = "";
+  if (kind === "symlink") {
+    try {
+      linkname = (await Deno.readLink(path)).slice(0, 4096);
+    } catch {
+      linkname = "";
+    }
+  }
+  yield tarHeader({ ...base, type: kind, linkname });
+}
+
+async function* packFile(
+  path: string,
+  info: Deno.FileInfo,
+  base: Omit<TarEntryInfo, "type">,
+  options: PackOptions,
+): AsyncGenerator<Uint8Array> {
+  let file: Deno.FsFile;
+  try {
+    file = await Deno.open(path, { read: true });
+  } catch (error) {
+    throw notFound(path, error);
+  }
+  try {
+    // The name may have been swapped between lstat and open (a symlink, a
+    // FIFO): only the very file lstat saw is read.
+    const opened = await file.stat();
+    if (!opened.isFile || opened.ino !== info.ino || opened.dev !== info.dev) {
+      throw new FilesError(`File '${path}' was replaced during the copy`);
+    }
+    const size = info.size;
+    options.stats && options.stats.files++;
+    options.stats && (options.stats.bytes += size);
+    yield tarHeader({ ...base, type: "file", size });
+    let left = size;
+    while (left > 0) {
+      const buffer = new Uint8Array(Math.min(READ_CHUNK, left));
+      const n = await file.read(buffer);
+      if (n === null) throw new FilesError(`File '${path}' shrank during the copy`);
+      const chunk = buffer.subarray(0, n);
+      options.onFileData?.(chunk);
+      left -= n;
+      yield chunk;
+    }
+    const pad = padding(size);
+    if (pad.byteLength > 0) yield pad;
+  } finally {
+    file.close();
+  }
+}
