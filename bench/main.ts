@@ -21,10 +21,13 @@
 import { parseArgs } from "node:util";
 import { attackSection } from "./attack_bench.ts";
 import { cliSection } from "./cli_bench.ts";
+import { cpSection } from "./cp_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
 import { fleetSection } from "./fleet_bench.ts";
+import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
+import { snapshotSection } from "./snapshot_bench.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
 import { type BenchReport, machineLoad, Progress, renderJson, renderTable } from "./stats.ts";
 
@@ -36,6 +39,9 @@ export const SECTIONS: readonly Section[] = [
   cliSection,
   fleetSection,
   attackSection,
+  snapshotSection,
+  cpSection,
+  imageSection,
 ];
 
 /** Parsed command line. */

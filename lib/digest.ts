@@ -5,8 +5,8 @@
  *
  * @module
  */
-import { sha256 } from "@noble/hashes/sha2";
-import { bytesToHex } from "@noble/hashes/utils";
+import { sha256 } from "npm:@noble/hashes@2.0.1/sha2.js";
+import { bytesToHex } from "npm:@noble/hashes@2.0.1/utils.js";
 
 /**
  * The SHA-256 of a string (as UTF-8) or of bytes, in lowercase hex.

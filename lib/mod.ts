@@ -26,14 +26,22 @@ export {
   type EnsureAction,
   type Ensured,
   listSandboxes,
+  listSnapshots,
   openSandbox,
   removeSandbox,
+  removeSnapshot,
+  type RestoredSnapshot,
+  restoreSnapshot,
+  type RestoreSnapshotOptions,
   type Sandbox,
   type SandboxConfig,
   type SandboxKey,
   type SandboxOptions,
   type SandboxStatus,
+  saveSnapshot,
+  type SaveSnapshotOptions,
   settleRemovals,
+  type SnapshotInfo,
   type StatePaths,
   stopSandbox,
   sweep,
@@ -53,6 +61,28 @@ export {
   resolveEnv,
   type ServerConnection,
 } from "./mcp/mod.ts";
+export {
+  type ProcessOptions,
+  type ProcessStatus,
+  type RunBytesOptions,
+  type RunBytesResult,
+  runIn,
+  type RunOptions,
+  type RunResult,
+  type SandboxProcess,
+  type SandboxProcesses,
+  spawnIn,
+  type SpawnOptions,
+} from "./lifecycle/run.ts";
+export {
+  type FileEntry,
+  listFiles,
+  readFile,
+  removeFile,
+  type SandboxFiles,
+  sandboxFiles,
+  writeFile,
+} from "./files/mod.ts";
 export { loadConfig, loadWaffleConfig, type WaffleConfig } from "./config/config.ts";
 /** The Engine API client the fleet functions take; its types live in `lib/docker/mod.ts`. */
 export { DockerClient } from "./docker/mod.ts";

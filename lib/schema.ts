@@ -8,10 +8,10 @@
  *
  * @module
  */
-import { config } from "zod/mini";
-import en from "zod/v4/locales/en.js";
+import { config } from "npm:zod@4.6.7/mini";
+import en from "npm:zod@4.6.7/v4/locales/en.js";
 
 config(en());
 
 /** `zod/mini`'s API (`z.string()`, `z.optional()`, `z.infer`, …), English messages configured. */
-export * from "zod/mini";
+export * from "npm:zod@4.6.7/mini";

@@ -8,14 +8,15 @@
  * the artefact replaces that `require` with a stub that throws, so no CLI
  * start pays for it and no native module is needed.
  *
- * Usage: deno run --allow-all scripts/build_artefact.ts OUTPUT
+ * Usage: deno run --allow-all scripts/build_artefact.ts OUTPUT [ENTRY]
  *
  * @module
  */
 // deno-lint-ignore-file no-console
 import { HEARTBEAT_SOURCE } from "../runner/worker_name.ts";
 
-const [output] = Deno.args;
+// ENTRY: main.ts (the CLI and runner), or lib/mod.ts for the library bundle (`mod.js`).
+const [output, entry = "main.ts"] = Deno.args;
 if (output === undefined || !output.startsWith("/")) {
   console.error("build_artefact: give the output file as an absolute path");
   Deno.exit(2);
@@ -35,7 +36,7 @@ const built = await new Deno.Command(Deno.execPath(), {
     "cpu-features",
     "-o",
     bundled,
-    "main.ts",
+    entry,
   ],
   cwd: repo,
   env: { DENO_NO_UPDATE_CHECK: "1" },

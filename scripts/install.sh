@@ -8,8 +8,12 @@
 #   runtime here), and installs
 #       DIR/lib/waffle/waffle.js         the artefact (CLI and runner in one)
 #       DIR/lib/waffle/waffle.js.sha256  its digest, size and mtime
+#       DIR/lib/waffle/mod.js            the library as one ES module (lib/mod.ts bundled)
 #       DIR/lib/waffle/deno              the pinned Deno
 #       DIR/lib/waffle/runner-cache/     the runner's warm Deno cache (root only)
+#       DIR/lib/waffle/runtime/          the runtime kit: glibc's loader and the
+#                                        libraries Deno needs, the spawn helper
+#                                        (image/runtime_kit.sh), so any image works
 #       DIR/bin/waffle                   a launcher: deno run … waffle.js "$@"
 #   Where `deno compile` can fetch its runtime, DIR/lib/waffle/waffle (one
 #   binary) replaces the artefact and Deno (WAFFLE_INSTALL_BUNDLE=1: always
@@ -70,6 +74,11 @@ mkdir -p "$LIB" "$PREFIX/bin"
 build="$(mktemp -d)"
 trap 'rm -rf "$build"' EXIT
 
+# The library, for other projects: `import { openSandbox } from "$LIB/mod.js"`
+# (one self-contained ES module, npm packages included; it runs the CLI beside it).
+deno run --allow-all "$REPO/scripts/build_artefact.ts" "$build/mod.js" lib/mod.ts
+if place "$build/mod.js" "$LIB/mod.js" 0644; then say "installed $LIB/mod.js"; fi
+
 # A compiled binary where Deno can fetch its runtime (denort); otherwise the
 # bundled artefact run by the pinned Deno.
 if [[ "${WAFFLE_INSTALL_BUNDLE:-0}" != 1 ]] &&
@@ -96,6 +105,7 @@ fi
 (cd "$REPO" && deno eval --quiet \
   "import { writeArtefactDigest } from './lib/config/self.ts'; writeArtefactDigest('$LIB/waffle.js');")
 if place "$build/deno" "$LIB/deno" 0755; then say "installed $LIB/deno"; fi
+"$REPO/image/runtime_kit.sh" "$LIB/runtime" "$LIB/deno"
 # The runner's warm Deno cache, made for this artefact (and remade with it).
 deno run --allow-all "$REPO/scripts/runner_cache.ts" "$LIB"
 

@@ -36,6 +36,10 @@ const commands = new Map<string, Subcommand>([
     summary: "run a command in a sandbox",
     load: lazy(() => import("./exec.ts"), (m) => ({ help: m.EXEC_HELP, run: m.execCommand })),
   }],
+  ["shell", {
+    summary: "open a terminal in a sandbox",
+    load: lazy(() => import("./shell.ts"), (m) => ({ help: m.SHELL_HELP, run: m.shellCommand })),
+  }],
   ["wait", {
     summary: "wait for a detached request",
     load: lazy(() => import("./exec.ts"), (m) => ({ help: m.WAIT_HELP, run: m.waitCommand })),
@@ -59,6 +63,24 @@ const commands = new Map<string, Subcommand>([
   ["rm", {
     summary: "remove a user's sandbox (--purge: and its state)",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.RM_HELP, run: m.rmCommand })),
+  }],
+  ["snapshot", {
+    summary: "save, restore, list and remove workspace snapshots",
+    load: lazy(
+      () => import("./snapshot.ts"),
+      (m) => ({ help: m.SNAPSHOT_HELP, run: m.snapshotCommand, nested: true }),
+    ),
+  }],
+  ["cp", {
+    summary: "copy files and directories into or out of a sandbox",
+    load: lazy(() => import("./cp.ts"), (m) => ({ help: m.CP_HELP, run: m.cpCommand })),
+  }],
+  ["files", {
+    summary: "(internal) file transfer inside a sandbox",
+    load: lazy(
+      () => import("../files/inside.ts"),
+      (m) => ({ help: m.FILES_HELP, run: m.filesCommand }),
+    ),
   }],
   ["mcp", {
     summary: "serve, plan, list and fetch MCP servers",

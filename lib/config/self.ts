@@ -36,9 +36,6 @@ export const ARTEFACT_FLAGS: readonly string[] = [
  */
 export const RUNNER_V8_FLAGS = "--v8-flags=--max-semi-space-size=1";
 
-/** Where a sandbox finds its program: the artefact, Deno, the runner cache. */
-export const PROGRAM_DIR = "/opt/waffle";
-
 /**
  * The warm Deno cache `scripts/install.sh` makes beside an installed
  * artefact (`…/lib/waffle/runner-cache`), for the runner as sandboxes run it:
@@ -58,6 +55,29 @@ export function runnerCacheOf(artefact: string): string | undefined {
 }
 
 /**
+ * The runtime kit a sandbox runs waffle's Deno with (`image/runtime_kit.sh`:
+ * glibc's loader and libraries, the static spawn helper): `runtime/` beside
+ * an installed artefact, `.tools/runtime/` in a checkout. Both are made by
+ * the scripts that install Deno (`scripts/install.sh`, `scripts/setup.sh`).
+ *
+ * @param self How this waffle runs.
+ * @returns The kit's directory.
+ * @throws {UsageError} When it is missing.
+ */
+export function runtimeKitOf(self: SelfCommand): string {
+  const kit = self.artefact !== undefined
+    ? `${self.artefact.slice(0, self.artefact.lastIndexOf("/"))}/runtime`
+    : `${self.sourceRoot}/.tools/runtime`;
+  try {
+    if (Deno.statSync(`${kit}/ld.so`).isFile) return kit;
+  } catch {
+    // reported below
+  }
+  const script = self.artefact !== undefined ? "scripts/install.sh" : "scripts/setup.sh";
+  throw new UsageError(`Runtime kit '${kit}' is missing (no ld.so): run ${script}`);
+}
+
+/**
  * The command line that runs this same waffle: the compiled binary itself,
  * the bundled artefact (`deno run … waffle.js`), or `deno run --allow-all
  * <main.ts>` from source. The runner needs
@@ -70,9 +90,16 @@ export function selfCommand(): SelfCommand {
   if (Deno.build.standalone) {
     return { executable: Deno.execPath(), prefix: [], sourceRoot: undefined };
   }
+  // From a registry (JSR): no checkout to run; the CLI that scripts/install.sh put in /usr/local.
+  if (!import.meta.url.startsWith("file:")) return installedBeside("/usr/local/lib/waffle");
   // Bundled: every module shares the artefact's URL.
   if (import.meta.url.endsWith(".js")) {
-    return artefactCommand(import.meta.filename!, { executable: Deno.execPath() });
+    const file = import.meta.filename!;
+    // The library bundle (`…/lib/waffle/mod.js`, scripts/install.sh) runs the CLI beside it.
+    if (file.endsWith("/lib/waffle/mod.js")) {
+      return installedBeside(file.slice(0, -"/mod.js".length));
+    }
+    return artefactCommand(file, { executable: Deno.execPath() });
   }
   // lib/config/ → the checkout's root.
   const sourceRoot = import.meta.dirname!.replace(/\/lib\/config$/, "");
@@ -82,6 +109,18 @@ export function selfCommand(): SelfCommand {
     prefix: ["run", "--allow-all", "--quiet", "--no-prompt", main],
     sourceRoot,
   };
+}
+
+// The installed CLI in a prefix's lib/waffle: the compiled binary, or the artefact and its Deno.
+function installedBeside(dir: string): SelfCommand {
+  try {
+    if (Deno.statSync(`${dir}/waffle`).isFile) {
+      return { executable: `${dir}/waffle`, prefix: [], sourceRoot: undefined };
+    }
+  } catch {
+    // not compiled: the bundled artefact
+  }
+  return artefactCommand(`${dir}/waffle.js`);
 }
 
 /**

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { parse, TomlError } from "smol-toml";
+import { parse, TomlError } from "npm:smol-toml@1.9.1";
 import type * as z from "../schema.ts";
 import type { ConfigProblem } from "../mcp/policy.ts";
 import { UsageError } from "../errors.ts";

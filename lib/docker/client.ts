@@ -20,7 +20,7 @@
  *
  * @module
  */
-import Modem from "docker-modem";
+import Modem from "npm:docker-modem@5.0.7";
 import type * as z from "../schema.ts";
 import {
   describeDockerEndpoint,

@@ -27,7 +27,8 @@ import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
-import { containerSpec, hostCanChown, LABELS, SANDBOX_UID } from "./posture.ts";
+import { containerSpec, hostCanChown, type ImageFacts, LABELS, SANDBOX_UID } from "./posture.ts";
+import { countSnapshots } from "./snapshot_store.ts";
 import { purgeState, stateExists } from "./state_dir.ts";
 import { writeWarm } from "./warm.ts";
 
@@ -61,6 +62,8 @@ export interface SandboxStatus {
   idleMs: number | null;
   /** The sandbox's state root on the host, from the container's label (empty when missing). */
   statePath: string;
+  /** How many workspace snapshots the sandbox keeps (see `snapshot.ts`). */
+  snapshots: number;
   /** Why the sandbox's state could not be read, when it could not. */
   problem?: string;
 }
@@ -148,6 +151,7 @@ export async function listSandboxes(
       imageId: summary.ImageID,
       ...view,
       statePath,
+      snapshots: statePath === "" ? 0 : countSnapshots(statePath),
     };
   }).sort((a, b) => `${a.tenant}/${a.user}`.localeCompare(`${b.tenant}/${b.user}`));
 }
@@ -183,7 +187,7 @@ interface SweepContext {
   docker: DockerClient;
   config: SandboxConfig;
   idleMs: number;
-  expected: { imageId: string; key: SandboxKey } | undefined;
+  expected: { image: ImageFacts; key: SandboxKey } | undefined;
 }
 
 /**
@@ -218,7 +222,7 @@ export async function sweep(docker: DockerClient, options: SweepOptions): Promis
       docker,
       config,
       idleMs: (options.idleSeconds ?? config.idleSeconds) * 1000,
-      expected: image === null ? undefined : { imageId: image.id, key },
+      expected: image === null ? undefined : { image, key },
     };
     try {
       const verdict = await sweepOne(status, context);
@@ -298,9 +302,8 @@ async function sweepOne(
       (judged.state === "none" && !(now - started < STALE_AFTER_MS));
     const busy = container.State.Running && !dead && await inFlight(paths.root) > 0;
     const reason = context.expected === undefined ? "image missing" : incompatibility(container, {
-      imageId: context.expected.imageId,
-      postureHash: containerSpec(key, { config, imageId: context.expected.imageId, paths })
-        .postureHash,
+      imageId: context.expected.image.id,
+      postureHash: containerSpec(key, { config, image: context.expected.image, paths }).postureHash,
     });
     if (
       reason !== undefined &&

@@ -58,4 +58,14 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./fleet.ts";
+export {
+  listSnapshots,
+  removeSnapshot,
+  type RestoredSnapshot,
+  restoreSnapshot,
+  type RestoreSnapshotOptions,
+  saveSnapshot,
+  type SaveSnapshotOptions,
+  type SnapshotInfo,
+} from "./snapshot.ts";
 export { initMark, readWarm, recordedPid, stillWarm, type WarmRecord, writeWarm } from "./warm.ts";

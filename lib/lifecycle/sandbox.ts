@@ -11,6 +11,7 @@ import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
 import type { Backend } from "../host_backend.ts";
+import { type SandboxFiles, sandboxFiles } from "../files/mod.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { initQueue } from "../queue/schema.ts";
@@ -21,6 +22,7 @@ import { outboundInPlace } from "./outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
+import { processesOf, type SandboxProcesses } from "./run.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -34,8 +36,8 @@ export interface SandboxOptions {
   pollMs?: number;
 }
 
-/** A user's sandbox: the {@linkcode Backend} plus its identity. */
-export interface Sandbox extends Backend {
+/** A user's sandbox: the {@linkcode Backend}, its identity, and `run`/`spawn` (`run.ts`). */
+export interface Sandbox extends Backend, SandboxProcesses {
   /** Whose sandbox this is, and its container name. */
   readonly key: SandboxKey;
   /** The sandbox's state directories on the host. */
@@ -46,6 +48,8 @@ export interface Sandbox extends Backend {
   readonly lastEnsure: Ensured | undefined;
   /** The sandbox's volume after the last ensure: whether its disk quota is enforced. */
   readonly volume: VolumeStatus | undefined;
+  /** Files in and out of the sandbox, streamed (`lib/files/mod.ts`). */
+  readonly files: SandboxFiles;
 }
 
 /**
@@ -108,7 +112,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       paths.root,
       process === undefined || bootId === undefined ? undefined : {
         containerId: lastEnsure.containerId,
-        imageId: lastEnsure.imageId,
+        image: lastEnsure.image,
         postureHash: lastEnsure.postureHash,
         process,
         bootId,
@@ -124,7 +128,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     let postureHash: string;
     try {
       // The posture leaves the image out: any id gives today's hash.
-      postureHash = containerSpec(key, { config, imageId: record.imageId, paths }).postureHash;
+      postureHash = containerSpec(key, { config, image: record.image, paths }).postureHash;
     } catch {
       return false; // the full ensure repairs what it can, or says what is wrong
     }
@@ -132,7 +136,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     if (!stillWarm(record, { imageId, postureHash, queue })) return false;
     lastEnsure = {
       containerId: record.containerId,
-      imageId: record.imageId,
+      imageId: record.image.id,
+      image: record.image,
       postureHash,
       pid: recordedPid(record),
       action: "warm",
@@ -140,7 +145,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     volume = record.volume;
     return true;
   };
-  return {
+  const sandbox = {
     key,
     paths,
     config,
@@ -158,7 +163,11 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
         return await queue.submit(request);
       }),
     close: () => queue.close(),
+    get files(): SandboxFiles {
+      return sandboxFiles(this as unknown as Sandbox);
+    },
   };
+  return Object.assign(sandbox, processesOf(sandbox));
 }
 
 // The tag's image id, asked without the Docker client; undefined when the
