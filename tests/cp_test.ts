@@ -11,6 +11,7 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { concat } from "../lib/bytes.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import { FilesError } from "../lib/errors.ts";
 import { extractTar } from "../lib/files/extract.ts";
@@ -86,13 +87,7 @@ function forge(entries: Forged[]): Uint8Array {
     parts.push(data, padding(data.byteLength));
   }
   parts.push(TAR_END);
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.byteLength;
-  }
-  return out;
+  return concat(parts);
 }
 
 async function* once(bytes: Uint8Array, chunk = 700): AsyncGenerator<Uint8Array> {

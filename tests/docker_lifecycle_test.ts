@@ -584,7 +584,7 @@ liveTest("waffle ps --json, stop and rm --purge", async (docker) => {
   assert.equal(table.code, 0);
   assert.match(
     table.stdout,
-    /^TENANT\s+USER\s+CONTAINER\s+STATE\s+IMAGE\s+RUNNER\s+HEARTBEAT\s+OPEN\s+IDLE\n/,
+    /^TENANT\s+USER\s+CONTAINER\s+STATE\s+IMAGE\s+RUNNER\s+HEARTBEAT\s+OPEN\s+IDLE\s+SNAPS(\s+PROBLEM)?\n/,
   );
   assert.match(
     table.stdout,

@@ -29,6 +29,7 @@ import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { type Attacker, bothWays, COMMAND, RUNNER } from "./_hostile_helpers.ts";
 import { runCliProcess } from "./_helpers.ts";
+import { IMAGE_ENV_VARIABLE, IMAGE_WORKDIR_VARIABLE } from "../lib/config/sandbox_paths.ts";
 import { dockerCli, run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 const MiB = 1024 * 1024;
@@ -40,6 +41,9 @@ const FIXED_ENV = [
   "DENO_NO_UPDATE_CHECK",
   "NO_COLOR",
   "WAFFLE_PASS_ENV",
+  "WAFFLE_RUNTIME_KIT",
+  IMAGE_ENV_VARIABLE,
+  IMAGE_WORKDIR_VARIABLE,
 ];
 /** Every command runs as this uid, whoever the host is. */
 const EXPECTED_UID = SANDBOX_UID;

@@ -7,6 +7,8 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { DatabaseSync } from "node:sqlite";
+import { SCHEMA_VERSION } from "../lib/queue/version.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
@@ -140,7 +142,7 @@ liveTest(
       assert.equal(good?.problem, undefined);
       const table = await home.cli(["ps"]);
       assert.equal(table.code, 0, table.stderr);
-      assert.match(table.stdout, /^TENANT .*\sIDLE\s+PROBLEM\n/);
+      assert.match(table.stdout, /^TENANT .*\sIDLE\s+SNAPS\s+PROBLEM\n/);
 
       // Idle for more than a second by the host's record (the collection after the ack counts).
       await waitFor(
@@ -163,6 +165,34 @@ liveTest(
     } finally {
       await Deno.remove(inbound);
       await Deno.rename(`${inbound}.aside`, inbound);
+    }
+  },
+);
+
+liveTest(
+  "ps brings an older waffle's inbound.db to this schema instead of calling it a problem",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const sandbox = home.open(uniqueUser("oldschema"));
+    await runOk(sandbox, "true");
+    sandbox.close();
+    // As a version 4 waffle left it: no tty table.
+    const raw = new DatabaseSync(sandbox.paths.queue + "/inbound/inbound.db");
+    raw.exec("DROP TABLE tty; PRAGMA user_version = 4");
+    raw.close();
+    const [status] = (await listSandboxes(docker, { config: sandbox.config }))
+      .filter((s) => s.user === sandbox.key.user);
+    assert.ok(status !== undefined);
+    assert.equal(status.problem, undefined, status.problem);
+    const upgraded = new DatabaseSync(sandbox.paths.queue + "/inbound/inbound.db", {
+      readOnly: true,
+    });
+    try {
+      const version = upgraded.prepare("PRAGMA user_version").get() as { user_version: number };
+      assert.equal(version.user_version, SCHEMA_VERSION);
+      assert.ok(upgraded.prepare("SELECT 1 FROM sqlite_schema WHERE name = 'tty'").get());
+    } finally {
+      upgraded.close();
     }
   },
 );

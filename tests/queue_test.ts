@@ -155,7 +155,7 @@ Deno.test("initQueue() upgrades a version 2 inbound.db in place, keeping its req
   await using q = await tempQueue();
   const path = queuePaths(q.queueDir).inbound;
   const raw = new DatabaseSync(path);
-  raw.exec("DROP TABLE input; DROP TABLE sessions; PRAGMA user_version = 2");
+  raw.exec("DROP TABLE input; DROP TABLE sessions; DROP TABLE tty; PRAGMA user_version = 2");
   raw.exec(
     "INSERT INTO requests (id, tool_use_id, kind, payload, created_at) VALUES ('r1', 'r1', 'exec', '{}', 0)",
   );

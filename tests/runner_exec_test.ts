@@ -1050,7 +1050,8 @@ async function runHelper(
 helperTest({
   name: "spawn helper: rejects bad arguments with 126 and runs nothing",
   fn: async () => {
-    const usage = "usage: spawn UID GID PROGRAM [ARGS...] | spawn - PROGRAM [ARGS...]";
+    const usage = "usage: spawn [--tty /dev/pts/N] UID GID PROGRAM [ARGS...] | spawn [--tty ...] -" +
+      " PROGRAM [ARGS...]";
     const echo = ["/bin/echo", "ran"];
     const cases: [string[], string][] = [
       [[], usage],
@@ -1068,6 +1069,12 @@ helperTest({
       [["1", "4294967295", ...echo], "invalid GID"],
       [["1", "", ...echo], "invalid GID"],
       [["1", "-", ...echo], "invalid GID"],
+      // Only a pty slave of the container's devpts can become the terminal.
+      [["--tty", "/etc/passwd", "-", ...echo], "invalid --tty path"],
+      [["--tty", "/dev/pts/../tty", "-", ...echo], "invalid --tty path"],
+      [["--tty", "/dev/pts/", "-", ...echo], "invalid --tty path"],
+      [["--tty", "/dev/pts/1x", "-", ...echo], "invalid --tty path"],
+      [["--tty", "/dev/pts/0"], usage],
     ];
     for (const [args, message] of cases) {
       const result = await runHelper(args);

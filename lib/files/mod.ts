@@ -15,7 +15,7 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { FilesError } from "../errors.ts";
 import type { Sandbox } from "../lifecycle/sandbox.ts";
 import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
@@ -41,7 +41,7 @@ const entrySchema = z.object({
   name: z.string().check(z.maxLength(4096)),
   type: z.enum(["file", "directory", "symlink", "fifo", "socket", "device", "other"]),
   size: z.number().check(z.nonnegative()),
-  mode: z.number().check(z.int(), z.nonnegative()),
+  mode: z.int().check(z.nonnegative()),
   mtime: z.number(),
 });
 
@@ -243,8 +243,8 @@ export interface Unpacked {
 }
 
 const unpackedSchema = z.object({
-  files: z.number().check(z.int(), z.nonnegative()),
-  directories: z.number().check(z.int(), z.nonnegative()),
+  files: z.int().check(z.nonnegative()),
+  directories: z.int().check(z.nonnegative()),
   bytes: z.number().check(z.nonnegative()),
   stripped: z.array(z.string().check(z.maxLength(4096))).check(z.maxLength(100_000)),
 });

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "../schema.ts";
 import { FilesError } from "../errors.ts";
 
 /** The size of a tar block. */
@@ -70,9 +70,9 @@ const TYPE_FLAGS: Partial<Record<TarType, string>> = {
 const headerSchema = z.object({
   name: z.string().check(z.minLength(1), z.maxLength(MAX_NAME_BYTES)),
   type: z.enum(["file", "directory", "symlink", "hardlink", "char", "block", "fifo", "other"]),
-  size: z.number().check(z.int(), z.nonnegative(), z.lte(Number.MAX_SAFE_INTEGER)),
-  mode: z.number().check(z.int(), z.nonnegative(), z.lte(0o7777777)),
-  mtime: z.number().check(z.int(), z.gte(-(2 ** 40)), z.lte(2 ** 40)),
+  size: z.int().check(z.nonnegative(), z.lte(Number.MAX_SAFE_INTEGER)),
+  mode: z.int().check(z.nonnegative(), z.lte(0o7777777)),
+  mtime: z.int().check(z.gte(-(2 ** 40)), z.lte(2 ** 40)),
   linkname: z.string().check(z.maxLength(MAX_NAME_BYTES)),
   flag: z.string().check(z.length(1)),
 });

@@ -21,7 +21,7 @@ import { openRequestCount, outboundAllowance, submittedAndOpen } from "../queue/
 import { readInFlight } from "../queue/outbound_rows.ts";
 import { MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
-import { OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "../queue/schema.ts";
+import { INBOUND_UPGRADES, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "../queue/schema.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { incompatibility, ownedBy } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
@@ -93,7 +93,7 @@ function viewState(root: string, now: number): StateView {
   };
   let inbound: DatabaseSync | undefined;
   try {
-    inbound = openDatabase(paths.inbound, { role: "reader" });
+    inbound = openInbound(paths.inbound);
     view.openRequests = openRequestCount(inbound);
     view.lastUsed = Deno.statSync(paths.inbound).mtime?.getTime() ?? null;
     if (view.openRequests === 0 && view.lastUsed !== null) {
@@ -353,7 +353,7 @@ async function inFlight(root: string): Promise<number> {
   const paths = queueOf(root);
   let inbound: DatabaseSync | undefined;
   try {
-    inbound = openDatabase(paths.inbound, { role: "reader" });
+    inbound = openInbound(paths.inbound);
     const open = openRequestCount(inbound);
     if (open === 0) return 0;
     // Never a big copy: a file over the small cap may be busy, and is kept.
@@ -450,4 +450,10 @@ export async function removeSandbox(
     await purgeState(paths);
     return removed;
   });
+}
+
+// The host's own inbound.db, brought to this schema if an older waffle made it
+// (as its next use would): a fleet command never reports an upgrade as a problem.
+function openInbound(path: string): DatabaseSync {
+  return openDatabase(path, { role: "owner", upgrades: INBOUND_UPGRADES });
 }

@@ -328,16 +328,23 @@ export class Queue {
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
-      const last = statement(
-        this.#inbound,
-        `SELECT seq, data IS NULL AS closed FROM input WHERE request_id = ?
-           ORDER BY seq DESC LIMIT 1`,
-      ).get(id) as { seq: number; closed: number } | undefined;
-      if (last?.closed) throw new UsageError(`Session '${id}' input is already closed`);
+      const last = this.#lastInputSeq(id);
       if (read.ended || this.#lostResult(id) !== undefined) return undefined;
-      if ((last?.seq ?? -1) - read.taken < INPUT_WINDOW_ROWS) return read.taken;
+      if (last - read.taken < INPUT_WINDOW_ROWS) return read.taken;
       await this.#changedSince(version, options, budget);
     }
+  }
+
+  // A session's last input row (-1: none yet), by the primary key's order so a
+  // long session never rescans its input; nothing may follow the end-of-input row.
+  #lastInputSeq(id: string): number {
+    const last = statement(
+      this.#inbound,
+      `SELECT seq, data IS NULL AS closed FROM input WHERE request_id = ?
+         ORDER BY seq DESC LIMIT 1`,
+    ).get(id) as { seq: number; closed: number } | undefined;
+    if (last?.closed) throw new UsageError(`Session '${id}' input is already closed`);
+    return last?.seq ?? -1;
   }
 
   #appendInput(id: string, pieces: (Uint8Array | null)[], taken: number): Promise<void> {
@@ -348,19 +355,11 @@ export class Queue {
         this.#inbound,
         "DELETE FROM input WHERE request_id = ? AND seq < ? AND data IS NOT NULL",
       ).run(id, taken);
-      // The last row only (the primary key's order): a long session never
-      // rescans its input, and nothing follows the end-of-input row.
-      const last = statement(
-        this.#inbound,
-        `SELECT seq, data IS NULL AS ended FROM input WHERE request_id = ?
-           ORDER BY seq DESC LIMIT 1`,
-      ).get(id) as { seq: number; ended: number } | undefined;
-      if (last?.ended) throw new UsageError(`Session '${id}' input is already closed`);
       const insert = statement(
         this.#inbound,
         "INSERT INTO input (request_id, seq, data) VALUES (?, ?, ?)",
       );
-      const first = (last?.seq ?? -1) + 1;
+      const first = this.#lastInputSeq(id) + 1;
       pieces.forEach((piece, index) => insert.run(id, first + index, piece));
     });
   }
@@ -624,12 +623,26 @@ export class Queue {
    * unfinished request of the old generation is marked lost (the runner
    * never runs a lost request, and waiters get `interrupted`).
    *
+   * A runner's commit under way (its lock, a hot journal it is about to
+   * roll back) is waited out, up to {@linkcode LOCK_WAIT_MS}: a host that has
+   * no earlier copy to read, right after it started the runner, must not
+   * fail the call for it.
+   *
    * @returns The generation, or undefined when no runner has written one.
-   * @throws {SandboxFileError} When outbound.db is locked or damaged.
+   * @throws {SandboxFileError} When outbound.db is damaged, or locked for LOCK_WAIT_MS.
    */
   async syncGeneration(): Promise<string | undefined> {
-    await this.#syncGeneration();
-    return this.#generation;
+    const deadline = Date.now() + LOCK_WAIT_MS;
+    while (true) {
+      try {
+        await this.#syncGeneration();
+        return this.#generation;
+      } catch (error) {
+        const busy = error instanceof SandboxFileError && error.problem === "busy";
+        if (!busy || Date.now() >= deadline) throw error;
+      }
+      await new Promise((resolve) => setTimeout(resolve, BUSY_RETRY_MS));
+    }
   }
 
   /** Closes the queue: connections, watcher and the pending gc. */
