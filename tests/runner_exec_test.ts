@@ -1050,7 +1050,8 @@ async function runHelper(
 helperTest({
   name: "spawn helper: rejects bad arguments with 126 and runs nothing",
   fn: async () => {
-    const usage = "usage: spawn [--tty /dev/pts/N] UID GID PROGRAM [ARGS...] | spawn [--tty ...] -" +
+    const usage =
+      "usage: spawn [--tty /dev/pts/N] UID GID PROGRAM [ARGS...] | spawn [--tty ...] -" +
       " PROGRAM [ARGS...]";
     const echo = ["/bin/echo", "ran"];
     const cases: [string[], string][] = [
