@@ -111,6 +111,13 @@ Deno.test("a read that fails leaves no stale deferral or lock behind for the wai
     raw.exec("DELETE FROM chunks WHERE seq = 0");
     file.read(() => 0);
     assert.ok(file.deferredUntil !== undefined, "the second read served the older copy");
+    // What a wait judges by: the copy served differs from the file, and the
+    // next copy is due later (whatever another read of the file did since).
+    const served = file.servedVersion;
+    assert.ok(served !== undefined && served !== file.version());
+    assert.ok(file.nextCopyAt > Date.now() - 1000);
+    file.read(() => 0);
+    assert.equal(file.servedVersion, served, "a read before the copy is due keeps serving it");
     grow(2);
     assert.throws(
       () => file.read(() => 0),

@@ -318,20 +318,21 @@ export class Queue {
   async #inputRoom(id: string, options: WaitOptions): Promise<number | undefined> {
     const budget = newBudget(id);
     while (true) {
-      const version = this.#outbound.version();
+      let seen = this.#outbound.version();
       let read: { taken: number; ended: boolean } = { taken: -1, ended: false };
       try {
         read = this.#outbound.read((db) => ({
           taken: readInputTaken(db, id),
           ended: readResult(db, id) !== undefined,
         }));
+        seen = this.#outbound.servedVersion ?? seen;
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
       const last = this.#lastInputSeq(id);
       if (read.ended || this.#lostResult(id) !== undefined) return undefined;
       if (last - read.taken < INPUT_WINDOW_ROWS) return read.taken;
-      await this.#changedSince(version, options, budget);
+      await this.#changedSince(seen, options, budget);
     }
   }
 
@@ -550,7 +551,7 @@ export class Queue {
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
-      const version = this.#outbound.version();
+      let seen = this.#outbound.version();
       let read: { result: ExecResult | undefined; chunks: OutputChunk[] } | undefined;
       // A failed read leaves the cursor where it was: it advances on success only.
       const attempt = { ...cursor, seq: { ...cursor.seq }, bytes: { ...cursor.bytes } };
@@ -570,13 +571,14 @@ export class Queue {
           return { result, chunks };
         });
         Object.assign(cursor, attempt);
+        seen = this.#outbound.servedVersion ?? seen;
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
       yield* read?.chunks ?? [];
       if (read?.result !== undefined) return read.result;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options, budget);
+      await this.#changedSince(seen, options, budget);
     }
   }
 
@@ -593,16 +595,17 @@ export class Queue {
     while (true) {
       const lost = this.#lostResult(id);
       if (lost !== undefined) return lost;
-      const version = this.#outbound.version();
+      let seen = this.#outbound.version();
       let result: ExecResult | undefined;
       try {
         result = this.#outbound.read((db) => readResult(db, id));
+        seen = this.#outbound.servedVersion ?? seen;
       } catch (error) {
         this.#rethrowForRequest(id, error);
       }
       if (result !== undefined) return result;
       this.#refuseCollected(id);
-      await this.#changedSince(version, options, budget);
+      await this.#changedSince(seen, options, budget);
     }
   }
 
@@ -806,13 +809,6 @@ export class Queue {
     options: WaitOptions,
     budget: WaitBudget,
   ): Promise<void> {
-    // The last read served an older copy (copies are rate-limited): read
-    // again when the next one is due.
-    const due = this.#outbound.deferredUntil;
-    if (due !== undefined) {
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, due - Date.now())));
-      return;
-    }
     // The last read met the runner's lock and served the copy from before it.
     // The change this wait is for may be the very commit that held the lock,
     // already counted in `version`: read again shortly instead of waiting for
@@ -822,6 +818,16 @@ export class Queue {
       this.#throwIfStopped(options);
       if (await this.#checkRunner(options, budget)) return;
       await new Promise((resolve) => setTimeout(resolve, BUSY_RETRY_MS));
+      return;
+    }
+    // `version` is what the last read saw (the copy it was served from, which
+    // copies being rate-limited may be older than the file). The file already
+    // holds more: read again once the next copy is due. Judged by the copy,
+    // not by a flag another read of this file (a second wait) may have reset.
+    if (this.#outbound.version() !== version) {
+      const due = this.#outbound.nextCopyAt - Date.now();
+      if (due > 0) await new Promise((resolve) => setTimeout(resolve, due));
+      await this.#syncGeneration().catch(() => {});
       return;
     }
     while (true) {

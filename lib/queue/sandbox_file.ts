@@ -116,6 +116,7 @@ export class SandboxFile {
   #busySince: number | undefined;
   #lastBusy = 0;
   #nextCopy = 0;
+  #served: string | undefined;
   #deferredUntil: number | undefined;
 
   /**
@@ -181,6 +182,27 @@ export class SandboxFile {
   }
 
   /**
+   * The {@linkcode version} of the copy that reads are served from: read
+   * right after a `read()`, it says what that read saw, whoever else reads
+   * this file meanwhile. Undefined before the first copy.
+   *
+   * @returns The fingerprint, or undefined.
+   */
+  get servedVersion(): string | undefined {
+    return this.#served;
+  }
+
+  /**
+   * When the next copy may be made (epoch ms): until then a changed file is
+   * served from the last copy.
+   *
+   * @returns The time.
+   */
+  get nextCopyAt(): number {
+    return this.#nextCopy;
+  }
+
+  /**
    * A cheap fingerprint of the file's current content (inode and SQLite's
    * change counter), without a lock or a copy: it changes when the runner
    * commits or the file is replaced.
@@ -219,6 +241,7 @@ export class SandboxFile {
     }
     let bytes: Uint8Array | undefined;
     let key: string;
+    let version: string;
     try {
       if (hotJournal(lib, fd, `${this.path}-journal`)) {
         return this.#busy(
@@ -238,7 +261,9 @@ export class SandboxFile {
           { problem: "damaged" },
         );
       }
-      key = `${this.#ino}:${readCounter(lib, fd)}:${size}`;
+      const counter = readCounter(lib, fd);
+      key = `${this.#ino}:${counter}:${size}`;
+      version = `${this.#ino}:${counter}`;
       const changed = key !== this.#key || this.#db === undefined;
       // However fast the runner changes the file, copies take at most a
       // fifth of this thread: until the next one is due, the last one serves.
@@ -258,6 +283,7 @@ export class SandboxFile {
       COPY_DUTY * (performance.now() - started + readCost(bytes.byteLength));
     this.#db = db;
     this.#key = key;
+    this.#served = version;
     return db;
   }
 
@@ -322,6 +348,7 @@ export class SandboxFile {
     }
     this.#db = undefined;
     this.#key = "";
+    this.#served = undefined;
   }
 
   #lib(): Libc {
