@@ -14,6 +14,7 @@
  */
 import type { TtySize } from "../lib/queue/protocol.ts";
 import { errno, libc, O_CLOEXEC, O_NOCTTY, O_NONBLOCK, O_RDWR } from "../lib/libc.ts";
+import { logLine } from "./log.ts";
 
 // <asm-generic/ioctls.h> (x86_64 and aarch64 alike).
 const TIOCSWINSZ = 0x5414n;
@@ -123,6 +124,23 @@ export function openPty(size: TtySize): Pty {
       release();
     },
   };
+}
+
+/**
+ * Makes the container's pty multiplexer the runner's alone (mode 0600; the
+ * runner is uid 0 and owns it, so no capability is needed): a command cannot
+ * open ptys of its own, and so cannot exhaust `kernel.pty.max`, which every
+ * container on the host shares. `waffle shell` still works: the runner opens
+ * the pty and hands the command its slave.
+ */
+export function reservePtys(): void {
+  try {
+    Deno.chmodSync("/dev/pts/ptmx", 0o600);
+  } catch (error) {
+    logLine(
+      `cannot reserve the pty multiplexer: ${error instanceof Error ? error.message : error}`,
+    );
+  }
 }
 
 function cString(text: string): Uint8Array {

@@ -7,7 +7,7 @@
  * @module
  */
 import { concat } from "../lib/bytes.ts";
-import { openPty, type Pty } from "./pty.ts";
+import { openPty, type Pty, reservePtys } from "./pty.ts";
 import { imageEnv, imageWorkdir as defaultWorkdir } from "./image_defaults.ts";
 import { mark } from "../lib/trace.ts";
 import { UsageError } from "../lib/errors.ts";
@@ -42,6 +42,11 @@ export interface RunnerOptions {
   outboundDir?: string;
   /** Run commands as this uid and gid (a uid the runner does not run as). */
   commandUser?: { uid: number; gid: number };
+  /**
+   * The runner owns the pty devices of its (container's) devpts: only it may
+   * open a pty, so commands cannot use up the host's shared pty pool.
+   */
+  privatePtys?: boolean;
   /** Root that every request's cwd must resolve inside. */
   workspace: string;
   /** Requests run at once. Default 1: one user's commands never overlap. */
@@ -130,6 +135,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const paths = queuePaths(options.queueDir, { outboundDir: options.outboundDir });
   acquireRunnerLock(paths.runnerLock);
   const subreaper = enableSubreaper();
+  if (options.privatePtys) reservePtys();
   const queue = RunnerQueue.open(options.queueDir, { outboundDir: options.outboundDir });
   mark("runner: queue open");
   const bootId = crypto.randomUUID();

@@ -183,6 +183,49 @@ Deno.test("loadConfig() refuses a home with only a legacy config.json", async ()
   }
 });
 
+Deno.test("containerSpec() covers an image's VOLUMEs with the commands' own tmpfs, never waffle's or system paths", async () => {
+  const home = await Deno.makeTempDir();
+  try {
+    const key = sandboxKey("t", "u", { home });
+    const paths = statePaths(home, key);
+    await prepareState(paths, { quotaBytes: QUOTA });
+    const volumes = [
+      "/opt/./waffle",
+      "/opt//waffle/rt",
+      "/etc",
+      "/",
+      "/workspace/x",
+      "/data/",
+      "/data",
+    ];
+    const spec = containerSpec(key, {
+      config: loadConfig({ home }),
+      image: { id: "sha256:aa", env: ["LD_PRELOAD=/x.so", "LANG=C"], workingDir: "", volumes },
+      paths,
+    });
+    const tmpfs = spec.body.HostConfig?.Tmpfs ?? {};
+    const covered = Object.keys(tmpfs).filter((path) => !["/tmp", "/run/waffle"].includes(path));
+    assert.deepEqual(covered, ["/data"]);
+    assert.match(tmpfs["/data"]!, /uid=10001,gid=10001,mode=0755/);
+    // The image's variables reach commands through WAFFLE_IMAGE_ENV, the runner sees them empty.
+    const env = spec.body.Env ?? [];
+    assert.ok(env.includes("LD_PRELOAD=") && env.includes("LANG="));
+    assert.ok(env.includes('WAFFLE_IMAGE_ENV=["LD_PRELOAD=/x.so","LANG=C"]'));
+    assert.equal(spec.body.Entrypoint?.length, 1);
+    assert.deepEqual(spec.body.Healthcheck, { Test: ["NONE"] });
+    const preload = spec.body.HostConfig?.Mounts?.find((m) => m.Target === "/etc/ld.so.preload");
+    assert.deepEqual(preload, {
+      Type: "bind",
+      Source: "/dev/null",
+      Target: "/etc/ld.so.preload",
+      ReadOnly: true,
+    });
+  } finally {
+    await removeVolume(home).catch(() => {});
+    await Deno.remove(home, { recursive: true }).catch(() => {});
+  }
+});
+
 Deno.test("containerSpec() posture hash changes with every security setting, not with identity", async () => {
   const home = await Deno.makeTempDir();
   try {

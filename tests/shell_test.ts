@@ -6,7 +6,9 @@
  */
 import assert from "node:assert/strict";
 import { liveTest } from "./_docker_gate.ts";
-import { tempHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { run, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { QueueSession } from "../lib/queue/session.ts";
+import { collectOutput } from "../lib/queue/queue.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import { onPath } from "../lib/fs.ts";
@@ -137,5 +139,28 @@ liveTest(
     const out = await child.output();
     assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
     assert.equal(new TextDecoder().decode(out.stdout), `${want}  -\n`);
+  },
+);
+
+liveTest(
+  "a command cannot open ptys of its own (the host's shared pty pool), the runner still gives it one",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const sandbox = home.open(uniqueUser("ptys"));
+    const probe = await run(sandbox, {
+      shell: "for p in /dev/ptmx /dev/pts/ptmx; do " +
+        'if (exec 3<>$p) 2>/dev/null; then echo "$p opened"; else echo "$p refused"; fi; done',
+    });
+    assert.equal(probe.result.exitCode, 0, probe.stderr);
+    assert.equal(probe.stdout, "/dev/ptmx refused\n/dev/pts/ptmx refused\n");
+    const session = await QueueSession.open(sandbox, {
+      argv: ["sh", "-c", "tty; stty size"],
+      tty: { rows: 12, cols: 34 },
+      endGraceMs: 0,
+    });
+    const { result, stdout } = await collectOutput(session.output());
+    await session.close();
+    assert.equal(result.exitCode, 0);
+    assert.match(new TextDecoder().decode(stdout), /^\/dev\/pts\/\d+\r\n12 34\r\n$/);
   },
 );

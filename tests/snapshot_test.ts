@@ -399,7 +399,7 @@ liveTest(
 );
 
 liveTest(
-  "snapshot: a save freezes what a command left running; a restore ends it",
+  "snapshot: a save ends what a command left running and copies the volume frozen; a restore too",
   async (docker) => {
     await using home = await tempHome(docker);
     const user = uniqueUser("snap-bg");
@@ -516,5 +516,63 @@ bothWays(
       what: "the snapshot's loop device to go",
     });
     assert.deepEqual(names(storeDir(sandbox.paths.root)), ["planted"]);
+  },
+);
+
+/**
+ * Parked in a splice from a pipe it holds into a file on the volume: the
+ * kernel holds the filesystem's write reference, so `fsfreeze` of a volume
+ * with this process alive would wait for ever (in D state, unkillable).
+ */
+const SPLICER = `
+const lib = Deno.dlopen("libc.so.6", {
+  pipe: { parameters: ["buffer"], result: "i32" },
+  open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
+  splice: {
+    parameters: ["i32", "pointer", "i32", "pointer", "usize", "u32"],
+    result: "isize",
+    nonblocking: true,
+  },
+});
+const fds = new Int32Array(2);
+lib.symbols.pipe(fds);
+const fd = lib.symbols.open(new TextEncoder().encode("/workspace/spliced\\0"), 0o101, 0o644);
+Deno.writeTextFileSync("/workspace/splicing", String(fd));
+await lib.symbols.splice(fds[0], null, fd, null, 1n << 20n, 0);
+`;
+
+bothWays(
+  "snapshot: a process parked in a splice into the volume cannot hold a save (and the lock) for ever",
+  async (docker, attacker) => {
+    await using home = await tempHome(docker);
+    const sandbox = home.open(uniqueUser("snap-splice"));
+    await runOk(sandbox, "echo keep > /workspace/keep && chmod 0777 /workspace");
+    const id = await started(home, sandbox);
+    await Deno.writeTextFile(join(sandbox.paths.workspace, "splice.js"), SPLICER);
+    const planted = await attacker.sh(
+      sandbox,
+      "(setsid sh -c 'DENO_DIR=/tmp/splice-deno /opt/waffle/deno run -A --quiet " +
+        "/workspace/splice.js' </dev/null >/dev/null 2>&1 &)",
+      id,
+    );
+    assert.equal(planted.code, 0, planted.stderr);
+    await waitFor(() => {
+      try {
+        return Deno.statSync(join(sandbox.paths.workspace, "splicing")).isFile;
+      } catch {
+        return false;
+      }
+    }, { timeoutMs: 30_000, what: "the splicer to park" });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const saved = await Promise.race([
+      saveSnapshot(sandbox, "spliced", { docker }),
+      new Promise<undefined>((resolve) => timer = setTimeout(() => resolve(undefined), 90_000)),
+    ]).finally(() => clearTimeout(timer));
+    assert.ok(saved !== undefined, "the save did not finish within 90 s");
+    // Not left frozen, and the sandbox serves again (the save stopped and restarted it).
+    assert.equal(
+      await runOk(sandbox, "echo after > /workspace/after && cat /workspace/keep"),
+      "keep\n",
+    );
   },
 );

@@ -10,13 +10,7 @@ import { createHash } from "node:crypto";
 import { FilesError, UsageError } from "../errors.ts";
 import { basename, resolve } from "../path.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
-import {
-  DEFAULT_MAX_BYTES,
-  entryComponents,
-  extractTar,
-  refuseSpecial,
-  rootNameOf,
-} from "../files/extract.ts";
+import { entryComponents, extractTar, refuseSpecial, rootNameOf } from "../files/extract.ts";
 import { packInSandbox, unpackInSandbox } from "../files/mod.ts";
 import { newStats, type PackStats, packTree } from "../files/pack.ts";
 import { padding, readTar, TAR_END, tarHeader } from "../files/tar.ts";
@@ -45,7 +39,8 @@ Options:
   --json             print sizes, SHA-256 (of a single file; of the tar stream
                      otherwise) and the elapsed time as one JSON object
   --progress         progress on stderr (default: when stderr is a terminal)
-  --max-bytes N      refuse a copy out past N bytes of file data (default ${DEFAULT_MAX_BYTES})
+  --max-bytes N      refuse a copy out past N bytes of file data (default: the sandbox's
+                     quota_bytes, so a sparse file cannot fill the host's disk)
 `;
 
 interface Remote {
@@ -126,7 +121,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
   }
   const remote = (from ?? to)!;
   if (remote.path === "") throw new UsageError(`Empty sandbox path in '${from ? src : dst}'`);
-  const maxBytes = numberFlag(parsed, "max-bytes", { integer: true }) ?? DEFAULT_MAX_BYTES;
+  const maxBytesFlag = numberFlag(parsed, "max-bytes", { integer: true });
   const image = stringFlag(parsed, "image");
   const configPath = stringFlag(parsed, "config");
   const showProgress = parsed.values.progress === true || Deno.stderr.isTerminal();
@@ -138,6 +133,8 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
       ...(configPath === undefined ? {} : { configPath: resolve(configPath) }),
     },
   });
+  // More data than the sandbox may hold can only be sparse files written out whole.
+  const maxBytes = maxBytesFlag ?? sandbox.config.quotaBytes;
   let stats: PackStats = newStats();
   let stripped: string[] = [];
   try {

@@ -11,7 +11,7 @@ import { numberFlag, parse, stringFlag } from "./args.ts";
 /** Help text of `waffle runner`. */
 export const RUNNER_HELP = `Usage: waffle runner --queue DIR [--outbound DIR] [--workspace DIR]
                      [--idle-exit SECONDS] [--concurrency N] [--poll-ms MS]
-                     [--log FILE] [--command-user UID:GID]
+                     [--log FILE] [--command-user UID:GID] [--private-ptys]
 
 Serves the queue in DIR: runs requests in submission order, one at a time
 unless --concurrency says otherwise. --idle-exit 0 (the default) never exits
@@ -36,6 +36,7 @@ export async function runnerCommand(args: string[]): Promise<number> {
     log: { type: "string" },
     outbound: { type: "string" },
     "command-user": { type: "string" },
+    "private-ptys": { type: "boolean" },
   });
   if (parsed.positionals.length > 0) {
     throw new UsageError(`Unexpected argument '${parsed.positionals[0]}'`);
@@ -53,6 +54,7 @@ export async function runnerCommand(args: string[]): Promise<number> {
     queueDir,
     ...(outboundDir === undefined ? {} : { outboundDir }),
     ...(commandUser === undefined ? {} : { commandUser }),
+    ...(parsed.values["private-ptys"] === true ? { privatePtys: true } : {}),
     workspace: stringFlag(parsed, "workspace") ?? Deno.cwd(),
     ...(idle === undefined ? {} : { idleExitMs: Math.round(idle * 1000) }),
     ...(concurrency === undefined ? {} : { concurrency }),

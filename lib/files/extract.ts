@@ -25,6 +25,10 @@ import { readTar, type TarHeader } from "./tar.ts";
 export const DEFAULT_MAX_BYTES = 64 * 1024 ** 3;
 /** Default cap on the entries one copy may extract. */
 export const DEFAULT_MAX_ENTRIES = 1_000_000;
+/** Names kept in memory for one copy (the tree made so far), at most: a sandbox sets their length. */
+const MAX_KEPT_NAME_BYTES = 64 * 1024 * 1024;
+/** Stripped entries named, at most; the rest are counted. */
+const MAX_STRIPPED_NAMED = 100;
 
 /** Options of {@linkcode extractTar}. */
 export interface ExtractOptions {
@@ -189,8 +193,17 @@ export async function extractTar(
     throw fsError(error, parent);
   }
   const made = new Set<string>();
-  const dirModes: [string, number][] = [];
+  // Insertion order is creation order: modes are set deepest-last-made first.
+  const dirModes = new Map<string, number>();
   const stripped: string[] = [];
+  let strippedMore = 0;
+  let keptBytes = 0;
+  const keep = (relative: string): void => {
+    keptBytes += relative.length;
+    if (keptBytes > MAX_KEPT_NAME_BYTES) {
+      throw new FilesError(`Refused the copy: its names exceed ${MAX_KEPT_NAME_BYTES} bytes`);
+    }
+  };
   const roots = new Map<string, "file" | "directory">();
   let entries = 0;
   const mkdirFresh = (relative: string, mode: number): void => {
@@ -202,15 +215,17 @@ export async function extractTar(
       }
       throw fsError(error, relative);
     }
+    keep(relative);
     made.add(relative);
   };
   const parents = (parts: string[]): void => {
+    let prefix = "";
     for (let i = 1; i < parts.length; i++) {
-      const prefix = parts.slice(0, i).join("/");
+      prefix = i === 1 ? parts[0]! : `${prefix}/${parts[i - 1]}`;
       if (made.has(prefix)) continue;
       if (i === 1) roots.set(prefix, "directory");
       mkdirFresh(prefix, 0o700);
-      dirModes.push([prefix, 0o755]);
+      dirModes.set(prefix, 0o755);
     }
   };
   try {
@@ -230,7 +245,10 @@ export async function extractTar(
         );
       }
       const relative = parts.join("/");
-      if ((header.mode & 0o7000) !== 0) stripped.push(relative);
+      if ((header.mode & 0o7000) !== 0) {
+        if (stripped.length < MAX_STRIPPED_NAMED) stripped.push(relative);
+        else strippedMore++;
+      }
       const mode = header.mode & 0o777;
       if (header.type === "directory") {
         if (parts.length === 1 && roots.get(relative) === "file") {
@@ -240,11 +258,10 @@ export async function extractTar(
         parents(parts);
         if (made.has(relative)) {
           // Made as a parent before its own entry: only its mode is its own.
-          const at = dirModes.findIndex(([name]) => name === relative);
-          if (at >= 0) dirModes[at] = [relative, mode];
+          if (dirModes.has(relative)) dirModes.set(relative, mode);
         } else {
           mkdirFresh(relative, 0o700);
-          dirModes.push([relative, mode]);
+          dirModes.set(relative, mode);
         }
         stats.directories++;
         continue;
@@ -310,6 +327,7 @@ export async function extractTar(
       }
       created.push(final);
     }
+    if (strippedMore > 0) stripped.push(`… and ${strippedMore} more`);
     return { stats, stripped, created };
   } finally {
     await Deno.remove(temp, { recursive: true }).catch(() => {});

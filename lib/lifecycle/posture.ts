@@ -8,6 +8,7 @@
  * @module
  */
 import { sha256Hex } from "../digest.ts";
+import { normalize } from "../path.ts";
 import { UsageError } from "../errors.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import {
@@ -300,14 +301,33 @@ function runnerEnv(
 // An image's VOLUMEs would be anonymous volumes outside the quota that
 // outlive the container: each is a tmpfs instead, sized like /tmp.
 function imageVolumes(image: ImageFacts, config: SandboxConfig): Record<string, string> {
+  // What waffle mounts, and system directories a tmpfs must not hide.
   const reserved = ["/workspace", "/queue", "/tmp", PROGRAM_DIR, RUNNER_DIR, RESTRICTED_HOME];
-  const covered = image.volumes.filter((path) =>
-    path.startsWith("/") && !/[\0,]/.test(path) &&
-    !reserved.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
-  );
-  return Object.fromEntries(
-    covered.map((path) => [path, `rw,nosuid,nodev,size=${config.tmpBytes},mode=1777`]),
-  );
+  const system = [
+    "/",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/dev",
+    "/proc",
+    "/sys",
+  ];
+  // As Docker cleans it: `/opt/./waffle` is `/opt/waffle`.
+  const covered = image.volumes
+    .filter((path) => path.startsWith("/") && !/[\0,]/.test(path))
+    .map((path) => normalize(path).replace(/\/+$/, "") || "/")
+    .filter((path) =>
+      !system.includes(path) &&
+      !reserved.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
+    );
+  // The commands' own, not world-writable: a VOLUME under a root-only path stays theirs alone.
+  const options =
+    `rw,nosuid,nodev,size=${config.tmpBytes},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0755`;
+  return Object.fromEntries([...new Set(covered)].map((path) => [path, options]));
 }
 
 // The runner's command line and mounts: the host's inbound directory
@@ -329,6 +349,7 @@ function runnerLaunch(
     String(config.idleSeconds),
     "--command-user",
     `${SANDBOX_UID}:${SANDBOX_UID}`,
+    "--private-ptys",
   ];
   const mounts: HostConfigMount[] = [
     bind(`${paths.queue}/inbound`, "/queue/inbound", true, paths.root),
@@ -372,6 +393,9 @@ function programLaunch(config: SandboxConfig): ProgramLaunch {
   const mounts = [
     bind(Deno.realPathSync(self.executable), SANDBOX_DENO, true),
     bind(Deno.realPathSync(kit), SANDBOX_RUNTIME, true),
+    // The kit's loader would still preload what the image's
+    // /etc/ld.so.preload names into the root runner: it names nothing.
+    bind("/dev/null", "/etc/ld.so.preload", true),
   ];
   const kitIdentity = `WAFFLE_RUNTIME_KIT=${readKitHash(kit)}`;
   if (self.artefact !== undefined) {

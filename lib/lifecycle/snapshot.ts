@@ -30,6 +30,7 @@
  * @module
  */
 import type { DockerClient } from "../docker/client.ts";
+import type { ContainerInspect } from "../docker/mod.ts";
 import { QueueError, UsageError } from "../errors.ts";
 import { dirname, join } from "../path.ts";
 import type { Queue } from "../queue/queue.ts";
@@ -73,6 +74,8 @@ export interface SaveSnapshotOptions {
   force?: boolean;
   /** Wait this long for running requests to end; default 0: refuse while one runs. */
   waitMs?: number;
+  /** Docker client; default from `DOCKER_HOST`. */
+  docker?: DockerClient;
 }
 
 /** Options of {@linkcode restoreSnapshot}. */
@@ -122,41 +125,62 @@ export async function saveSnapshot(
   checkSnapshotName(name);
   requireSupport();
   const { paths } = sandbox;
-  return await withLock(paths.lock, async () => {
-    const volume = await healAndPrepare(sandbox);
-    const store = ensureStore(paths.root);
-    const existing = readSnapshot(paths.root, name);
-    if (existing !== undefined && !options.force) {
-      throw new UsageError(
-        `Snapshot '${name}' of ${who(sandbox)} already exists: pass --force to replace it`,
-      );
-    }
-    const image = join(dirname(volume.mountPoint), "volume.img");
-    checkLimits(sandbox, existing, allocated(image));
-    await untilIdle(sandbox, { what: `save snapshot '${name}'`, waitMs: options.waitMs ?? 0 });
-    const work = join(store, workName("saving"));
-    Deno.mkdirSync(work, { mode: 0o700 });
-    let published = false;
-    let exchanged = false;
-    try {
-      const started = Date.now();
-      await copyFrozenImage({
-        mountPoint: volume.mountPoint,
-        image,
-        target: join(work, IMAGE_FILE),
-      });
-      const saveMs = Date.now() - started;
-      const createdAt = new Date(started).toISOString();
-      writeMeta(work, { name, createdAt, volumeBytes: Deno.statSync(image).size, saveMs });
-      killPoint("saved");
-      exchanged = publish(work, join(store, name));
-      published = true;
-    } finally {
-      // Unpublished: the partial copy. Published over an old one: the old one.
-      if (!published || exchanged) await deleteSnapshotDir(work).catch(() => {});
-    }
-    return readSnapshot(paths.root, name)!;
-  });
+  const docker = options.docker ?? new (await import("../docker/client.ts")).DockerClient();
+  const stop = { wasRunning: false };
+  try {
+    return await withLock(
+      paths.lock,
+      () => saveLocked(sandbox, name, { ...options, docker, stop }),
+    );
+  } finally {
+    // Started again as it was, also after a failure.
+    if (stop.wasRunning) await sandbox.ensure();
+  }
+}
+
+// The save itself, under the sandbox's lock. The container is stopped first:
+// a process a command left behind (one parked in a splice into the volume)
+// could otherwise hold fsfreeze forever, and the lock with it.
+async function saveLocked(
+  sandbox: Sandbox,
+  name: string,
+  options: SaveSnapshotOptions & { docker: DockerClient; stop: { wasRunning: boolean } },
+): Promise<SnapshotInfo> {
+  const { paths } = sandbox;
+  const volume = await healAndPrepare(sandbox);
+  const store = ensureStore(paths.root);
+  const existing = readSnapshot(paths.root, name);
+  if (existing !== undefined && !options.force) {
+    throw new UsageError(
+      `Snapshot '${name}' of ${who(sandbox)} already exists: pass --force to replace it`,
+    );
+  }
+  const image = join(dirname(volume.mountPoint), "volume.img");
+  checkLimits(sandbox, existing, allocated(image));
+  await untilIdle(sandbox, { what: `save snapshot '${name}'`, waitMs: options.waitMs ?? 0 });
+  await stopForCopy(sandbox, options);
+  const work = join(store, workName("saving"));
+  Deno.mkdirSync(work, { mode: 0o700 });
+  let published = false;
+  let exchanged = false;
+  try {
+    const started = Date.now();
+    await copyFrozenImage({
+      mountPoint: volume.mountPoint,
+      image,
+      target: join(work, IMAGE_FILE),
+    });
+    const saveMs = Date.now() - started;
+    const createdAt = new Date(started).toISOString();
+    writeMeta(work, { name, createdAt, volumeBytes: Deno.statSync(image).size, saveMs });
+    killPoint("saved");
+    exchanged = publish(work, join(store, name));
+    published = true;
+  } finally {
+    // Unpublished: the partial copy. Published over an old one: the old one.
+    if (!published || exchanged) await deleteSnapshotDir(work).catch(() => {});
+  }
+  return readSnapshot(paths.root, name)!;
 }
 
 /**
@@ -221,12 +245,7 @@ async function restoreLocked(
   const snapshot = readSnapshot(paths.root, name);
   if (snapshot === undefined) throw new UsageError(`No snapshot '${name}' of ${who(sandbox)}`);
   await untilIdle(sandbox, { what: `restore snapshot '${name}'`, waitMs: options.waitMs, docker });
-  const found = await docker.inspectContainer(sandbox.key.containerName);
-  const container = found !== null && ownedBy(found, paths.root) ? found : null;
-  // No warm path into a container that is stopped under it.
-  writeWarm(paths.root, undefined);
-  options.stop.wasRunning = container?.State.Running === true;
-  if (container !== null) await stopped(docker, container.Id);
+  const container = await stopForCopy(sandbox, options);
   killPoint("stopped");
   const tree = join(volume.mountPoint, workName("restore"));
   const mountDir = join(storeDir(paths.root), workName("mount"));
@@ -380,6 +399,20 @@ function publish(work: string, final: string): boolean {
   }
   exchangePaths(work, final);
   return true;
+}
+
+// Stops the sandbox's container (recording whether it ran) so that nothing
+// writes the volume while it is copied; no warm path leads into it meanwhile.
+async function stopForCopy(
+  sandbox: Sandbox,
+  options: { docker: DockerClient; stop: { wasRunning: boolean } },
+): Promise<ContainerInspect | null> {
+  const found = await options.docker.inspectContainer(sandbox.key.containerName);
+  const container = found !== null && ownedBy(found, sandbox.paths.root) ? found : null;
+  writeWarm(sandbox.paths.root, undefined);
+  options.stop.wasRunning = container?.State.Running === true;
+  if (container !== null) await stopped(options.docker, container.Id);
+  return container;
 }
 
 // Stops a container and makes sure it is not running.
