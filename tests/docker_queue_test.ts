@@ -322,6 +322,13 @@ liveTest(
       const inspected = await docker.inspectContainer(containerId);
       const readBack = inspected?.HostConfig.PidsLimit;
       const cgroupDir = findPidsCgroup(containerId);
+      // A runner just started has more threads than at rest (Deno's blocking
+      // pool loading its modules; idle ones end within ~10 s): the bomb is
+      // measured against the runner at rest.
+      await waitFor(async () => (await docker.stats(containerId)).pids <= limit - 8, {
+        timeoutMs: 30_000,
+        what: "the runner's start-up threads to end",
+      });
       const baseline = (await docker.stats(containerId)).pids;
       console.log(
         `docker fork bomb: HostConfig.PidsLimit read back ${readBack}; ` +
