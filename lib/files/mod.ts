@@ -16,6 +16,7 @@
  * @module
  */
 import * as z from "../schema.ts";
+import { concat } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
 import type { Sandbox } from "../lifecycle/sandbox.ts";
 import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
@@ -117,6 +118,26 @@ function failure(verb: string, path: string, finished: Finished): FilesError {
 }
 
 /**
+ * A session's stdout chunks; its result and the first 16 KiB of its stderr
+ * on the return value.
+ */
+async function* stdoutOf(
+  session: QueueSession,
+): AsyncGenerator<Uint8Array, { result: ExecResult; stderr: string }> {
+  let stderr = "";
+  const decoder = new TextDecoder();
+  const output = session.output();
+  let next = await output.next();
+  while (!next.done) {
+    const { stream, data } = next.value;
+    if (stream === "stdout") yield data;
+    else if (stderr.length < MAX_STDERR) stderr += decoder.decode(data).slice(0, MAX_STDERR);
+    next = await output.next();
+  }
+  return { result: next.value, stderr };
+}
+
+/**
  * Drains a session's output: stdout to `onStdout` (or kept, up to
  * `keepStdout` bytes), stderr kept up to 16 KiB.
  */
@@ -127,15 +148,11 @@ async function drain(
 ): Promise<Finished> {
   const kept: Uint8Array[] = [];
   let keptBytes = 0;
-  let stderr = "";
-  const decoder = new TextDecoder();
-  const output = session.output();
+  const output = stdoutOf(session);
   let next = await output.next();
   while (!next.done) {
-    const { stream, data } = next.value;
-    if (stream === "stderr") {
-      if (stderr.length < MAX_STDERR) stderr += decoder.decode(data).slice(0, MAX_STDERR);
-    } else if (onStdout !== undefined) await onStdout(data);
+    const data = next.value;
+    if (onStdout !== undefined) await onStdout(data);
     else {
       keptBytes += data.byteLength;
       if (keptBytes > keepStdout) {
@@ -145,13 +162,7 @@ async function drain(
     }
     next = await output.next();
   }
-  const stdout = new Uint8Array(keptBytes);
-  let at = 0;
-  for (const chunk of kept) {
-    stdout.set(chunk, at);
-    at += chunk.byteLength;
-  }
-  return { result: next.value, stdout, stderr };
+  return { ...next.value, stdout: concat(kept) };
 }
 
 /**
@@ -210,19 +221,10 @@ export async function* helperOutput(
   let finishedCleanly = false;
   try {
     await session.end();
-    let stderr = "";
-    const decoder = new TextDecoder();
-    const output = session.output();
-    let next = await output.next();
-    while (!next.done) {
-      const { stream, data } = next.value;
-      if (stream === "stdout") yield data;
-      else if (stderr.length < MAX_STDERR) stderr += decoder.decode(data).slice(0, MAX_STDERR);
-      next = await output.next();
-    }
+    const { result, stderr } = yield* stdoutOf(session);
     finishedCleanly = true;
-    if (next.value.exitCode !== 0) {
-      throw failure(args[0]!, args[1]!, { result: next.value, stdout: new Uint8Array(), stderr });
+    if (result.exitCode !== 0) {
+      throw failure(args[0]!, args[1]!, { result, stdout: new Uint8Array(), stderr });
     }
   } finally {
     if (!finishedCleanly) await session.cancel().catch(() => {});
