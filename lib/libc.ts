@@ -48,6 +48,14 @@ export const O_CLOEXEC = 0o2000000;
 export const O_NOCTTY = 0o400;
 /** Open for reading and writing. */
 export const O_RDWR = 2;
+/** `poll(2)`: data to read. */
+export const POLLIN = 0x1;
+/** `poll(2)`: room to write. */
+export const POLLOUT = 0x4;
+/** `errno`: try again (a non-blocking call that would block). */
+export const EAGAIN = 11;
+/** `errno`: interrupted by a signal. */
+export const EINTR = 4;
 
 let loaded: Libc | null | undefined;
 

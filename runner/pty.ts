@@ -13,18 +13,25 @@
  * @module
  */
 import type { TtySize } from "../lib/queue/protocol.ts";
-import { errno, libc, O_CLOEXEC, O_NOCTTY, O_NONBLOCK, O_RDWR } from "../lib/libc.ts";
+import {
+  EAGAIN,
+  EINTR,
+  errno,
+  libc,
+  O_CLOEXEC,
+  O_NOCTTY,
+  O_NONBLOCK,
+  O_RDWR,
+  POLLIN,
+  POLLOUT,
+} from "../lib/libc.ts";
 import { logLine } from "./log.ts";
 
 // <asm-generic/ioctls.h> (x86_64 and aarch64 alike).
 const TIOCSWINSZ = 0x5414n;
 const TIOCGPTN = 0x80045430n;
 const TIOCSPTLCK = 0x40045431n;
-const POLLIN = 0x1;
-const POLLOUT = 0x4;
 const POLL_MS = 250;
-const EAGAIN = 11;
-const EINTR = 4;
 const READ_BYTES = 64 * 1024;
 
 /** An open pty master and the slave's path. */

@@ -28,34 +28,24 @@ liveTest("the Debian python image runs python3, pip and git as uid 10001 (CLI)",
   await requireImage(docker, PYTHON);
   await using home = await tempHome(docker);
   const user = uniqueUser("py");
-  const version = await home.cli([
-    "exec",
-    "--image",
-    PYTHON,
-    "--user",
-    user,
-    "--",
+  const inPython = (...argv: string[]) =>
+    home.cli(["exec", "--image", PYTHON, "--user", user, "--", ...argv]);
+  const version = await inPython(
     "python3",
     "-c",
     "import sys, os; print(sys.version); print(os.getuid(), os.getgid(), os.getcwd())",
-  ]);
+  );
   assert.equal(version.code, 0, version.stderr);
   const [line, ids] = version.stdout.trim().split("\n");
   assert.match(line!, /^3\.\d+\.\d+/);
   assert.equal(ids, "10001 10001 /workspace");
-  const git = await home.cli([
-    "exec",
-    "--image",
-    PYTHON,
-    "--user",
-    user,
-    "--",
+  const git = await inPython(
     "sh",
     "-c",
     "git init -q repo && cd repo && echo hi > f && git add f && " +
-    "git -c user.name=a -c user.email=a@b commit -qm one && git log --oneline | wc -l && " +
-    "python3 -m pip --version",
-  ]);
+      "git -c user.name=a -c user.email=a@b commit -qm one && git log --oneline | wc -l && " +
+      "python3 -m pip --version",
+  );
   assert.equal(git.code, 0, git.stderr);
   assert.match(git.stdout, /^1\npip \d+/);
 });

@@ -35,7 +35,7 @@
  * @module
  */
 import { basename, dirname } from "node:path";
-import { errno, type Libc, libc } from "../libc.ts";
+import { EAGAIN, errno, type Libc, libc, POLLIN } from "../libc.ts";
 import { QueueError } from "../errors.ts";
 
 /** Default fallback poll interval. */
@@ -71,8 +71,6 @@ const WATCH_MASK = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DEL
 /** `struct inotify_event` without its name: wd, mask, cookie, len. */
 const EVENT_HEADER = 16;
 const READ_BUFFER = 16 * 1024;
-const POLLIN = 1;
-const EAGAIN = 11;
 /** One poll(2) slice: how long a closed watcher's last poll may outlive it. */
 const POLL_SLICE_MS = 50;
 
