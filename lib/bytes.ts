@@ -19,3 +19,17 @@ export function concat(chunks: readonly Uint8Array[]): Uint8Array {
   }
   return out;
 }
+
+/**
+ * Writes every byte to a writer whose `write` may take fewer (a file, a socket).
+ *
+ * @param writer The destination.
+ * @param data The bytes.
+ */
+export async function writeAll(
+  writer: { write(p: Uint8Array): Promise<number> },
+  data: Uint8Array,
+): Promise<void> {
+  let rest = data;
+  while (rest.byteLength > 0) rest = rest.subarray(await writer.write(rest));
+}

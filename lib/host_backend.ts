@@ -42,6 +42,11 @@ export interface Backend {
   submit(options: SubmitOptions): Promise<string>;
   /** Closes the queue; the runner keeps going until its idle exit. */
   close(): void;
+  /**
+   * The host directory the runner sees at `SANDBOX_CHANNEL_DIR`: sessions
+   * stream over a socket there (`queue/channel.ts`). None: over rows.
+   */
+  readonly channelDir?: string | undefined;
 }
 
 /**

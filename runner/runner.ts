@@ -7,6 +7,8 @@
  * @module
  */
 import { concat } from "../lib/bytes.ts";
+import { connectChannel, type RunnerChannel } from "../lib/queue/channel.ts";
+import { SANDBOX_CHANNEL_DIR } from "../lib/config/sandbox_paths.ts";
 import { openPty, type Pty, reservePtys } from "./pty.ts";
 import { imageEnv, imageWorkdir as defaultWorkdir } from "./image_defaults.ts";
 import { mark } from "../lib/trace.ts";
@@ -463,6 +465,24 @@ async function runOne(
     };
   }
 
+  let channel: RunnerChannel | undefined;
+  const channelSpec = payload.session?.channel;
+  if (channelSpec !== undefined && feed !== undefined) {
+    try {
+      channel = await connectChannel(SANDBOX_CHANNEL_DIR, channelSpec);
+      feed.useChannel(channel);
+    } catch (error) {
+      return {
+        result: notRunResult(request.id, {
+          error: `Cannot connect to the host's channel '${channelSpec.socket}': ${
+            messageOf(error)
+          }`,
+        }),
+        unsent: [],
+      };
+    }
+  }
+
   const seq: Record<StreamName, number> = { stdout: 0, stderr: 0 };
   let buffered: Chunk[] = [];
   let bufferedBytes = 0;
@@ -501,6 +521,7 @@ async function runOne(
     );
   };
   const onOutput = (stream: StreamName, data: Uint8Array): void | Promise<void> => {
+    if (channel !== undefined) return sendOverChannel(channel, { stream, data, feed });
     // exec.ts already splits at MAX_CHUNK_BYTES; this guards the protocol limit.
     let admitted: Promise<void> | undefined;
     for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
@@ -551,6 +572,7 @@ async function runOne(
   } finally {
     pty?.close();
   }
+  if (channel !== undefined) await endChannel(channel, options.abort);
   // The output left over (and any a failed write gave back) goes with the result.
   clearTimeout(timer);
   timer = undefined;
@@ -573,6 +595,32 @@ async function runOne(
     error: (feed?.endedBecause ?? outcome.error)?.slice(0, 4096) ?? null,
   };
   return { result, unsent: buffered };
+}
+
+// Output over the channel: frames of at most MAX_CHUNK_BYTES, each resolved
+// when the socket took it (the pipe is read no faster than the host reads).
+async function sendOverChannel(
+  channel: RunnerChannel,
+  chunk: { stream: StreamName; data: Uint8Array; feed: SessionFeed | undefined },
+): Promise<void> {
+  const { stream, data, feed } = chunk;
+  for (let offset = 0; offset < data.byteLength; offset += MAX_CHUNK_BYTES) {
+    const piece = data.subarray(offset, offset + MAX_CHUNK_BYTES);
+    await feed?.admit(stream, 0, piece.byteLength);
+    await channel.write(stream, piece).catch(() => {
+      // The host is gone: the process's output goes nowhere, as with a closed pipe.
+    });
+  }
+}
+
+// Sends what is queued and closes; a cancelled session closes at once.
+async function endChannel(channel: RunnerChannel, signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return channel.close();
+  const aborted = new Promise<void>((resolve) => {
+    signal.addEventListener("abort", () => resolve(), { once: true });
+  });
+  await Promise.race([channel.end(), aborted]);
+  channel.close();
 }
 
 // Creates a session's working directory as the command's user, so a link a

@@ -10,6 +10,7 @@ import type { SessionSpec, StreamName, TtySize } from "../lib/queue/protocol.ts"
 import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
 import type { RunnerQueue } from "../lib/queue/runner_queue.ts";
 import { messageOf } from "../lib/queue/connection.ts";
+import type { RunnerChannel } from "../lib/queue/channel.ts";
 import { logLine } from "./log.ts";
 
 /** After the end of its input, a server gets this long to exit by itself. */
@@ -19,8 +20,9 @@ const CHECK_MS = 500;
 
 /** One running session's feed and watchdog. */
 export class SessionFeed {
-  /** The session's stdin, fed from the host's input rows. */
-  readonly stdin: ReadableStream<Uint8Array>;
+  #rowStdin: ReadableStream<Uint8Array>;
+  #channel: RunnerChannel | undefined;
+  #channelStdin: ReadableStream<Uint8Array> | undefined;
   /** Why the watchdog ended the session; undefined while it runs. */
   endedBecause: string | undefined;
   /** Called when the host sets a new window size (a terminal session). */
@@ -64,7 +66,7 @@ export class SessionFeed {
     this.#tty = options.spec.tty;
     // Pulled: input rows are read only as fast as the process takes them,
     // and the host sends at most a window past the last row taken.
-    this.stdin = new ReadableStream<Uint8Array>({
+    this.#rowStdin = new ReadableStream<Uint8Array>({
       start: (controller) => {
         this.#controller = controller;
       },
@@ -72,6 +74,35 @@ export class SessionFeed {
     }, { highWaterMark: 0 });
     this.#timer = setInterval(() => this.#check(), CHECK_MS);
     options.abort.signal.addEventListener("abort", () => this.stop(), { once: true });
+  }
+
+  /** The session's stdin: from the channel once there is one, else from the host's input rows. */
+  get stdin(): ReadableStream<Uint8Array> {
+    return this.#channelStdin ?? this.#rowStdin;
+  }
+
+  /**
+   * Streams this session over the host's socket: stdin from it, output to
+   * it (its backpressure is the window), closed when the session stops.
+   *
+   * @param channel The connected channel.
+   */
+  useChannel(channel: RunnerChannel): void {
+    this.#channel = channel;
+    const reader = channel.stdin.getReader();
+    this.#channelStdin = new ReadableStream<Uint8Array>({
+      pull: async (controller) => {
+        const { value, done } = await reader.read();
+        if (done) {
+          this.#inputEnded = true;
+          this.#endedAt = Date.now();
+          controller.close();
+          return;
+        }
+        this.#activeAt = Date.now();
+        controller.enqueue(value);
+      },
+    }, { highWaterMark: 0 });
   }
 
   /** Reads the lease and window size rows and wakes the input; called whenever inbound.db changed. */
@@ -145,6 +176,7 @@ export class SessionFeed {
    */
   async admit(stream: StreamName, seq: number, bytes: number): Promise<void> {
     this.#activeAt = Date.now();
+    if (this.#channel !== undefined) return;
     this.#written[stream] += bytes;
     this.#pending[stream].push({ end: this.#written[stream], seq });
     while (
@@ -158,6 +190,8 @@ export class SessionFeed {
   /** Stops the watchdog and releases every waiter (the session is over). */
   stop(): void {
     clearInterval(this.#timer);
+    // A host that stopped reading must not hold a write of a dead session.
+    if (this.#abort.signal.aborted) this.#channel?.close();
     this.#closeStdin();
     this.#inputChanged?.();
     for (const wake of this.#waiters) wake();

@@ -13,7 +13,6 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
-import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
 import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
@@ -65,12 +64,15 @@ command = "/bin/sh"
 args = ["-c", "exec cat >> /workspace/seen.log"]
 execution = "sandbox"
 authority = "sandbox"
+max_message_bytes = 4194304
 
+# 64 MiB without a newline, then the answer to initialize.
 [mcp.flood]
 command = "/bin/sh"
-args = ["-c", "read line; head -c 67108864 /dev/zero | tr '\\\\0' a"]
+args = ["-c", "read line; head -c 67108864 /dev/zero | tr '\\\\0' a; printf '\\\\n{\\"jsonrpc\\":\\"2.0\\",\\"id\\":1,\\"result\\":{\\"serverInfo\\":{\\"name\\":\\"flood\\"}}}\\\\n'; exec sleep 600"]
 execution = "sandbox"
 authority = "sandbox"
+max_message_bytes = 4194304
 
 [mcp.junk]
 command = "/bin/sh"
@@ -128,19 +130,30 @@ function start(home: TestHome, name: string, user: string): {
 }
 
 liveTest(
-  "mcp hostile: a server flooding 64 MiB without a newline ends its session, host memory bounded",
+  "mcp hostile: a server flooding 64 MiB without a newline is read through, the session goes on, host memory bounded",
   async (docker) => {
     await using home = await withHome(docker);
     const user = uniqueUser("flood");
     const session = start(home, "flood", user);
     await session.sent;
+    const reader = session.child.stdout.getReader();
+    const first = await reader.read();
+    assert.match(
+      new TextDecoder().decode(first.value),
+      /^\{"jsonrpc":"2.0","id":1,"result":\{"serverInfo":\{"name":"flood"\}\}\}\n$/,
+    );
+    reader.releaseLock();
+    await session.writer.close();
     const out = await session.child.output();
     session.stop();
     const stderr = new TextDecoder().decode(out.stderr);
-    assert.equal(out.code, 125, stderr);
-    assert.match(stderr, /longer than 4194304 bytes/);
+    assert.equal(out.code, 0, stderr);
+    assert.match(
+      stderr,
+      /Server 'flood' sent a message of 67108864 bytes, over max_message_bytes \(4194304\) of server 'flood'; raise \[mcp\.flood\] max_message_bytes/,
+    );
     assert.equal(out.stdout.byteLength, 0, "nothing but JSON-RPC reaches stdout");
-    // The relay holds at most one 4 MiB line, and the queue at most the runner's window.
+    // The relay holds at most one 4 MiB line, and the channel one frame.
     assert.ok(
       session.peakMiB() < 250,
       `waffle mcp run peaked at ${session.peakMiB().toFixed(0)} MiB`,
@@ -343,13 +356,113 @@ const db = new DatabaseSync("/queue/outbound/outbound.db");
 db.exec("PRAGMA busy_timeout = 10000");
 const inbound = new DatabaseSync("/queue/inbound/inbound.db", { readOnly: true });
 inbound.exec("PRAGMA busy_timeout = 10000");
-const seen = () => {
-  try {
-    return Deno.readTextFileSync("/workspace/seen.log").split("\\n").filter((l) => l !== "").map((l) => JSON.parse(l));
-  } catch {
-    return [];
+const until = async (check, what) => {
+  while (Date.now() < deadline) {
+    const value = check();
+    if (value !== undefined && value !== false) return value;
+    await new Promise((r) => setTimeout(r, 20));
   }
+  throw new Error("timed out waiting for " + what);
 };
+// The real runner is held (SIGSTOP) until the session's channel is ours:
+// the host takes one connection, the first showing the token from inbound.db.
+const runner = [...Deno.readDirSync("/proc")].map((e) => e.name).filter((n) => /^\\d+$/.test(n))
+  .find((pid) => {
+    try {
+      const argv = Deno.readTextFileSync("/proc/" + pid + "/cmdline").split("\\0");
+      // Not docker-init (PID 1), whose command line holds the runner's.
+      return !argv[0].endsWith("docker-init") && argv.includes("runner") && argv.includes("--queue");
+    } catch {
+      return false;
+    }
+  });
+const known = new Set(inbound.prepare("SELECT id FROM requests").all().map((r) => r.id));
+Deno.kill(Number(runner), "SIGSTOP");
+console.log("ready");
+let conn;
+let session;
+try {
+  const request = await until(
+    () => inbound.prepare("SELECT id, payload FROM requests ORDER BY seq DESC LIMIT 20").all()
+      .find((r) => !known.has(r.id) && JSON.parse(r.payload).session?.channel !== undefined),
+    "the session request",
+  );
+  session = request.id;
+  const channel = JSON.parse(request.payload).session.channel;
+  conn = await Deno.connect({ transport: "unix", path: "/opt/waffle/chan/" + channel.socket });
+  await conn.write(new TextEncoder().encode(channel.token + "\\n"));
+} finally {
+  Deno.kill(Number(runner), "SIGCONT");
+}
+// What the host sends the server, as lines.
+const received = [];
+let inputEnded = false;
+void (async () => {
+  const buffer = new Uint8Array(65536);
+  const decoder = new TextDecoder();
+  let rest = "";
+  while (true) {
+    const n = await conn.read(buffer).catch(() => null);
+    if (n === null) break;
+    rest += decoder.decode(buffer.subarray(0, n), { stream: true });
+    let i;
+    while ((i = rest.indexOf("\\n")) >= 0) {
+      try {
+        received.push(JSON.parse(rest.slice(0, i)));
+      } catch {
+        // Not JSON: not for us.
+      }
+      rest = rest.slice(i + 1);
+    }
+  }
+  inputEnded = true;
+})();
+const seen = () => received;
+const writeAll = async (bytes) => {
+  for (let at = 0; at < bytes.byteLength;) at += await conn.write(bytes.subarray(at));
+};
+// Frames of the channel: [1 (stdout)][length u32 BE][bytes], at most 64 KiB each.
+let writing = Promise.resolve();
+let writeFailed = false;
+const forgeBytes = (bytes) => {
+  writing = writing.then(async () => {
+    for (let at = 0; at < bytes.byteLength; at += 65536) {
+      const piece = bytes.subarray(at, at + 65536);
+      const header = new Uint8Array(5);
+      header[0] = 1;
+      new DataView(header.buffer).setUint32(1, piece.byteLength);
+      await writeAll(header);
+      await writeAll(piece);
+    }
+  }).catch(() => {
+    writeFailed = true;
+  });
+  return writing;
+};
+const forge = (message) => forgeBytes(new TextEncoder().encode(JSON.stringify(message) + "\\n"));
+const init = await until(() => seen().find((m) => m.method === "initialize"), "initialize");
+const answerInit = () => forge({ jsonrpc: "2.0", id: init.id, result: {
+  protocolVersion: init.params.protocolVersion,
+  capabilities: { tools: {} },
+  serverInfo: { name: "forged", version: "1" },
+} });
+${body}
+await writing;
+conn.close();
+`;
+}
+
+/**
+ * The old way in: output rows for the session in outbound.db, which the
+ * runner owns. A session streaming over its channel reads none of them, but
+ * the host still reads the file for the session's result.
+ */
+function rowForger(body: string): string {
+  return `
+import { DatabaseSync } from "node:sqlite";
+const deadline = Date.now() + 90_000;
+const db = new DatabaseSync("/queue/outbound/outbound.db");
+db.exec("PRAGMA busy_timeout = 10000");
 const until = async (check, what) => {
   while (Date.now() < deadline) {
     const value = check();
@@ -359,7 +472,6 @@ const until = async (check, what) => {
   throw new Error("timed out waiting for " + what);
 };
 console.log("ready");
-const init = await until(() => seen().find((m) => m.method === "initialize"), "initialize");
 const session = await until(
   () =>
     db.prepare("SELECT request_id FROM states WHERE state = 'started' ORDER BY started_at DESC")
@@ -370,12 +482,6 @@ let seq = 0;
 const forgeBytes = (bytes) =>
   db.prepare("INSERT INTO chunks (request_id, stream, seq, data) VALUES (?, 'stdout', ?, ?)")
     .run(session, seq++, bytes);
-const forge = (message) => forgeBytes(new TextEncoder().encode(JSON.stringify(message) + "\\n"));
-const answerInit = () => forge({ jsonrpc: "2.0", id: init.id, result: {
-  protocolVersion: init.params.protocolVersion,
-  capabilities: { tools: {} },
-  serverInfo: { name: "forged", version: "1" },
-} });
 ${body}
 `;
 }
@@ -469,43 +575,27 @@ liveTest(
 const FLOOD_BYTES = 64 * 1024 * 1024;
 
 /**
- * The flood, following the host's read window as the real runner does: a
- * chunk is written only while at most the session window is unread (`stdout_read` in
- * inbound.db), and read chunks are deleted. It stops at 64 MiB, or once the
- * host ended the session's input or cancelled it.
+ * The flood through the channel: 64 MiB of \`a\` without a newline, as fast
+ * as the host reads it, then a newline and the answer to \`initialize\`.
  */
-const FLOOD_IN_WINDOW = forger(`
+const FLOOD_IN_CHANNEL = forger(`
 const chunk = new Uint8Array(64 * 1024).fill(0x61);
-const window = ${SESSION_WINDOW_BYTES};
-const readSoFar = () =>
-  inbound.prepare("SELECT stdout_read FROM sessions WHERE request_id = ?").get(session)?.stdout_read ?? 0;
-// Ended: its input closed, a cancel, or already collected (acknowledged, rows gone).
-const ended = () =>
-  inbound.prepare("SELECT 1 FROM input WHERE request_id = ? AND data IS NULL").get(session) !== undefined ||
-  inbound.prepare("SELECT 1 FROM cancels WHERE request_id = ?").get(session) !== undefined ||
-  inbound.prepare("SELECT 1 FROM sessions WHERE request_id = ?").get(session) === undefined;
 let written = 0;
-let maxUnread = 0;
-while (written < ${FLOOD_BYTES} && !ended() && Date.now() < deadline) {
-  const read = readSoFar();
-  if (written + chunk.byteLength - read > window) {
-    db.prepare("DELETE FROM chunks WHERE request_id = ? AND stream = 'stdout' AND seq < ?")
-      .run(session, Math.floor(read / chunk.byteLength));
-    await new Promise((r) => setTimeout(r, 20));
-    continue;
-  }
-  forgeBytes(chunk);
+while (written < ${FLOOD_BYTES} && !writeFailed && Date.now() < deadline) {
+  await forgeBytes(chunk);
   written += chunk.byteLength;
-  maxUnread = Math.max(maxUnread, written - read);
 }
-console.log("done " + JSON.stringify({ written, maxUnread, ended: ended() }));
+await forgeBytes(new TextEncoder().encode("\\n"));
+answerInit();
+await until(() => inputEnded, "the end of the input");
+console.log("done " + JSON.stringify({ written }));
 `);
 
 /**
  * The flood, ignoring the window: all 64 MiB of chunks in one commit, so the
  * host sees either none of it or an outbound.db of 64 MiB and more.
  */
-const FLOOD_AT_ONCE = forger(`
+const FLOOD_AT_ONCE = rowForger(`
 const chunk = new Uint8Array(64 * 1024).fill(0x61);
 db.exec("BEGIN IMMEDIATE");
 for (let at = 0; at < ${FLOOD_BYTES}; at += chunk.byteLength) forgeBytes(chunk);
@@ -518,9 +608,11 @@ async function floodedByRunner(
   home: TestHome,
   session: { user: string; container: string },
   script: string,
+  options: { firstLine?: boolean } = {},
 ): Promise<{
   code: number;
   stdout: Uint8Array;
+  first: string;
   stderr: string;
   peakMiB: number;
   forged: Record<string, unknown>;
@@ -528,6 +620,22 @@ async function floodedByRunner(
   await using flood = await spawnAsRunner(session.container, script, "ready");
   const client = start(home, "quiet", session.user);
   await client.sent;
+  let first = "";
+  // The client reads the first answer, then closes its input.
+  if (options.firstLine) {
+    const reader = client.child.stdout.getReader();
+    // The forger ends only after the client's input: before, it failed.
+    const failed = waitFor(() => flood.exited, { timeoutMs: 120_000, what: "the forger" })
+      .then(() => Promise.reject(new Error(`The forger ended first: ${flood.output()}`)));
+    failed.catch(() => {});
+    while (!first.includes("\n")) {
+      const next = await Promise.race([reader.read(), failed]);
+      if (next.done) break;
+      first += new TextDecoder().decode(next.value);
+    }
+    reader.releaseLock();
+    await client.writer.close();
+  }
   const out = await client.child.output();
   client.stop();
   await waitFor(() => flood.exited, { timeoutMs: 90_000, what: "the forger to finish" });
@@ -536,6 +644,7 @@ async function floodedByRunner(
   return {
     code: out.code,
     stdout: out.stdout,
+    first,
     stderr: new TextDecoder().decode(out.stderr),
     peakMiB: client.peakMiB(),
     forged: JSON.parse(/^done (.*)$/m.exec(said)![1]!),
@@ -545,6 +654,7 @@ async function floodedByRunner(
 /** Answers the client's `initialize` and ends once the server's input is closed. */
 const ANSWER_INIT = forger(`
 answerInit();
+await until(() => inputEnded, "the end of the input");
 console.log("done " + JSON.stringify({ session }));
 `);
 
@@ -560,7 +670,10 @@ async function sessionServes(
   const client = start(home, "quiet", session.user);
   await client.sent;
   const reader = client.child.stdout.getReader();
-  const first = await reader.read();
+  const failed = waitFor(() => answer.exited, { timeoutMs: 120_000, what: "the forger" })
+    .then(() => Promise.reject(new Error(`The forger ended first: ${answer.output()}`)));
+  failed.catch(() => {});
+  const first = await Promise.race([reader.read(), failed]);
   assert.match(new TextDecoder().decode(first.value), /"serverInfo":\{"name":"forged"/);
   reader.releaseLock();
   await client.writer.close();
@@ -572,7 +685,7 @@ async function sessionServes(
 }
 
 liveTest(
-  "mcp hostile: a server flooding 64 MiB without a newline ends its session, host memory bounded [as the runner]",
+  "mcp hostile: a server flooding 64 MiB without a newline is read through, the session goes on, host memory bounded [as the runner]",
   async (docker, t) => {
     await using home = await withHome(docker);
     const user = uniqueUser("rflood");
@@ -589,20 +702,23 @@ liveTest(
     // Loading the flood (64 MiB, and as much again deserialized) would take far more.
     const bound = baselineMiB + 48;
 
-    await t.step("following the read window, as the real runner does", async () => {
-      const ended = await floodedByRunner(home, { user, container }, FLOOD_IN_WINDOW);
+    await t.step("through the channel, as fast as the host reads", async () => {
+      const ended = await floodedByRunner(home, { user, container }, FLOOD_IN_CHANNEL, {
+        firstLine: true,
+      });
       // deno-lint-ignore no-console -- the figures the test bounds, for the log
       console.log(
-        `window flood: ${JSON.stringify(ended.forged)}, peak ${ended.peakMiB.toFixed(1)} MiB`,
+        `channel flood: ${JSON.stringify(ended.forged)}, peak ${ended.peakMiB.toFixed(1)} MiB`,
       );
-      assert.equal(ended.code, 125, ended.stderr);
-      assert.match(ended.stderr, /Server 'quiet' sent a message longer than 4194304 bytes/);
+      // Read through without being held; the answer after it reached the client.
+      assert.equal(ended.code, 0, ended.stderr);
+      assert.match(ended.first, /^\{"jsonrpc":"2.0","id":1,"result":\{.*"name":"forged"/);
+      assert.match(
+        ended.stderr,
+        /Server 'quiet' sent a message of 67108864 bytes, over max_message_bytes \(4194304\)/,
+      );
       assert.equal(ended.stdout.byteLength, 0, "nothing but JSON-RPC reaches stdout");
-      // The host read past one 4 MiB line, ended the input, and the forger stopped well short of 64 MiB.
-      const written = ended.forged.written as number;
-      assert.ok(written > 4 * 1024 * 1024 && written < FLOOD_BYTES, `written ${written}`);
-      assert.ok((ended.forged.maxUnread as number) <= SESSION_WINDOW_BYTES);
-      assert.equal(ended.forged.ended, true);
+      assert.equal(ended.forged.written, FLOOD_BYTES);
       assert.ok(ended.peakMiB < bound, `waffle mcp run peaked at ${ended.peakMiB.toFixed(0)} MiB`);
       assert.equal(await runOk(sandbox, "cat /workspace/keep.txt"), "kept\n");
       await sessionServes(home, { user, container });

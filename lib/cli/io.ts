@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { writeAll } from "../bytes.ts";
 
 /** Where a subcommand reads and writes. */
 export interface CliIo {
@@ -16,12 +17,11 @@ export interface CliIo {
 
 const encoder = new TextEncoder();
 
-async function writeAll(
+function writeText(
   file: { write(p: Uint8Array): Promise<number> },
   data: Uint8Array | string,
 ): Promise<void> {
-  let bytes = typeof data === "string" ? encoder.encode(data) : data;
-  while (bytes.byteLength > 0) bytes = bytes.subarray(await file.write(bytes));
+  return writeAll(file, typeof data === "string" ? encoder.encode(data) : data);
 }
 
 /**
@@ -31,8 +31,8 @@ async function writeAll(
  */
 export function processIo(): CliIo {
   return {
-    stdout: (data) => writeAll(Deno.stdout, data),
-    stderr: (data) => writeAll(Deno.stderr, data),
+    stdout: (data) => writeText(Deno.stdout, data),
+    stderr: (data) => writeText(Deno.stderr, data),
     stdin: Deno.stdin.isTerminal() ? null : Deno.stdin.readable,
   };
 }

@@ -13,6 +13,8 @@ export const PROGRAM_DIR = "/opt/waffle";
 export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
 /** The spawn helper the runtime kit brings (`image/spawn_helper.c`), whatever the image has. */
 export const SANDBOX_SPAWN_HELPER = `${SANDBOX_RUNTIME}/spawn`;
+/** The host's channel directory's mount point (read-only): sockets a session's runner connects to. */
+export const SANDBOX_CHANNEL_DIR = `${PROGRAM_DIR}/chan`;
 /** The runner's variable carrying the image's own `Env` (a JSON array) to its commands. */
 export const IMAGE_ENV_VARIABLE = "WAFFLE_IMAGE_ENV";
 /** The runner's variable carrying the image's `WorkingDir`: the default cwd of commands. */

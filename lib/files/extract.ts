@@ -16,6 +16,7 @@
  *
  * @module
  */
+import { writeAll } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
 import { basename, dirname } from "../path.ts";
 import { newStats, type PackStats } from "./pack.ts";
@@ -132,11 +133,6 @@ export function fsError(error: unknown, path: string): Error {
     return new FilesError(`No such file or directory '${path}'`, { cause: error });
   }
   return new FilesError(`Cannot write '${path}': ${message.split("\n")[0]}`, { cause: error });
-}
-
-async function writeAll(file: Deno.FsFile, data: Uint8Array): Promise<void> {
-  let rest = data;
-  while (rest.byteLength > 0) rest = rest.subarray(await file.write(rest));
 }
 
 function lstatOrNull(path: string): Deno.FileInfo | null {

@@ -64,6 +64,11 @@ export interface StatePaths {
   workspace: string;
   /** Cross-process lock of this sandbox's lifecycle. */
   lock: string;
+  /**
+   * `$WAFFLE_HOME/ch/<hash prefix>`: where hosts listen for the runner's
+   * session channels (short: a socket path holds 107 bytes); read-only inside.
+   */
+  channel: string;
 }
 
 /**
@@ -77,17 +82,18 @@ export function statePaths(home: string, key: SandboxKey): StatePaths {
   return {
     ...stateLayout(join(home, "sandboxes", key.hash)),
     lock: join(home, "locks", `${key.hash}.lock`),
+    channel: join(home, "ch", key.hash.slice(0, 16)),
   };
 }
 
 /**
- * The layout of a sandbox's state directory (all but the lock, which lives
- * in the home), e.g. for a root found in a container's label.
+ * The layout of a sandbox's state directory (all but the lock and the channel
+ * directory, which live in the home), e.g. for a root found in a container's label.
  *
  * @param root The state root.
  * @returns Its paths.
  */
-export function stateLayout(root: string): Omit<StatePaths, "lock"> {
+export function stateLayout(root: string): Omit<StatePaths, "lock" | "channel"> {
   const volume = join(root, "volume");
   return {
     root,

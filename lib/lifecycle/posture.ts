@@ -31,6 +31,7 @@ import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
   PROGRAM_DIR,
+  SANDBOX_CHANNEL_DIR,
   SANDBOX_RUNTIME,
 } from "../config/sandbox_paths.ts";
 
@@ -356,6 +357,9 @@ function runnerLaunch(
     bind(paths.outbound, "/queue/outbound", false, paths.root),
     bind(paths.workspace, "/workspace", options.readOnlyWorkspace, paths.root),
     bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
+    // Read-only: the sandbox can connect to a host's socket there, never
+    // replace one.
+    bind(paths.channel, SANDBOX_CHANNEL_DIR, true),
     ...program.mounts,
   ];
   return {

@@ -100,6 +100,7 @@ export async function openRestricted(
     ensure: () => Promise.resolve(),
     submit: (request) => queue.submit(request),
     close: () => queue.close(),
+    channelDir: paths.channel,
     dispose,
   };
 }

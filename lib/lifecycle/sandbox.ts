@@ -14,6 +14,7 @@ import type { Backend } from "../host_backend.ts";
 import { type SandboxFiles, sandboxFiles } from "../files/mod.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
+import { makeChannelDir } from "../queue/channel.ts";
 import { initQueue } from "../queue/schema.ts";
 import type { Ensured } from "./ensure.ts";
 import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
@@ -69,6 +70,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+  // Before any session: a host listens there while its container is made.
+  makeChannelDir(paths.channel);
   // Mounted read-only into every sandbox (npm MCP servers): it must exist.
   Deno.mkdirSync(config.mcpCache, { recursive: true, mode: 0o755 });
   initQueue(paths.queue, { outboundDir: paths.outbound, mode: hostCanChown() ? 0o700 : 0o750 });
@@ -148,6 +151,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const sandbox = {
     key,
     paths,
+    channelDir: paths.channel,
     config,
     queue,
     get lastEnsure(): Ensured | undefined {

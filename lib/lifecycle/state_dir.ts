@@ -29,6 +29,7 @@ import { hostCanChown, SANDBOX_UID } from "./posture.ts";
 import { ensureVolume, type VolumeStatus } from "./quota.ts";
 import { markOutboundReplaced, outboundReplaced } from "./outbound_in_place.ts";
 import { removeTree } from "./remove_tree.ts";
+import { makeChannelDir } from "../queue/channel.ts";
 import { writeWarm } from "./warm.ts";
 import { errno, libc, O_CLOEXEC, O_DIRECTORY, O_NOFOLLOW, O_RDONLY } from "../libc.ts";
 
@@ -62,6 +63,7 @@ export async function prepareState(
     Deno.mkdirSync(dirname(paths.lock), { recursive: true, mode: 0o700 });
     Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
     Deno.chmodSync(paths.root, 0o700);
+    makeChannelDir(paths.channel);
     initQueue(paths.queue, {
       outboundDir: paths.outbound,
       mode: root ? 0o700 : 0o750,
@@ -212,7 +214,7 @@ export interface StateReport {
  * @param paths The sandbox's state paths.
  * @returns What is there.
  */
-export function inspectState(paths: Omit<StatePaths, "lock">): StateReport {
+export function inspectState(paths: Omit<StatePaths, "lock" | "channel">): StateReport {
   const kind = (path: string): StateReport["outbound"] => {
     try {
       return Deno.lstatSync(path).isDirectory ? "directory" : "other";
@@ -285,6 +287,12 @@ export async function purgeState(
 ): Promise<void> {
   const parent = dirname(paths.root);
   const prefix = `.purged-${basename(paths.root)}-`;
+  try {
+    // Only sockets of hosts that were using it (nothing of the sandbox's).
+    Deno.removeSync(paths.channel, { recursive: true });
+  } catch {
+    // Never made, or gone.
+  }
   try {
     Deno.renameSync(paths.root, join(parent, `${prefix}${Date.now()}`));
   } catch (error) {

@@ -34,6 +34,10 @@ export const INPUT_WINDOW_ROWS = 256;
  * lease row says it caught up. It bounds `outbound.db` however long a session lives.
  */
 export const SESSION_WINDOW_BYTES = 4 * 1024 * 1024;
+/** A session channel's socket file name: random hex (short: a unix socket path holds 107 bytes). */
+export const CHANNEL_SOCKET_PATTERN: RegExp = /^[0-9a-f]{16}\.s$/;
+/** A session channel's token: 32 random bytes in hex. */
+export const CHANNEL_TOKEN_PATTERN: RegExp = /^[0-9a-f]{64}$/;
 /** Runner heartbeat interval. Hosts call a runner dead after three (see `liveness.ts`). */
 export const HEARTBEAT_INTERVAL_MS = 2000;
 
@@ -77,6 +81,10 @@ export const execPayloadSchema: z.ZodMiniType<ExecPayload> = z.object({
     makeCwd: z.optional(z.boolean()),
     endGraceMs: z.optional(z.int().check(z.minimum(0), z.maximum(7 * 24 * 3600 * 1000))),
     tty: z.optional(z.strictObject({ rows: ttySide, cols: ttySide })),
+    channel: z.optional(z.strictObject({
+      socket: z.string().check(z.regex(CHANNEL_SOCKET_PATTERN)),
+      token: z.string().check(z.regex(CHANNEL_TOKEN_PATTERN)),
+    })),
   })),
 });
 
@@ -118,6 +126,11 @@ export interface SessionSpec {
   endGraceMs?: number | undefined;
   /** Run on a terminal of this size (`waffle shell`); the host resizes it with `Queue.resize`. */
   tty?: TtySize | undefined;
+  /**
+   * Stream stdin and output over the host's socket instead of rows (see
+   * `channel.ts`); the runner connects to it in its channel directory.
+   */
+  channel?: { socket: string; token: string } | undefined;
 }
 
 /** A terminal's window size. */

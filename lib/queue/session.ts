@@ -7,7 +7,9 @@
 import type { ExecResult, OutputChunk, SessionSpec, TtySize } from "./protocol.ts";
 import { SESSION_WINDOW_BYTES } from "./protocol.ts";
 import type { Queue, SubmitOptions, WaitOptions } from "./queue.ts";
-import { concat } from "../bytes.ts";
+import { concat, writeAll } from "../bytes.ts";
+import { HostChannel, readFrames } from "./channel.ts";
+import { settlesWithin } from "../async.ts";
 
 /** Default lease: the runner ends a session whose host stops renewing for this long. */
 export const SESSION_LEASE_MS = 10_000;
@@ -22,6 +24,8 @@ export interface SessionTarget {
   readonly queue: Queue;
   /** Submits a request (a backend makes sure a runner serves the queue first). */
   submit(options: SubmitOptions): Promise<string>;
+  /** Where the runner can reach a host's socket (see `channel.ts`); none: rows only. */
+  readonly channelDir?: string | undefined;
 }
 
 /** What to start, and how long it may live unattended. */
@@ -36,7 +40,12 @@ export interface SessionOptions extends Omit<SubmitOptions, "session" | "stdin">
   endGraceMs?: number;
   /** Run on a terminal of this size. */
   tty?: TtySize;
+  /** Stream over the target's channel directory when it has one (default true); false: rows. */
+  channel?: boolean;
 }
+
+/** After a result, how long a started session's channel may take to connect. */
+const LATE_CONNECT_MS = 5000;
 
 /**
  * A session opened by this host. It renews its lease while open; once this
@@ -66,13 +75,28 @@ export class QueueSession {
   #pendingBytes = 0;
   #sending: Promise<void> | undefined;
   #sendError: unknown;
+  #channel: HostChannel | undefined;
+  // Channel writes, one after another.
+  #channelWrites: Promise<void> = Promise.resolve();
+  #inputGone = false;
 
-  private constructor(queue: Queue, id: string, leaseMs: number, wait: WaitOptions) {
+  private constructor(
+    queue: Queue,
+    id: string,
+    options: { leaseMs: number; wait: WaitOptions; channel: HostChannel | undefined },
+  ) {
+    const { leaseMs, wait } = options;
     this.queue = queue;
     this.id = id;
     this.#wait = wait;
+    this.#channel = options.channel;
     // Three renewals per lease: one lost to a slow commit does not end it.
     this.#timer = setInterval(() => this.#renew(), Math.max(250, Math.floor(leaseMs / 3)));
+  }
+
+  /** The socket name of the channel the session streams over; undefined when over rows. */
+  get channelSocket(): string | undefined {
+    return this.#channel?.spec.socket;
   }
 
   /**
@@ -94,17 +118,26 @@ export class QueueSession {
       makeCwd,
       endGraceMs,
       tty,
+      channel: useChannel = true,
       ...rest
     } = options;
+    const channel = useChannel ? openChannel(target.channelDir) : undefined;
     const session: SessionSpec = {
       leaseMs,
       idleMs,
       ...(makeCwd ? { makeCwd } : {}),
       ...(endGraceMs === undefined ? {} : { endGraceMs }),
       ...(tty === undefined ? {} : { tty }),
+      ...(channel === undefined ? {} : { channel: channel.spec }),
     };
-    const id = await target.submit({ ...rest, session });
-    return new QueueSession(target.queue, id, leaseMs, wait);
+    let id: string;
+    try {
+      id = await target.submit({ ...rest, session });
+    } catch (error) {
+      channel?.close();
+      throw error;
+    }
+    return new QueueSession(target.queue, id, { leaseMs, wait, channel });
   }
 
   /**
@@ -120,6 +153,7 @@ export class QueueSession {
   async write(data: Uint8Array): Promise<void> {
     if (this.#sendError !== undefined) throw this.#sendError;
     if (data.byteLength === 0) return;
+    if (this.#channel !== undefined) return await this.#channelWrite(data.slice());
     this.#pending.push(data.slice());
     this.#pendingBytes += data.byteLength;
     this.#sending ??= this.#send();
@@ -156,8 +190,29 @@ export class QueueSession {
     return this.queue.resize(this.id, size);
   }
 
+  // Waits for the runner to connect; the socket's own backpressure paces the
+  // writer. A process that is gone takes no more input: the rest is dropped,
+  // as rows for a closed stdin are, and its output says why.
+  #channelWrite(data: Uint8Array | null): Promise<void> {
+    const channel = this.#channel!;
+    const written = this.#channelWrites.then(async () => {
+      const conn = await channel.connection();
+      if (this.#inputGone) return;
+      try {
+        if (data === null) await conn.closeWrite();
+        else await writeAll(conn, data);
+      } catch (error) {
+        if (!isClosedSocket(error)) throw error;
+        this.#inputGone = true;
+      }
+    });
+    this.#channelWrites = written.catch(() => {});
+    return written;
+  }
+
   /** Sends what is pending and closes the session's stdin (a well-behaved server then exits). */
   async end(): Promise<void> {
+    if (this.#channel !== undefined) return await this.#channelWrite(null);
     while (this.#sending !== undefined) await this.#sending;
     if (this.#sendError !== undefined) throw this.#sendError;
     await this.queue.sendInput(this.id, null);
@@ -175,6 +230,41 @@ export class QueueSession {
    * @returns Chunks in order; the result on the iterator's return value.
    */
   async *output(): AsyncGenerator<OutputChunk, ExecResult> {
+    if (this.#channel === undefined) return yield* this.#rowOutput();
+    try {
+      return yield* this.#channelOutput(this.#channel);
+    } finally {
+      clearInterval(this.#timer);
+    }
+  }
+
+  // The output comes over the socket, the result (and nothing else: a runner
+  // writing rows anyway is ignored) over the queue.
+  async *#channelOutput(channel: HostChannel): AsyncGenerator<OutputChunk, ExecResult> {
+    const rows = this.#rowOutput();
+    const result = (async () => {
+      let next = await rows.next();
+      while (!next.done) next = await rows.next();
+      return next.value;
+    })();
+    const first = await Promise.race([
+      channel.connection().then((conn) => ({ conn }), () => ({ conn: undefined })),
+      result.then(() => ({ conn: undefined })),
+    ]);
+    let conn = first.conn;
+    if (conn === undefined) {
+      // A result first: if the process started, the runner had connected
+      // before, and this host has not taken the connection yet.
+      const ended = await result;
+      if (ended.startedAt !== null) await settlesWithin(channel.connection(), LATE_CONNECT_MS);
+      conn = channel.connected;
+    }
+    if (conn !== undefined) yield* readFrames(conn);
+    channel.close();
+    return await result;
+  }
+
+  async *#rowOutput(): AsyncGenerator<OutputChunk, ExecResult> {
     const stream = this.queue.output(this.id, this.#wait);
     try {
       let next = await stream.next();
@@ -197,6 +287,7 @@ export class QueueSession {
   /** Stops renewing and acknowledges the session (its rows may go). */
   async close(): Promise<void> {
     clearInterval(this.#timer);
+    this.#channel?.close();
     await this.#renewing?.catch(() => {});
     await this.queue.ack(this.id).catch(() => {});
   }
@@ -214,4 +305,21 @@ export class QueueSession {
       this.#renewing = undefined;
     });
   }
+}
+
+// A missing or too long directory means rows: slower, never wrong.
+function openChannel(dir: string | undefined): HostChannel | undefined {
+  if (dir === undefined) return undefined;
+  try {
+    return HostChannel.open(dir);
+  } catch {
+    return undefined;
+  }
+}
+
+function isClosedSocket(error: unknown): boolean {
+  return error instanceof Deno.errors.BrokenPipe || error instanceof Deno.errors.ConnectionReset ||
+    error instanceof Deno.errors.NotConnected || error instanceof Deno.errors.BadResource ||
+    // A write still pending when the session's end closed the socket.
+    error instanceof Deno.errors.Interrupted;
 }
