@@ -14,7 +14,6 @@ import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
-import { MAX_MESSAGE_BYTES } from "../lib/mcp/jsonrpc.ts";
 
 const REPO = dirname(dirname(fileURLToPath(import.meta.url)));
 const MAIN = join(REPO, "main.ts");
@@ -75,13 +74,14 @@ function waffleEnv(home: string, extra: Record<string, string> = {}): Record<str
   };
 }
 
-/** Processes whose working directory is `dir` (a host server runs in the waffle home). */
+/** Processes whose working directory is in `dir` (a host server runs in its state directory under the waffle home). */
 function processesIn(dir: string): number[] {
   const pids: number[] = [];
   for (const entry of Deno.readDirSync("/proc")) {
     if (!/^\d+$/.test(entry.name)) continue;
     try {
-      if (Deno.readLinkSync(`/proc/${entry.name}/cwd`) === dir) pids.push(Number(entry.name));
+      const cwd = Deno.readLinkSync(`/proc/${entry.name}/cwd`);
+      if (cwd === dir || cwd.startsWith(`${dir}/`)) pids.push(Number(entry.name));
     } catch {
       // Gone, or not ours to read.
     }
@@ -180,7 +180,10 @@ Deno.test({
       );
       // server-everything announces its tools at start: the notification got through.
       assert.ok(await until(() => listChanged > 0, 2000), "tools/list_changed was not relayed");
-      assert.ok(processesIn(home.dir).length > 0, "the server does not run in the waffle home");
+      assert.ok(
+        processesIn(home.dir).length > 0,
+        "the server does not run in its state directory in the waffle home",
+      );
     } finally {
       const started = Date.now();
       await client.close();
@@ -257,29 +260,165 @@ authority = "host"
 
 const PING = '{"jsonrpc":"2.0","id":1,"method":"ping"}\n';
 
-Deno.test("mcp run drops invalid server lines and ends the session on an oversize one", async () => {
-  const code = `
-    const out = (s) => Deno.stdout.write(new TextEncoder().encode(s));
-    const reader = Deno.stdin.readable.getReader();
-    await reader.read();
-    await out("not json\\n");
-    await out('{"jsonrpc":"2.0","id":1,"result":{}}\\n');
-    await out("x".repeat(${MAX_MESSAGE_BYTES + 10}) + "\\n");
-    await new Promise((r) => setTimeout(r, 60000));
+// A host script server answering each request line; `answer` is the body of
+// `async (m) => {...}` given each parsed message, `out(text)` writes a line.
+function answeringServer(answer: string, options: { exitAfter: number }): string {
+  return `
+    const enc = new TextEncoder();
+    const writer = Deno.stdout.writable.getWriter();
+    const out = (s) => writer.write(enc.encode(s + "\\n"));
+    const dec = new TextDecoder();
+    let buf = "";
+    let seen = 0;
+    const handle = async (m) => { ${answer} };
+    for await (const chunk of Deno.stdin.readable) {
+      buf += dec.decode(chunk, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\\n")) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        await handle(JSON.parse(line));
+        if (++seen === ${options.exitAfter}) {
+          await new Promise((r) => setTimeout(r, 300));
+          Deno.exit(0);
+        }
+      }
+    }
   `;
-  await using home = await tempHome(scriptConfig(code));
-  const started = Date.now();
+}
+
+function scriptConfigWith(code: string, extra: string): string {
+  return `${scriptConfig(code)}${extra}\n`;
+}
+
+function byId(stdout: string): Map<unknown, Record<string, unknown>> {
+  const lines = stdout.trim().split("\n").map((line) => JSON.parse(line));
+  return new Map(lines.map((message) => [message.id, message]));
+}
+
+const CAP = 1024 * 1024;
+
+Deno.test("mcp run answers a message over max_message_bytes with an error naming the cap, and the session goes on", async () => {
+  // Request 1's answer is over the cap, with its top-level id after a
+  // nested "id" (the scan must not take that one); a notification over the
+  // cap is dropped; every other request is answered.
+  const code = answeringServer(
+    `
+    const big = "x".repeat(${2 * CAP});
+    if (m.id === 1) await out('{"jsonrpc":"2.0","result":{"id":99,"content":[{"type":"text","text":"' + big + '"}]},"id":1}');
+    else if (m.id !== undefined) await out(JSON.stringify({ jsonrpc: "2.0", id: m.id, result: { content: [] } }));
+    if (m.id === 2) await out('{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"' + big + '"}}');
+  `,
+    { exitAfter: 3 },
+  );
+  await using home = await tempHome(scriptConfigWith(code, `max_message_bytes = ${CAP}`));
+  const call = (id: number, args: unknown) =>
+    JSON.stringify({
+      jsonrpc: "2.0",
+      id,
+      method: "tools/call",
+      params: { name: "echo", arguments: args },
+    }) + "\n";
+  const stdin = call(1, {}) + call(2, {}) + call(3, { message: "z".repeat(2 * CAP) }) +
+    call(4, {});
   const result = await runWaffle(["mcp", "run", "script", "--config", home.config], {
     env: waffleEnv(home.dir),
-    stdin: PING,
+    stdin,
     keepOpen: true,
   });
-  assert.equal(result.code, 125, result.stderr);
-  assert.equal(result.stdout, '{"jsonrpc":"2.0","id":1,"result":{}}\n');
-  assert.match(result.stderr, /dropped a message from server 'script': not JSON/);
-  assert.match(result.stderr, new RegExp(`longer than ${MAX_MESSAGE_BYTES} bytes`));
-  assert.ok(Date.now() - started < 15000);
-  assert.deepEqual(processesIn(home.dir), []);
+  // The server ended by itself after three requests (request 3 never reached it).
+  assert.match(result.stderr, /Server 'script' ended: exited with status 0/);
+  const answers = byId(result.stdout);
+  assert.deepEqual([...answers.keys()].sort(), [1, 2, 3, 4]);
+  const tooLarge = (id: number) => answers.get(id)!.error as Record<string, unknown>;
+  assert.equal(tooLarge(1).code, -32603);
+  assert.match(
+    String(tooLarge(1).message),
+    new RegExp(
+      `^Server 'script' sent a message of \\d+ bytes, over max_message_bytes \\(${CAP}\\) of server 'script'; raise \\[mcp\\.script\\] max_message_bytes$`,
+    ),
+  );
+  assert.deepEqual(
+    (tooLarge(1).data as Record<string, unknown>).key,
+    "mcp.script.max_message_bytes",
+  );
+  assert.match(
+    String(tooLarge(3).message),
+    /^The client sent a message of \d+ bytes, over max_message_bytes/,
+  );
+  assert.deepEqual(answers.get(2)!.result, { content: [] });
+  assert.deepEqual(answers.get(4)!.result, { content: [] });
+  // The notification over the cap was dropped with a note, never forwarded.
+  assert.ok(![...answers.values()].some((m) => m.method !== undefined));
+  assert.match(
+    result.stderr,
+    /Server 'script' sent a message of \d+ bytes, over max_message_bytes/,
+  );
+  const outcomes = auditLines(home).map((line) => line.outcome);
+  assert.deepEqual(outcomes.toSorted(), ["ok", "ok", "too_large", "too_large"]);
+});
+
+Deno.test("mcp run answers a line that is not JSON with -32700 and an invalid request with -32600 and its id", async () => {
+  const code = answeringServer(
+    `if (m.id !== undefined) await out(JSON.stringify({ jsonrpc: "2.0", id: m.id, result: {} }));`,
+    { exitAfter: 1 },
+  );
+  await using home = await tempHome(scriptConfig(code));
+  const result = await runWaffle(["mcp", "run", "script", "--config", home.config], {
+    env: waffleEnv(home.dir),
+    stdin: 'not json\n{"jsonrpc":"2.0","id":7,"method":5}\n[1,2]\n' + PING,
+    keepOpen: true,
+  });
+  const lines = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
+  assert.equal(lines.length, 4, result.stdout);
+  assert.equal(lines[0].id, null);
+  assert.equal(lines[0].error.code, -32700);
+  assert.match(lines[0].error.message, /^Parse error: not JSON/);
+  assert.equal(lines[1].id, 7);
+  assert.equal(lines[1].error.code, -32600);
+  assert.match(lines[1].error.message, /^Invalid request: /);
+  assert.equal(lines[2].id, null);
+  assert.equal(lines[2].error.code, -32600);
+  assert.deepEqual(lines[3], { jsonrpc: "2.0", id: 1, result: {} });
+});
+
+Deno.test("mcp run relays a cancellation and audits the call as cancelled, in order, dropping its late answer", async () => {
+  // Call 1 is held; after the cancellation and call 2, the server answers
+  // call 2, then (late) call 1.
+  const code = answeringServer(
+    `
+    if (m.method === "notifications/cancelled") globalThis.cancelled = m.params.requestId;
+    if (m.id === 2) {
+      await out(JSON.stringify({ jsonrpc: "2.0", id: 2, result: { content: [], cancelled: globalThis.cancelled } }));
+      await out(JSON.stringify({ jsonrpc: "2.0", id: 1, result: { content: [] } }));
+    }
+  `,
+    { exitAfter: 3 },
+  );
+  await using home = await tempHome(scriptConfig(code));
+  const call = (id: number, tool: string) =>
+    JSON.stringify({ jsonrpc: "2.0", id, method: "tools/call", params: { name: tool } }) + "\n";
+  const cancel = JSON.stringify({
+    jsonrpc: "2.0",
+    method: "notifications/cancelled",
+    params: { requestId: 1, reason: "user" },
+  }) + "\n";
+  const result = await runWaffle(["mcp", "run", "script", "--config", home.config], {
+    env: waffleEnv(home.dir),
+    stdin: call(1, "slow") + cancel + call(2, "fast"),
+    keepOpen: true,
+  });
+  // Only call 2's answer reaches the client; the cancellation reached the server.
+  assert.deepEqual(
+    result.stdout.trim().split("\n").map((line) => JSON.parse(line)),
+    [{ jsonrpc: "2.0", id: 2, result: { content: [], cancelled: 1 } }],
+  );
+  assert.doesNotMatch(result.stderr, /to no pending request/);
+  const audit = auditLines(home);
+  assert.deepEqual(audit.map((line) => [line.tool, line.outcome]), [
+    ["slow", "cancelled"],
+    ["fast", "ok"],
+  ]);
 });
 
 Deno.test("mcp run exits 1 with a one-line reason when the server dies", async () => {
@@ -408,10 +547,51 @@ Deno.test("the line reader holds a byte-at-a-time line in one buffer, not a piec
   }, { highWaterMark: 0 });
   const before = Deno.memoryUsage().rss;
   let length = 0;
-  for await (const line of readLines(stream)) length = line.byteLength;
+  for await (const line of readLines(stream)) {
+    length = line instanceof Uint8Array ? line.byteLength : -1;
+  }
   const grownMiB = (Deno.memoryUsage().rss - before) / 1024 / 1024;
   assert.equal(length, total);
   // A piece per byte cost ~400 bytes each (384 MiB here before the fix).
+  assert.ok(grownMiB < 64, `RSS grew ${grownMiB.toFixed(0)} MiB`);
+});
+
+Deno.test("the line reader reads through a line over the cap without holding it, and finds its top-level id and method", async () => {
+  const { readLines, OversizedLine } = await import("../lib/mcp/jsonrpc.ts");
+  const cap = 1024 * 1024;
+  const piece = new TextEncoder().encode("y".repeat(1024 * 1024));
+  const pieces = 256; // 256 MiB in all, in one line
+  let sent = -1;
+  const head = new TextEncoder().encode(
+    '{"jsonrpc":"2.0","params":{"id":"nested","method":"inner","s":"a\\"}{"},"method":"tools/call","big":"',
+  );
+  const tail = new TextEncoder().encode(
+    '","id":"top"}\n{"jsonrpc":"2.0","id":2,"method":"ping"}\n',
+  );
+  const stream = new ReadableStream<Uint8Array>({
+    pull(controller): void {
+      if (sent === -1) controller.enqueue(head);
+      else if (sent < pieces) controller.enqueue(piece);
+      else {
+        controller.enqueue(tail);
+        controller.close();
+      }
+      sent++;
+    },
+  }, { highWaterMark: 0 });
+  const before = Deno.memoryUsage().rss;
+  const lines = [];
+  for await (const line of readLines(stream, { maxBytes: cap })) lines.push(line);
+  const grownMiB = (Deno.memoryUsage().rss - before) / 1024 / 1024;
+  const over = lines[0];
+  assert.ok(over instanceof OversizedLine);
+  assert.equal(over.bytes, head.byteLength + pieces * piece.byteLength + tail.indexOf(0x0a));
+  assert.equal(over.id, "top");
+  assert.equal(over.method, "tools/call");
+  assert.equal(
+    new TextDecoder().decode(lines[1] as Uint8Array),
+    '{"jsonrpc":"2.0","id":2,"method":"ping"}',
+  );
   assert.ok(grownMiB < 64, `RSS grew ${grownMiB.toFixed(0)} MiB`);
 });
 

@@ -14,8 +14,11 @@ import { join } from "../path.ts";
  * How a request ended: ok, tool_error (result.isError), error (a JSON-RPC
  * error response), denied (a `tools/call` outside `tools`), refused (a
  * server request outside `client_requests`, never shown to the client),
- * no_response (the session ended first), unaudited (a summary line: `count`
- * more server requests of this session, past the per-session line limit).
+ * no_response (the session ended first), cancelled (its sender sent
+ * `notifications/cancelled`; the duration runs to then), too_large (it, or
+ * its answer, was over the server's `max_message_bytes`; answered with an
+ * error), unaudited (a summary line: `count` more server requests of this
+ * session, past the per-session line limit).
  */
 export type AuditOutcome =
   | "ok"
@@ -24,6 +27,8 @@ export type AuditOutcome =
   | "denied"
   | "refused"
   | "no_response"
+  | "cancelled"
+  | "too_large"
   | "unaudited";
 
 /** One audit line. */

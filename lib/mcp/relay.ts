@@ -8,10 +8,15 @@
  * the client), and writes one audit line per `tools/call` and per server
  * request.
  *
- * The server side is untrusted: each line is capped at
- * {@linkcode MAX_MESSAGE_BYTES} (a longer one ends the session), validated
- * (an invalid one is dropped with a note), and re-serialized, so only
- * well-formed JSON-RPC ever reaches the client. Its stderr is forwarded with
+ * The server side is untrusted: each line is capped at the server's
+ * `max_message_bytes` (a longer one is read through without being held,
+ * and the request it answers, or the request it is, gets a JSON-RPC error
+ * naming the cap: the session goes on), validated (an invalid one is
+ * dropped with a note), and re-serialized, so only well-formed JSON-RPC
+ * ever reaches the client. The client's lines get the same cap, and
+ * JSON-RPC's answers: -32700 for a line that is not JSON, -32600 for one
+ * that is no valid message. A `notifications/cancelled` either way is
+ * passed on and ends the audit of the request it names at once. Its stderr is forwarded with
  * terminal control characters replaced, at most {@linkcode STDERR_BYTES_PER_SECOND}
  * on average (bursts up to {@linkcode STDERR_BURST_BYTES}); the excess is
  * dropped and counted, so a noisy server never blocks on its stderr.
@@ -23,14 +28,16 @@ import type { ServerConnection } from "./connection.ts";
 import {
   encodeMessage,
   idKey,
+  INVALID_REQUEST,
+  type JsonRpcId,
+  type JsonRpcNotification,
   type JsonRpcRequest,
   type JsonRpcResponse,
-  MAX_MESSAGE_BYTES,
-  MessageTooLargeError,
+  OversizedLine,
   parseMessage,
   readLines,
 } from "./jsonrpc.ts";
-import { DEFAULT_CLIENT_REQUESTS } from "./policy.ts";
+import { DEFAULT_CLIENT_REQUESTS, DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
 import { ServerRequestGate } from "./server_request_gate.ts";
 
 /** The client side: the CLI's stdin and stdout. */
@@ -71,14 +78,17 @@ export interface RelayOptions {
   signal?: AbortSignal | undefined;
   /** How long `server.close()` may take before the relay gives up on it (default 5000). */
   closeTimeoutMs?: number | undefined;
+  /** The longest message either side may send (`max_message_bytes`, default 64 MiB). */
+  maxMessageBytes?: number | undefined;
 }
 
 /** How a relay ended. */
 export interface RelayResult {
   /**
    * `client`: the client closed its input (or stopped reading); `server`: the
-   * server ended first; `aborted`: the signal fired; `error`: a message over
-   * the size limit, or a server that sent too many requests the relay refused.
+   * server ended first; `aborted`: the signal fired; `error`: a
+   * server that sent too many requests the relay refused, or too many
+   * messages over the size limit.
    */
   ended: "client" | "server" | "aborted" | "error";
   /** One line: why. */
@@ -87,6 +97,12 @@ export interface RelayResult {
 
 /** Requests either side may have pending at once; more are refused (memory stays bounded). */
 const MAX_PENDING = 1024;
+/** Messages over the size limit a session answers; one more ends it (each costs host writes). */
+const MAX_OVERSIZED = 1024;
+/** Cancelled request ids remembered, so the server's late answer is dropped quietly. */
+const MAX_CANCELLED = 1024;
+/** The JSON-RPC error code of a request whose answer was over the size limit (internal error). */
+export const TOO_LARGE_ERROR_CODE = -32603;
 
 /** The JSON-RPC error code of a denied `tools/call` (invalid params). */
 export const POLICY_ERROR_CODE = -32602;
@@ -131,6 +147,7 @@ export async function relay(
   options: RelayOptions,
 ): Promise<RelayResult> {
   const { name } = options;
+  const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const allowed = options.tools === "all" ? undefined : new Set(options.tools);
   const pendingCalls = new Map<string, PendingCall>();
   const audits: Promise<void>[] = [];
@@ -246,7 +263,10 @@ export async function relay(
     const key = response.id === null ? undefined : idKey(response.id);
     const call = key === undefined ? undefined : pendingCalls.get(key);
     if (key === undefined || call === undefined) {
-      stderr.note(`waffle: dropped a response from server '${name}' to no pending request`);
+      // An answer to a cancelled request is expected now and then, and dropped quietly.
+      if (key === undefined || !cancelled.delete(key)) {
+        stderr.note(`waffle: dropped a response from server '${name}' to no pending request`);
+      }
       return;
     }
     pendingCalls.delete(key);
@@ -261,17 +281,114 @@ export async function relay(
     await send(message);
   };
 
+  // Over the cap either way: the request it is, or the one it answers, is
+  // answered with an error naming the key to raise; the session goes on.
+  let oversized = 0;
+  const limitText = (from: string, bytes: number): string =>
+    `${from} sent a message of ${bytes} bytes, over max_message_bytes (${maxBytes}) of server '${name}'; raise [mcp.${name}] max_message_bytes`;
+  const tooLarge = (text: string, bytes: number) => ({
+    code: TOO_LARGE_ERROR_CODE,
+    message: text,
+    data: { maxMessageBytes: maxBytes, messageBytes: bytes, key: `mcp.${name}.max_message_bytes` },
+  });
+  const overLimit = (): boolean => {
+    if (++oversized <= MAX_OVERSIZED) return false;
+    finish({
+      ended: "error",
+      reason: `More than ${MAX_OVERSIZED} messages over max_message_bytes`,
+    });
+    return true;
+  };
+
+  const onServerOversized = async (line: OversizedLine): Promise<void> => {
+    if (overLimit()) return;
+    const text = limitText(`Server '${name}'`, line.bytes);
+    stderr.note(`waffle: ${text}`);
+    if (line.id === undefined) return;
+    if (line.method !== undefined) {
+      // A request of the server's: refused to the server, never shown.
+      audit({
+        time: new Date().toISOString(),
+        from: "server",
+        method: line.method.slice(0, 128),
+        durationMs: 0,
+        outcome: "too_large",
+      });
+      await toServer({ jsonrpc: "2.0", id: line.id, error: tooLarge(text, line.bytes) });
+      return;
+    }
+    const call = pendingCalls.get(idKey(line.id));
+    if (call === undefined) return;
+    pendingCalls.delete(idKey(line.id));
+    record(call, "too_large");
+    await send({ jsonrpc: "2.0", id: line.id, error: tooLarge(text, line.bytes) });
+  };
+
+  const onClientOversized = async (line: OversizedLine): Promise<void> => {
+    if (overLimit()) return;
+    const text = limitText("The client", line.bytes);
+    stderr.note(`waffle: ${text}`);
+    if (line.id === undefined) return;
+    if (line.method !== undefined) {
+      const call: PendingCall = {
+        method: line.method,
+        arguments: [],
+        startedAt: Date.now(),
+        time: new Date().toISOString(),
+      };
+      // Its tool is inside the part not read: audited by method.
+      if (line.method === "tools/call") call.tool = "";
+      record(call, "too_large");
+      await send({ jsonrpc: "2.0", id: line.id, error: tooLarge(text, line.bytes) });
+      return;
+    }
+    // The client's answer to a server request: the server hears why.
+    if (gate.end(line.id, "too_large")) {
+      await toServer({ jsonrpc: "2.0", id: line.id, error: tooLarge(text, line.bytes) });
+    }
+  };
+
+  // The call's audit line is written now, with its own duration; the
+  // server's late answer, if any, goes nowhere (the client forgot the id).
+  const cancelled = new Set<string>();
+  const cancelledId = (message: JsonRpcNotification): JsonRpcId | undefined => {
+    const params = isRecord(message.params) ? message.params : {};
+    const id = params.requestId;
+    return typeof id === "string" || typeof id === "number" ? id : undefined;
+  };
+  const onClientCancel = (message: JsonRpcNotification): void => {
+    const id = cancelledId(message);
+    if (id === undefined) return;
+    const call = pendingCalls.get(idKey(id));
+    if (call === undefined) return;
+    pendingCalls.delete(idKey(id));
+    record(call, "cancelled");
+    if (cancelled.size >= MAX_CANCELLED) cancelled.clear();
+    cancelled.add(idKey(id));
+  };
+
   const clientSide = (async () => {
     try {
-      for await (const line of readLines(client.input, { signal: stop.signal })) {
+      for await (
+        const line of readLines(client.input, { signal: stop.signal, maxBytes })
+      ) {
         if (result !== undefined) break;
+        if (line instanceof OversizedLine) {
+          await onClientOversized(line);
+          continue;
+        }
         const parsed = parseMessage(line);
         if ("invalid" in parsed) {
           stderr.note(`waffle: rejected a message from the client: ${parsed.invalid}`);
           await send({
             jsonrpc: "2.0",
-            id: null,
-            error: { code: -32600, message: `Invalid message: ${parsed.invalid}` },
+            id: parsed.id,
+            error: {
+              code: parsed.code,
+              message: `${
+                parsed.code === INVALID_REQUEST ? "Invalid request" : "Parse error"
+              }: ${parsed.invalid}`,
+            },
           });
         } else if (parsed.kind === "request") {
           await onClientRequest(parsed.message);
@@ -284,6 +401,7 @@ export async function relay(
             stderr.note(`waffle: dropped a response from the client to no pending request`);
           }
         } else if (parsed.message.method.startsWith("notifications/")) {
+          if (parsed.message.method === "notifications/cancelled") onClientCancel(parsed.message);
           await toServer(parsed.message);
         } else {
           // A request without an id (e.g. a tools/call) would reach the
@@ -295,21 +413,18 @@ export async function relay(
       }
       finish({ ended: "client", reason: "the client closed its input" });
     } catch (error) {
-      finish(
-        error instanceof MessageTooLargeError
-          ? {
-            ended: "error",
-            reason: `The client sent a message longer than ${MAX_MESSAGE_BYTES} bytes`,
-          }
-          : { ended: "client", reason: `Cannot read the client: ${oneLine(error)}` },
-      );
+      finish({ ended: "client", reason: `Cannot read the client: ${oneLine(error)}` });
     }
   })();
 
   let serverOutputEnded = false;
   const serverSide = (async () => {
     try {
-      for await (const line of readLines(server.stdout, { signal: stop.signal })) {
+      for await (const line of readLines(server.stdout, { signal: stop.signal, maxBytes })) {
+        if (line instanceof OversizedLine) {
+          await onServerOversized(line);
+          continue;
+        }
         const parsed = parseMessage(line);
         if ("invalid" in parsed) {
           stderr.note(`waffle: dropped a message from server '${name}': ${parsed.invalid}`);
@@ -318,6 +433,10 @@ export async function relay(
         } else if (parsed.kind === "request") {
           await onServerRequest(parsed.message);
         } else {
+          if (parsed.message.method === "notifications/cancelled") {
+            const id = cancelledId(parsed.message);
+            if (id !== undefined) gate.end(id, "cancelled");
+          }
           await send(parsed.message);
         }
       }
@@ -325,14 +444,7 @@ export async function relay(
       const reason = await within(server.closed, DRAIN_MS);
       finish({ ended: "server", reason: reason ?? "its output ended" });
     } catch (error) {
-      finish(
-        error instanceof MessageTooLargeError
-          ? {
-            ended: "error",
-            reason: `Server '${name}' sent a message longer than ${MAX_MESSAGE_BYTES} bytes`,
-          }
-          : { ended: "server", reason: `Cannot read server '${name}': ${oneLine(error)}` },
-      );
+      finish({ ended: "server", reason: `Cannot read server '${name}': ${oneLine(error)}` });
     }
   })();
 

@@ -15,7 +15,7 @@
  * @module
  */
 import type { AuditOutcome } from "./audit.ts";
-import { idKey, type JsonRpcRequest, type JsonRpcResponse } from "./jsonrpc.ts";
+import { idKey, type JsonRpcId, type JsonRpcRequest, type JsonRpcResponse } from "./jsonrpc.ts";
 
 /** The JSON-RPC error code of a refused server request ("method not found" for the server). */
 export const CLIENT_REQUEST_REFUSED_CODE = -32601;
@@ -162,7 +162,19 @@ export class ServerRequestGate {
    */
   settle(response: JsonRpcResponse): boolean {
     if (response.id === null) return false;
-    const key = idKey(response.id);
+    return this.end(response.id, Object.hasOwn(response, "error") ? "error" : "ok");
+  }
+
+  /**
+   * Ends a forwarded request another way: the server cancelled it, or the
+   * client's answer was over the size limit.
+   *
+   * @param id The request's id.
+   * @param outcome What the audit says.
+   * @returns Whether it was pending.
+   */
+  end(id: JsonRpcId, outcome: AuditOutcome): boolean {
+    const key = idKey(id);
     const pending = this.#pending.get(key);
     if (pending === undefined) return false;
     this.#pending.delete(key);
@@ -170,7 +182,7 @@ export class ServerRequestGate {
       time: pending.time,
       method: pending.method,
       durationMs: Date.now() - pending.startedAt,
-      outcome: Object.hasOwn(response, "error") ? "error" : "ok",
+      outcome,
     });
     return true;
   }
