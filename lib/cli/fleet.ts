@@ -1,5 +1,6 @@
 /**
- * `waffle ps`, `sweep`, `stop` and `rm`: the sandbox fleet on this daemon.
+ * `waffle ps`, `sweep`, `stop` and `rm`: this home's sandbox fleet on the
+ * daemon; `ps --all` and `sweep --all` reach every home's.
  *
  * @module
  */
@@ -13,14 +14,19 @@ import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";
 
 /** Help of `waffle ps`. */
-export const PS_HELP = `Usage: waffle ps [--json]
+export const PS_HELP = `Usage: waffle ps [--all] [--json]
 
-Lists sandbox containers: tenant, user, container id, Docker state, image id,
+Lists this home's sandbox containers (WAFFLE_HOME's, by the state root each
+container's labels name): tenant, user, container id, Docker state, image id,
 the runner (alive, stale, exited, none: judged by its heartbeat changing by
 this host's clock), when its heartbeat last changed, requests open, and idle
 time (since a host last used the sandbox, while none is open), and how many
 workspace snapshots it keeps ('waffle snapshot ls'). A sandbox whose
 state cannot be read says why in PROBLEM; the others are listed all the same.
+
+--all lists every home's containers on the daemon, with a HOME column ('?'
+for a container whose labels name no home). --json gives each sandbox's
+'home' (null when unknown) and 'thisHome' either way.
 `;
 
 /**
@@ -31,22 +37,25 @@ state cannot be read says why in PROBLEM; the others are listed all the same.
  * @returns 0.
  */
 export async function psCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { json: { type: "boolean" } });
+  const parsed = parse(args, { json: { type: "boolean" }, all: { type: "boolean" } });
   noPositionals(parsed.positionals);
-  const rows = await listSandboxes(new DockerClient(), { config: loadConfig() });
+  const all = parsed.values.all === true;
+  const rows = await listSandboxes(new DockerClient(), { config: loadConfig(), all });
   if (parsed.values.json) {
     await io.stdout(`${JSON.stringify({ sandboxes: rows })}\n`);
     return 0;
   }
   const anyProblem = rows.some((row) => row.problem !== undefined);
-  const lines = [
-    ["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
-  ];
+  const lines = [[
+    ...(all ? ["HOME"] : []),
+    ...["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
+  ]];
   lines[0]!.push("SNAPS");
   if (anyProblem) lines[0]!.push("PROBLEM");
   const now = Date.now();
   for (const row of rows) {
     lines.push([
+      ...(all ? [row.home ?? "?"] : []),
       row.tenant,
       row.user,
       row.containerId.slice(0, 12),
@@ -67,17 +76,24 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
 }
 
 /** Help of `waffle sweep`. */
-export const SWEEP_HELP = `Usage: waffle sweep [--idle-seconds S] [--max-running N] [--json]
+export const SWEEP_HELP = `Usage: waffle sweep [--idle-seconds S] [--max-running N] [--all] [--json]
 
-Reconciles every waffle container on the daemon, including ones whose host
-process died: removes paused, dead or incompatible (image or posture changed)
-containers and those whose state directory is gone; stops containers whose
-runner is dead (its heartbeat unchanged for three beats by this host's clock,
-whatever it wrote); stops containers idle for S seconds (default: the
-configured idle time; 0 never; idle by this host's own record of use, never
-the sandbox's word); stops the least recently used beyond N running (0: no
-cap). Never touches a container whose live runner has a request in flight. A
-sandbox it cannot judge is reported 'failed' and the sweep goes on.
+Reconciles this home's waffle containers (WAFFLE_HOME's), including ones
+whose host process died: removes paused, dead or incompatible (image or
+posture changed) containers and those whose state directory is gone; stops
+containers whose runner is dead (its heartbeat unchanged for three beats by
+this host's clock, whatever it wrote); stops containers idle for S seconds
+(default: the configured idle time; 0 never; idle by this host's own record
+of use, never the sandbox's word); stops the least recently used beyond N of
+this home's running (0: no cap). Never touches a container whose live runner
+has a request in flight. A sandbox it cannot judge is reported 'failed' and
+the sweep goes on. Other homes' containers are left alone.
+
+--all sweeps every home's containers on the daemon with the same rules and
+thresholds, under each home's own lock, except that another home's image and
+posture are not judged (that home's next call recycles them); N then counts
+every home's running containers. Each line for another home's container
+names that home. A container whose labels name no home is kept.
 `;
 
 /**
@@ -92,12 +108,15 @@ export async function sweepCommand(args: string[], io: CliIo): Promise<number> {
     json: { type: "boolean" },
     "idle-seconds": { type: "string" },
     "max-running": { type: "string" },
+    all: { type: "boolean" },
   });
   noPositionals(parsed.positionals);
   const idleSeconds = numberFlag(parsed, "idle-seconds", { allowZero: true });
   const maxRunning = numberFlag(parsed, "max-running", { allowZero: true, integer: true });
+  const all = parsed.values.all === true;
   const actions = await sweep(new DockerClient(), {
     config: loadConfig(),
+    all,
     ...(idleSeconds === undefined ? {} : { idleSeconds }),
     ...(maxRunning === undefined ? {} : { maxRunning }),
   });
@@ -105,11 +124,16 @@ export async function sweepCommand(args: string[], io: CliIo): Promise<number> {
     await io.stdout(`${JSON.stringify({ actions })}\n`);
   } else {
     for (const a of actions) {
+      const whose = a.thisHome ? "" : a.home === null ? " (no home)" : ` (home '${a.home}')`;
       await io.stdout(
-        `${a.action.padEnd(8)} ${a.tenant}/${a.user} ${a.containerId.slice(0, 12)}  ${a.reason}\n`,
+        `${a.action.padEnd(8)} ${a.tenant}/${a.user} ${
+          a.containerId.slice(0, 12)
+        }  ${a.reason}${whose}\n`,
       );
     }
-    if (actions.length === 0) await io.stdout("no waffle containers\n");
+    if (actions.length === 0) {
+      await io.stdout(`no waffle containers ${all ? "on this daemon" : "in this home"}\n`);
+    }
   }
   return 0;
 }

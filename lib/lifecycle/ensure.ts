@@ -97,6 +97,28 @@ export async function resolveImage(docker: DockerClient, ref: string): Promise<I
 }
 
 /**
+ * Why a container's Docker state makes it unusable whatever its config
+ * (paused, dead, restarting, being removed), or undefined. Unlike
+ * {@linkcode incompatibility} it needs no config, so it can judge another
+ * home's container.
+ *
+ * @example
+ * ```ts ignore
+ * const reason = unusableState((await docker.inspectContainer(id))!.State); // e.g. "paused"
+ * ```
+ *
+ * @param state The inspected container's state.
+ * @returns A reason to recreate, or undefined.
+ */
+export function unusableState(state: ContainerInspect["State"]): string | undefined {
+  if (state.Paused) return "paused";
+  if (state.Dead || state.Status === "dead") return "dead";
+  if (state.Restarting || state.Status === "restarting") return "restarting";
+  if (state.Status === "removing") return "being removed";
+  return undefined;
+}
+
+/**
  * Why an existing container cannot be reused as it is, or undefined.
  *
  * @param container The inspected container.
@@ -107,11 +129,8 @@ export function incompatibility(
   container: ContainerInspect,
   expected: { imageId: string; postureHash: string; spec?: ContainerSpec },
 ): string | undefined {
-  const state = container.State;
-  if (state.Paused) return "paused";
-  if (state.Dead || state.Status === "dead") return "dead";
-  if (state.Restarting || state.Status === "restarting") return "restarting";
-  if (state.Status === "removing") return "being removed";
+  const unusable = unusableState(container.State);
+  if (unusable !== undefined) return unusable;
   if (
     container.Image !== expected.imageId ||
     container.Config.Labels[LABELS.image] !== expected.imageId

@@ -1,7 +1,14 @@
 /**
- * Operations over every waffle container on the daemon: list, sweep, stop,
+ * Operations over the waffle containers on the daemon: list, sweep, stop,
  * remove. They work from labels and the state directories alone, so a fresh
  * host process reconciles containers it never saw (or whose host died).
+ *
+ * Several waffle homes can share one daemon (CI runs, two users of one
+ * machine, tests). `listSandboxes` and `sweep` act on this home's containers
+ * (by the home their `waffle.state` label names, see `container_home.ts`)
+ * unless asked for `all`; `stopSandbox` and `removeSandbox` only ever act on
+ * this home's. Restricted sessions' containers carry no `waffle.key` label
+ * and none of these lists them.
  *
  * What they read of each sandbox is small and the host's own wherever it can
  * be: the runner's liveness from its heartbeat file (`judgeRunner`, the one
@@ -23,8 +30,15 @@ import { MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
 import { INBOUND_UPGRADES, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "../queue/schema.ts";
 import type { DatabaseSync } from "node:sqlite";
-import { incompatibility, ownedBy } from "./ensure.ts";
-import { type SandboxKey, sandboxKey, stateLayout, statePaths } from "./identity.ts";
+import { containerHome, homeMatcher } from "./container_home.ts";
+import { incompatibility, ownedBy, unusableState } from "./ensure.ts";
+import {
+  type SandboxKey,
+  sandboxKey,
+  stateLayout,
+  type StatePaths,
+  statePaths,
+} from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec, hostCanChown, type ImageFacts, LABELS, SANDBOX_UID } from "./posture.ts";
@@ -34,6 +48,13 @@ import { writeWarm } from "./warm.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
+  /**
+   * The waffle home the container's labels place it in (its `waffle.state`
+   * root's home); null when they are missing or malformed and place it in none.
+   */
+  home: string | null;
+  /** Whether that home is this process's `WAFFLE_HOME` (the same directory, however spelled). */
+  thisHome: boolean;
   /** Tenant id from the container's label (`?` when missing). */
   tenant: string;
   /** User id from the container's label (`?` when missing). */
@@ -118,31 +139,55 @@ function unreadable(problem: string): StateView {
   };
 }
 
+/** Options for {@linkcode listSandboxes}. */
+export interface ListSandboxesOptions {
+  /** The config of this waffle home. */
+  config: SandboxConfig;
+  /** Every home's containers on the daemon (and those placed in none); default this home's only. */
+  all?: boolean;
+  /** The current time in ms since epoch, for idle times; default `Date.now()`. */
+  now?: number;
+}
+
 /**
- * Lists every waffle-labelled container with its runner's liveness and the
- * host's record of its use.
+ * Lists this home's waffle-labelled containers (with `all`, every home's)
+ * with their runner's liveness and the host's record of their use. A
+ * container whose labels place it in no home is listed only with `all`, and
+ * its state is never read (its labels may name any path).
+ *
+ * @example
+ * ```ts ignore
+ * const mine = await listSandboxes(new DockerClient(), { config: loadConfig() });
+ * ```
  *
  * @param docker The Docker client.
- * @param options Config (for the state root of this waffle home).
- * @returns One status per container, sorted by tenant and user.
+ * @param options Config (this waffle home), `all`.
+ * @returns One status per container, sorted by home, tenant and user.
  */
 export async function listSandboxes(
   docker: DockerClient,
-  options: { config: SandboxConfig; now?: number },
+  options: ListSandboxesOptions,
 ): Promise<SandboxStatus[]> {
   const now = options.now ?? Date.now();
+  const ours = homeMatcher(options.config.home);
   const containers = await docker.listContainers({ all: true, labels: [LABELS.key] });
-  return containers.map((summary) => {
+  const rows: SandboxStatus[] = [];
+  for (const summary of containers) {
+    const placed = containerHome(summary.Labels);
+    const thisHome = ours(placed.home);
+    if (!thisHome && options.all !== true) continue;
     const statePath = summary.Labels[LABELS.state] ?? "";
     let view: StateView;
     try {
-      view = stateExists(statePath)
-        ? viewState(statePath, now)
-        : unreadable(`State directory '${statePath}' is gone`);
+      if (placed.home === null) view = unreadable(placed.problem);
+      else if (!stateExists(statePath)) view = unreadable(`State directory '${statePath}' is gone`);
+      else view = viewState(statePath, now);
     } catch (error) {
       view = unreadable(messageOf(error));
     }
-    return {
+    rows.push({
+      home: placed.home,
+      thisHome,
       tenant: summary.Labels[LABELS.tenant] ?? "?",
       user: summary.Labels[LABELS.user] ?? "?",
       containerId: summary.Id,
@@ -151,13 +196,21 @@ export async function listSandboxes(
       imageId: summary.ImageID,
       ...view,
       statePath,
-      snapshots: statePath === "" ? 0 : countSnapshots(statePath),
-    };
-  }).sort((a, b) => `${a.tenant}/${a.user}`.localeCompare(`${b.tenant}/${b.user}`));
+      snapshots: placed.home === null ? 0 : countSnapshots(statePath),
+    });
+  }
+  return rows.sort((a, b) =>
+    (a.home ?? "").localeCompare(b.home ?? "") ||
+    `${a.tenant}/${a.user}`.localeCompare(`${b.tenant}/${b.user}`)
+  );
 }
 
 /** One thing sweep did (or decided not to do). */
 export interface SweepAction {
+  /** The home the container's labels place it in; null when none (see {@linkcode SandboxStatus.home}). */
+  home: string | null;
+  /** Whether that home is this process's `WAFFLE_HOME`; false only under `all`. */
+  thisHome: boolean;
   /** Tenant id of the sandbox. */
   tenant: string;
   /** User id of the sandbox. */
@@ -176,117 +229,136 @@ export interface SweepOptions {
   config: SandboxConfig;
   /** Stop running containers idle at least this long; default the config's idle time; 0 never. */
   idleSeconds?: number;
-  /** Stop least recently used running containers beyond this many; default the config's; 0 no cap. */
+  /**
+   * Stop least recently used running containers beyond this many; default
+   * the config's; 0 no cap. It counts this home's running containers, or
+   * with `all` every home's on the daemon.
+   */
   maxRunning?: number;
+  /**
+   * Sweep every home's containers on the daemon, not only this home's: the
+   * same rules and thresholds, but another home's image and posture are not
+   * judged (only its own config knows them). Each action names its home.
+   */
+  all?: boolean;
   /** The current time in ms since epoch, for idle times; default `Date.now()`. */
   now?: number;
 }
 
-/** What sweep needs to judge one sandbox of this home. */
+/** What sweep needs to judge one sandbox. */
 interface SweepContext {
   docker: DockerClient;
   config: SandboxConfig;
   idleMs: number;
-  expected: { image: ImageFacts; key: SandboxKey } | undefined;
+  image: ImageFacts | null;
+}
+
+/** A container its labels place in a home, with the state paths (and lock) of that home. */
+interface Placed {
+  status: SandboxStatus;
+  paths: StatePaths;
 }
 
 /**
- * Reconciles every labelled container: removes paused, dead, restarting and
- * incompatible ones (image or posture changed) and those whose state
+ * Reconciles this home's labelled containers (with `all`, every home's on
+ * the daemon): removes paused, dead, restarting and incompatible ones (image
+ * or posture changed; judged for this home's only) and those whose state
  * directory is gone; stops those whose runner is dead (by the one liveness
  * judgement, whatever its files say) and idle ones; enforces the running cap
- * by stopping the least recently used. A container whose live runner has a
- * request in flight is never stopped or removed. A sandbox sweep cannot
- * judge or act on is reported `failed` and the sweep goes on.
+ * by stopping the least recently used. Each container is judged under its
+ * own home's lock. A container whose live runner has a request in flight is
+ * never stopped or removed. One whose labels place it in no home is kept. A
+ * sandbox sweep cannot judge or act on is reported `failed` and the sweep
+ * goes on.
+ *
+ * @example
+ * ```ts ignore
+ * const actions = await sweep(new DockerClient(), { config: loadConfig(), idleSeconds: 600 });
+ * ```
  *
  * @param docker The Docker client.
- * @param options Config, thresholds.
+ * @param options Config, thresholds, `all`.
  * @returns What was done to each container.
  */
 export async function sweep(docker: DockerClient, options: SweepOptions): Promise<SweepAction[]> {
   const { config } = options;
-  const image = await docker.inspectImage(config.image);
-  const actions: SweepAction[] = [];
-  const running: SandboxStatus[] = [];
-  const statuses = await listSandboxes(
+  const context: SweepContext = {
     docker,
-    options.now === undefined ? { config } : { config, now: options.now },
-  );
+    config,
+    idleMs: (options.idleSeconds ?? config.idleSeconds) * 1000,
+    image: await docker.inspectImage(config.image),
+  };
+  const actions: SweepAction[] = [];
+  const record = (status: SandboxStatus, action: SweepAction["action"], reason: string): void => {
+    const { home, thisHome, tenant, user, containerId } = status;
+    actions.push({ home, thisHome, tenant, user, containerId, action, reason });
+  };
+  const running: Placed[] = [];
+  const statuses = await listSandboxes(docker, {
+    config,
+    all: options.all === true,
+    ...(options.now === undefined ? {} : { now: options.now }),
+  });
   for (const status of statuses) {
-    const record = (action: SweepAction["action"], reason: string): void => {
-      const { tenant, user, containerId } = status;
-      actions.push({ tenant, user, containerId, action, reason });
-    };
-    const key = sandboxKey(status.tenant, status.user, { home: config.home });
-    const context: SweepContext = {
-      docker,
-      config,
-      idleMs: (options.idleSeconds ?? config.idleSeconds) * 1000,
-      expected: image === null ? undefined : { image, key },
-    };
     try {
       const verdict = await sweepOne(status, context);
-      if (verdict === "running") running.push(status);
-      else record(verdict[0], verdict[1]);
+      if (Array.isArray(verdict)) record(status, verdict[0], verdict[1]);
+      else running.push(verdict);
     } catch (error) {
-      record("failed", messageOf(error));
+      record(status, "failed", messageOf(error));
     }
   }
   const cap = options.maxRunning ?? config.maxRunning;
-  for (const status of overCap(running, cap)) {
+  const where = options.all === true ? "on this daemon" : "in this home";
+  for (const { status, paths } of overCap(running, cap)) {
     try {
-      const stopped = await withLock(
-        statePaths(
-          config.home,
-          sandboxKey(status.tenant, status.user, {
-            home: config.home,
-          }),
-        ).lock,
-        async () => {
-          if (await inFlight(status.statePath) > 0) return false;
-          return await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
-        },
-      );
-      if (stopped) {
-        const { tenant, user, containerId } = status;
-        actions.push({
-          tenant,
-          user,
-          containerId,
-          action: "stopped",
-          reason: `over the cap of ${cap} running`,
-        });
-      }
+      const stopped = await withLock(paths.lock, async () => {
+        if (await inFlight(status.statePath) > 0) return false;
+        return await docker.stopContainer(status.containerId, { timeoutSeconds: 10 });
+      });
+      if (stopped) record(status, "stopped", `over the cap of ${cap} running ${where}`);
     } catch (error) {
-      const { tenant, user, containerId } = status;
-      actions.push({ tenant, user, containerId, action: "failed", reason: messageOf(error) });
+      record(status, "failed", messageOf(error));
     }
   }
   return actions;
 }
 
+// The paths of the sandbox a placed container's labels name, in its own
+// home: its root is the container's label, its lock that home's.
+function placedOf(status: SandboxStatus, home: string): Placed {
+  const key = sandboxKey(status.tenant, status.user, { home });
+  return { status, paths: statePaths(home, key) };
+}
+
 // Least recently used first: the longest idle; those with open requests last.
-function overCap(running: SandboxStatus[], cap: number): SandboxStatus[] {
+function overCap(running: Placed[], cap: number): Placed[] {
   if (cap <= 0 || running.length <= cap) return [];
-  const sorted = [...running].sort((a, b) => (b.idleMs ?? -1) - (a.idleMs ?? -1));
+  const sorted = [...running].sort((a, b) => (b.status.idleMs ?? -1) - (a.status.idleMs ?? -1));
   return sorted.slice(0, running.length - cap);
 }
 
-// Decides (and does) what sweep does to one sandbox; "running" when it stays
-// up and counts towards the cap.
+// Decides (and does) what sweep does to one sandbox; the sandbox itself
+// when it stays up and counts towards the cap.
 async function sweepOne(
   status: SandboxStatus,
   context: SweepContext,
-): Promise<"running" | [SweepAction["action"], string]> {
+): Promise<Placed | [SweepAction["action"], string]> {
   const { docker, config } = context;
-  const key = sandboxKey(status.tenant, status.user, { home: config.home });
-  const paths = statePaths(config.home, key);
-  if (status.statePath !== paths.root) {
-    // Labelled by another waffle home: not ours to judge beyond removal of orphans.
-    if (stateExists(status.statePath)) return ["kept", "belongs to another WAFFLE_HOME"];
+  if (status.home === null) return ["kept", `labels name no home: ${status.problem}`];
+  const placed = placedOf(status, status.home);
+  const { paths } = placed;
+  if (!status.thisHome && !stateExists(paths.root)) {
+    // Another home's orphan: removed without its lock, which would make
+    // that (perhaps deleted) home's directory anew.
     await docker.removeContainer(status.containerId, { force: true });
     return ["removed", "state directory is gone"];
   }
+  // Image and posture are judged only against the config that made them:
+  // this home's, spelled as this process spells it (the root is in the posture).
+  const ownKey = sandboxKey(status.tenant, status.user, { home: config.home });
+  const ownPaths = statePaths(config.home, ownKey);
+  const judgePosture = status.thisHome && ownPaths.root === paths.root;
   return await withLock(paths.lock, async () => {
     const container = await docker.inspectContainer(status.containerId);
     if (container === null) return ["kept", "gone meanwhile"];
@@ -301,10 +373,15 @@ async function sweepOne(
     const dead = judged.state === "stale" || judged.state === "exited" ||
       (judged.state === "none" && !(now - started < STALE_AFTER_MS));
     const busy = container.State.Running && !dead && await inFlight(paths.root) > 0;
-    const reason = context.expected === undefined ? "image missing" : incompatibility(container, {
-      imageId: context.expected.image.id,
-      postureHash: containerSpec(key, { config, image: context.expected.image, paths }).postureHash,
-    });
+    const image = context.image;
+    const reason = !judgePosture
+      ? unusableState(container.State)
+      : image === null
+      ? "image missing"
+      : incompatibility(container, {
+        imageId: image.id,
+        postureHash: containerSpec(ownKey, { config, image, paths: ownPaths }).postureHash,
+      });
     if (
       reason !== undefined &&
       !(busy && (reason === "image changed" || reason === "posture changed"))
@@ -327,7 +404,7 @@ async function sweepOne(
       await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
       return ["stopped", `idle for ${Math.round(idleFor / 1000)} s`];
     }
-    return "running";
+    return placed;
   });
 }
 

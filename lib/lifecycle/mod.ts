@@ -12,7 +12,9 @@ export {
   type EnsureOptions,
   incompatibility,
   resolveImage,
+  unusableState,
 } from "./ensure.ts";
+export { type ContainerHome, containerHome, homeMatcher } from "./container_home.ts";
 export {
   type SandboxKey,
   sandboxKey,
@@ -51,6 +53,7 @@ export {
 export { removeTree, type RemoveTreeOptions, settleRemovals } from "./remove_tree.ts";
 export {
   listSandboxes,
+  type ListSandboxesOptions,
   removeSandbox,
   type SandboxStatus,
   stopSandbox,
