@@ -2,8 +2,9 @@
 # Runs waffle's whole test suite on a machine prepared by scripts/setup.sh.
 #
 # Usage: bash scripts/test.sh [--json] [DENO TEST ARGS...]
-#   Runs `scripts/setup.sh --docker --images` (idempotent: Deno, node_modules,
-#   Docker engine + daemon, runner image, runtime kit, the test images), then `deno test --allow-all` over tests/
+#   Runs `scripts/setup.sh --docker --images --conformance` (idempotent: Deno,
+#   node_modules, Docker engine + daemon, runner image, runtime kit, the test
+#   images, the MCP conformance suite), then `deno test --allow-all` over tests/
 #   with the usual console output, and ends with exactly one line
 #       tests: N passed, N failed, N skipped
 #   computed from the junit report (scripts/test_summary.ts; ignored tests
@@ -35,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --json) json=1 ;;
     -h | --help)
-      sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) deno_args+=("$arg") ;;
@@ -64,8 +65,9 @@ esac
 
 started=$SECONDS
 setup_status=0
-bash "$REPO/scripts/setup.sh" --docker --images || setup_status=$?
-((setup_status == 0)) || give_up "$setup_status" "scripts/setup.sh --docker --images failed (exit $setup_status)"
+bash "$REPO/scripts/setup.sh" --docker --images --conformance || setup_status=$?
+((setup_status == 0)) ||
+  give_up "$setup_status" "scripts/setup.sh --docker --images --conformance failed (exit $setup_status)"
 say "setup took $((SECONDS - started))s"
 
 junit="${WAFFLE_JUNIT_PATH:-}"

@@ -12,6 +12,7 @@ export const MCP_HELP = `Usage: waffle mcp <command> [options]
 
 Commands:
   run NAME   serve MCP server NAME on stdio, executed where the config says
+  serve NAME serve MCP server NAME over Streamable HTTP (a URL, a bearer token)
   plan       show the launch plan of a group or cron job
   ls         list the configured servers and their policy
   fetch NAME fetch and cache an npm server package on the host
@@ -25,6 +26,10 @@ const SUBCOMMANDS: Record<string, () => Promise<Loaded>> = {
   run: async () => {
     const m = await import("./mcp_run.ts");
     return { help: m.MCP_RUN_HELP, run: m.mcpRunCommand };
+  },
+  serve: async () => {
+    const m = await import("./mcp_serve.ts");
+    return { help: m.MCP_SERVE_HELP, run: m.mcpServeCommand };
   },
   fetch: async () => {
     const m = await import("./mcp_run.ts");
