@@ -9,8 +9,14 @@
  *   both see the same machine load;
  * - `mcp_call_docker_run`: a fresh `docker run --rm -i` per call (the Docker
  *   MCP gateway's default): spawn, initialize, call, close, all timed;
+ * - `mcp_calls_20_inflight_direct` and `mcp_calls_20_inflight`: 20 calls
+ *   kept in flight at once on one session, directly and through waffle
+ *   (calls per second over the whole run; each sample is one call's latency);
  * - `mcp_session_start`: from launching `waffle mcp run` to the `initialize`
  *   result, with the user's sandbox stopped (`waffle stop` before each);
+ * - `mcp_session_start_direct`: the same server launched directly on the
+ *   host to its `initialize` result: the part of a session start that is
+ *   the server's own;
  * - `mcp_docker_run_cold`: the Docker section's `docker_run_cold` (create +
  *   start + wait + remove of `true`), measured here when that section did not
  *   run, as the denominator of `mcp_session_start`'s ratio.
@@ -47,7 +53,10 @@ export const MCP_CASES = [
   "mcp_call_direct",
   "mcp_call_waffle",
   "mcp_call_docker_run",
+  "mcp_calls_20_inflight_direct",
+  "mcp_calls_20_inflight",
   "mcp_session_start",
+  "mcp_session_start_direct",
   "mcp_docker_run_cold",
 ] as const;
 
@@ -67,6 +76,10 @@ const IMAGE = "waffle-runner:latest";
 /** Warm calls are ~1 ms each: more than this adds little. */
 const CALL_MAX = 200;
 const BLOCK = 10;
+/** Calls kept in flight at once by the throughput cases. */
+const IN_FLIGHT = 20;
+/** Calls of one throughput run. */
+const INFLIGHT_CALLS = 2000;
 /** A `docker run` per call costs ~1 s: fewer samples. */
 const DOCKER_RUN_MAX = 10;
 /** A cold session start costs ~1 s plus a `waffle stop`. */
@@ -170,6 +183,33 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
         );
       }
     }
+    for (
+      const [name, viaWaffle] of [["mcp_calls_20_inflight_direct", false], [
+        "mcp_calls_20_inflight",
+        true,
+      ]] as const
+    ) {
+      if (!context.wants(name) || (viaWaffle && !dockerUp)) continue;
+      const session = await track(
+        sessions,
+        viaWaffle ? connectWaffle(home, WARM_USER) : connectDirect(cache),
+      );
+      for (let i = 0; i < context.warmup * IN_FLIGHT; i++) await echo(session);
+      const { samples, perSecond } = await inFlight(
+        session,
+        (done) => context.progress.step(name, done, INFLIGHT_CALLS),
+      );
+      sessions.splice(sessions.indexOf(session), 1);
+      await session.close();
+      results.push(
+        summarize(name, samples, {
+          per_s: perSecond,
+          note: `${IN_FLIGHT} tools/call echo in flight on one session, ${
+            viaWaffle ? "through `waffle mcp run`" : "server on the host"
+          }`,
+        }),
+      );
+    }
     if (dockerUp && context.wants("mcp_call_docker_run")) {
       const image = await docker.inspectImage(IMAGE);
       if (image === null) throw new Error(`Image '${IMAGE}' not found`);
@@ -208,6 +248,23 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
       results.push(
         summarize("mcp_docker_run_cold", samples, {
           note: "as docker_run_cold: create + start + wait + remove, `true`",
+        }),
+      );
+    }
+    if (context.wants("mcp_session_start_direct")) {
+      const samples: number[] = [];
+      const count = Math.min(context.n, SESSION_MAX);
+      for (let i = 0; i < count; i++) {
+        const t0 = now();
+        const session = await track(sessions, connectDirect(cache));
+        samples.push(now() - t0);
+        sessions.splice(sessions.indexOf(session), 1);
+        await session.close();
+        context.progress.step("mcp_session_start_direct", i + 1, count);
+      }
+      results.push(
+        summarize("mcp_session_start_direct", samples, {
+          note: "launch the server on the host to initialize (its own start)",
         }),
       );
     }
@@ -259,6 +316,13 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
       "≤ 3",
     ),
     ratioOf(
+      "mcp_calls_20_inflight / mcp_calls_20_inflight_direct",
+      find("mcp_calls_20_inflight"),
+      find("mcp_calls_20_inflight_direct"),
+      "per_s",
+      "≥ 0.33",
+    ),
+    ratioOf(
       "mcp_call_docker_run / mcp_call_waffle",
       find("mcp_call_docker_run"),
       find("mcp_call_waffle"),
@@ -274,6 +338,26 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
     ),
   ].filter((ratio) => ratio !== undefined);
   return { results, ratios };
+}
+
+// INFLIGHT_CALLS calls, IN_FLIGHT at a time: each call's latency, and the
+// calls per second of the whole run.
+async function inFlight(
+  session: Session,
+  progress: (done: number) => void,
+): Promise<{ samples: number[]; perSecond: number }> {
+  const samples: number[] = [];
+  let started = 0;
+  const worker = async (): Promise<void> => {
+    while (started < INFLIGHT_CALLS) {
+      started++;
+      samples.push(await timedEcho(session));
+      if (samples.length % 200 === 0) progress(samples.length);
+    }
+  };
+  const t0 = now();
+  await Promise.all(Array.from({ length: IN_FLIGHT }, worker));
+  return { samples, perSecond: samples.length / ((now() - t0) / 1000) };
 }
 
 /**

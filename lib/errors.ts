@@ -48,6 +48,34 @@ export class UsageError extends WaffleError {
   }
 }
 
+/**
+ * A config's MCP `package` is not pinned to one exact version (`@latest`, a
+ * dist-tag, a range such as `^1`): it is refused at load. The CLI adds the
+ * exact version npm would pick to the message (a registry lookup, so never
+ * part of loading itself).
+ */
+export class UnpinnedPackageError extends UsageError {
+  /** The package name, scope included: `@scope/name`. */
+  readonly packageName: string;
+  /** What stood after the name's `@` (empty when nothing did): a tag or a range. */
+  readonly requested: string;
+  /**
+   * Creates the error.
+   *
+   * @param message One line naming the file, the key and the spec.
+   * @param options The package name and what was asked for, cause and exit code.
+   */
+  constructor(
+    message: string,
+    options: WaffleErrorOptions & { packageName: string; requested: string },
+  ) {
+    super(message, options);
+    this.name = "UnpinnedPackageError";
+    this.packageName = options.packageName;
+    this.requested = options.requested;
+  }
+}
+
 /** The queue files could not be opened, had the wrong schema, or failed a write. */
 export class QueueError extends WaffleError {
   /** Takes the same arguments as the {@linkcode WaffleError} constructor. */

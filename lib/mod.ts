@@ -26,6 +26,7 @@ export {
   type EnsureAction,
   type Ensured,
   listSandboxes,
+  type ListSandboxesOptions,
   listSnapshots,
   openSandbox,
   removeSandbox,

@@ -2,13 +2,14 @@
 # Prepares a machine to develop and run waffle. Idempotent: every step checks
 # first and only acts when something is missing, so it is safe to run often.
 #
-# Usage: scripts/setup.sh [--docker] [--images] [--force-image]
+# Usage: scripts/setup.sh [--docker] [--images] [--force-image] [--conformance]
 #   (always)       Deno 2.9.6 at .tools/bin/deno (from the npm package `deno`),
 #                  then `deno install` so node_modules is complete on disk (the
 #                  runner container mounts it read-only and cannot fetch).
-#                  Then the MCP package cache .tools/mcp-cache gets the test server
-#                  (npm:@modelcontextprotocol/server-everything), world-readable for
-#                  the sandbox's uid, unless it is cached already.
+#                  Then the MCP package cache .tools/mcp-cache gets the servers the
+#                  tests run (npm:@modelcontextprotocol/server-everything,
+#                  server-memory and server-filesystem), world-readable for the
+#                  sandbox's uid, unless they are cached already.
 #   --docker       also: install docker.io via apt when dockerd is missing,
 #                  start dockerd when the daemon does not answer, install gcc and
 #                  the static C library via apt when missing (the image's spawn
@@ -20,6 +21,10 @@
 #   --images       also: build the user-style images the tests run
 #                  (scripts/build_images.sh all: Debian python/git, musl, no shell).
 #   --force-image  rebuild the runner image even when it is up to date.
+#   --conformance  also: the official MCP conformance suite
+#                  (@modelcontextprotocol/conformance) and the Node.js it needs
+#                  (>= 22, from the npm package `node`) in .tools/conformance,
+#                  unless both are there at their pinned versions.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,13 +36,15 @@ DOCKER_WAIT_SECONDS=60
 with_docker=0
 with_images=0
 force_image=0
+with_conformance=0
 for arg in "$@"; do
   case "$arg" in
     --docker) with_docker=1 ;;
     --images) with_images=1 ;;
     --force-image) force_image=1 ;;
+    --conformance) with_conformance=1 ;;
     -h | --help)
-      sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -112,7 +119,11 @@ ensure_node_modules() {
 # The npm MCP servers the tests run, fetched once by the host's Deno into the
 # cache that sandboxes mount read-only (they have no network to fetch it).
 MCP_CACHE="$REPO/.tools/mcp-cache"
-MCP_PACKAGES=("npm:@modelcontextprotocol/server-everything@2026.8.31")
+MCP_PACKAGES=(
+  "npm:@modelcontextprotocol/server-everything@2026.8.31"
+  "npm:@modelcontextprotocol/server-memory@2026.8.31"
+  "npm:@modelcontextprotocol/server-filesystem@2026.8.31"
+)
 
 ensure_mcp_cache() {
   local spec name version
@@ -133,6 +144,38 @@ ensure_mcp_cache() {
   done
   # The sandbox's uid 10001 reads the cache through a read-only mount.
   chmod -R a+rX "$MCP_CACHE"
+}
+
+# The MCP conformance suite tests servers by URL (tests/mcp_serve_test.ts);
+# it needs Node.js >= 22, which the npm package `node` ships (as a binary
+# package from the registry, for this machine's architecture).
+CONFORMANCE_DIR="$REPO/.tools/conformance"
+CONFORMANCE_VERSION="0.1.16"
+CONFORMANCE_NODE_VERSION="22.23.3"
+
+conformance_ready() {
+  local node="$CONFORMANCE_DIR/node_modules/.bin/node"
+  local manifest="$CONFORMANCE_DIR/node_modules/@modelcontextprotocol/conformance/package.json"
+  [[ "$("$node" --version 2>/dev/null)" == "v$CONFORMANCE_NODE_VERSION" ]] &&
+    [[ -f "$manifest" ]] &&
+    [[ "$("$node" -p "require('$manifest').version" 2>/dev/null)" == "$CONFORMANCE_VERSION" ]]
+}
+
+ensure_conformance() {
+  if conformance_ready; then
+    say "conformance $CONFORMANCE_VERSION and node $CONFORMANCE_NODE_VERSION already in $CONFORMANCE_DIR"
+    return
+  fi
+  command -v npm >/dev/null 2>&1 || die "npm not found; install Node.js and npm first (apt-get install -y npm)"
+  say "npm install --prefix $CONFORMANCE_DIR node@$CONFORMANCE_NODE_VERSION @modelcontextprotocol/conformance@$CONFORMANCE_VERSION"
+  mkdir -p "$CONFORMANCE_DIR"
+  npm install --prefix "$CONFORMANCE_DIR" --save-exact --no-audit --no-fund --loglevel=error \
+    "node@$CONFORMANCE_NODE_VERSION" "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" ||
+    die "Cannot install the MCP conformance suite into '$CONFORMANCE_DIR'"
+  conformance_ready || die "The conformance suite in '$CONFORMANCE_DIR' does not run with node $CONFORMANCE_NODE_VERSION"
+  "$CONFORMANCE_DIR/node_modules/.bin/node" "$CONFORMANCE_DIR/node_modules/.bin/conformance" --version >/dev/null ||
+    die "'conformance --version' fails in '$CONFORMANCE_DIR'"
+  say "installed conformance $CONFORMANCE_VERSION with node $CONFORMANCE_NODE_VERSION in $CONFORMANCE_DIR"
 }
 
 docker_answers() {
@@ -235,6 +278,7 @@ print_docker_summary() {
 ensure_deno
 ensure_node_modules
 ensure_mcp_cache
+((with_conformance == 0)) || ensure_conformance
 if ((with_docker == 1)); then
   ensure_docker_installed
   ensure_docker_running

@@ -10,11 +10,14 @@ import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { liveTest } from "./_docker_gate.ts";
 import { run, runOk, tempHome, type TestHome, uniqueUser } from "./_sandbox_helpers.ts";
 import { delay } from "./_helpers.ts";
+import { SANDBOX_UID } from "../lib/lifecycle/posture.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const MAIN = `${REPO}/main.ts`;
 const CACHE = Deno.env.get("WAFFLE_MCP_CACHE") || `${REPO}/.tools/mcp-cache`;
 const EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31";
+const MEMORY = "npm:@modelcontextprotocol/server-memory@2026.8.31";
+const FILESYSTEM = "npm:@modelcontextprotocol/server-filesystem@2026.8.31";
 const FILES_SERVER = await Deno.readTextFile(
   new URL("./fixtures/files_server.js", import.meta.url),
 );
@@ -38,6 +41,25 @@ command = "/opt/waffle/deno"
 args = ["run", "--allow-all", "--no-config", "--quiet", "/workspace/files_server.js"]
 execution = "sandbox"
 authority = "sandbox"
+
+[mcp.memory]
+package = "${MEMORY}"
+execution = "sandbox"
+authority = "sandbox"
+
+[mcp.filesystem]
+package = "${FILESYSTEM}"
+args = ["/workspace"]
+execution = "sandbox"
+authority = "sandbox"
+
+[mcp.kept]
+command = "/opt/waffle/deno"
+args = ["run", "--allow-all", "--no-config", "--quiet", "/workspace/files_server.js"]
+execution = "sandbox"
+authority = "sandbox"
+cwd = "/workspace/data/./kept/"
+env = { FIXED = "from the config", RENAMED = { host = "GREETING" } }
 
 [mcp.locked]
 command = "/opt/waffle/deno"
@@ -282,14 +304,19 @@ liveTest(
         ["lo"],
       );
       const env = JSON.parse(textOf(await client.callTool({ name: "env", arguments: {} })));
-      assert.equal(env.HOME, "/home/sandbox");
+      // Its state lives in the session's tmpfs home: writable, although the workspace is not.
+      assert.equal(env.HOME, "/home/sandbox/.waffle/mcp/locked");
+      assert.equal(env.XDG_STATE_HOME, "/home/sandbox/.waffle/mcp/locked/.local/state");
+      assert.equal(env.TMPDIR, "/home/sandbox/.waffle/mcp/locked/tmp");
       assert.equal(env.GREETING, "hello from the host");
       assert.equal(env.SECRET_TOKEN, undefined);
-      const home_ = await client.callTool({
-        name: "write_file",
-        arguments: { path: "/home/sandbox/scratch", content: "ok" },
-      });
-      assert.equal(textOf(home_), "written");
+      for (const dir of [env.XDG_STATE_HOME, env.TMPDIR, "/home/sandbox"]) {
+        const wrote_ = await client.callTool({
+          name: "write_file",
+          arguments: { path: `${dir}/scratch`, content: "ok" },
+        });
+        assert.equal(textOf(wrote_), "written", dir);
+      }
       // A separate container, not the user's sandbox; its queue on the user's
       // quota volume (not the host's disk); none of the commands' env in it.
       const restricted = (await home.containers()).find((c) => /-r-/.test(c.Names[0] ?? ""));
@@ -435,7 +462,7 @@ args = ["stdio"]
 execution = "sandbox"
 authority = "sandbox"
 groups = ["main"]
-tools = ["echo"]
+tools = ["echo", "ehco"]
 
 [mcp.restricted]
 package = "${EVERYTHING}"
@@ -449,7 +476,7 @@ mode = "docker"
     );
     const doctor = await home.cli(["doctor", "--json"]);
     const report = JSON.parse(doctor.stdout) as {
-      checks: { name: string; ok: boolean; detail: string }[];
+      checks: { name: string; ok: boolean; warning: boolean; detail: string }[];
     };
     const rows = Object.fromEntries(report.checks.map((check) => [check.name, check]));
     assert.equal(
@@ -458,7 +485,14 @@ mode = "docker"
     );
     assert.equal(
       rows["mcp in-sandbox authority"]?.detail,
-      "execution=sandbox authority=sandbox groups=main env=none tools=echo",
+      "execution=sandbox authority=sandbox groups=main env=none tools=echo,ehco",
+    );
+    // The config read, and a host variable the env names that is not set here.
+    assert.equal(rows["mcp config"]?.detail, `'${home.home}/waffle.toml'`);
+    assert.equal(rows["mcp on-host env"]?.warning, true);
+    assert.equal(
+      rows["mcp on-host env"]?.detail,
+      "server 'on-host': host variable 'GREETING' is not set (mcp.on-host.env); the server starts without it",
     );
     assert.match(rows["mcp restricted authority"]?.detail ?? "", /authority=restricted/);
     // Host servers are not probed; both sandboxed ones are, for real.
@@ -469,8 +503,33 @@ mode = "docker"
       assert.match(probe?.detail ?? "", /\d+ tools \((\d+|all) allowed\), initialize \d+ ms/);
     }
     assert.match(rows["mcp restricted probe"]!.detail, /^restricted: \d+ tools \(all allowed\)/);
+    assert.equal(rows["mcp restricted probe"]!.warning, false);
+    // A misspelt tool in the allowlist: the probe says so, as a warning.
     assert.match(rows["mcp in-sandbox probe"]!.detail, /^sandbox: \d+ tools \(1 allowed\)/);
+    assert.equal(rows["mcp in-sandbox probe"]!.warning, true);
+    assert.match(
+      rows["mcp in-sandbox probe"]!.detail,
+      /; server 'in-sandbox' does not offer 'ehco', which mcp\.in-sandbox\.tools allows \(misspelt, or removed\?\)$/,
+    );
     assert.equal(doctor.code, 0, doctor.stdout);
+    // mcp plan --probe finds the same, as a field of --json.
+    const probed = await home.cli(["mcp", "plan", "--group", "main", "--probe", "--json"]);
+    assert.equal(probed.code, 0, probed.stderr);
+    const plan = JSON.parse(probed.stdout) as {
+      warnings: { server: string; kind: string; tools?: string[] }[];
+      probes: { server: string; tools: string[] }[];
+    };
+    assert.deepEqual(
+      plan.warnings.filter((w) => w.kind !== "env-unset").map(({ server, kind, tools }) => ({
+        server,
+        kind,
+        tools,
+      })),
+      [{ server: "in-sandbox", kind: "tool-not-offered", tools: ["ehco"] }],
+    );
+    assert.deepEqual(plan.probes.map((p) => p.server), ["in-sandbox", "restricted"]);
+    assert.ok(plan.probes[0]!.tools.includes("echo"));
+    assert.equal((await home.containers()).length, 0, "the probes' throwaway sandboxes are gone");
   },
 );
 
@@ -496,6 +555,154 @@ liveTest(
     await second.stdin.close();
     await second.status;
     await second.stdout.cancel().catch(() => {});
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: server-filesystem reads a 3,000,000-byte file (a 6 MB answer) and the session goes on",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("fsread");
+    await runOk(home.open(user), "head -c 3000000 /dev/zero | tr '\\0' a > /workspace/big.txt");
+    const session = await connect(home, "filesystem", ["--user", user]);
+    try {
+      const read = await session.client.callTool({
+        name: "read_text_file",
+        arguments: { path: "/workspace/big.txt" },
+      });
+      // The text comes twice (content and structuredContent): ~6 MB in one message.
+      assert.equal(textOf(read), "a".repeat(3_000_000), session.stderr.join(""));
+      assert.ok(JSON.stringify(read).length > 6_000_000);
+      const next = await session.client.callTool({
+        name: "list_allowed_directories",
+        arguments: {},
+      });
+      assert.match(textOf(next), /\/workspace/);
+    } finally {
+      await session.client.close();
+    }
+    const outcomes = (await Deno.readTextFile(`${home.home}/audit.jsonl`)).trim().split("\n")
+      .map((line) => JSON.parse(line)).filter((line) => line.server === "filesystem")
+      .map((line) => [line.tool, line.outcome]);
+    assert.deepEqual(outcomes, [["read_text_file", "ok"], ["list_allowed_directories", "ok"]]);
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: server-memory saves its graph in the user's workspace and finds it in the next session, with no setting",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("memory");
+    const first = await connect(home, "memory", ["--user", user]);
+    try {
+      const made = await first.client.callTool({
+        name: "create_entities",
+        arguments: {
+          entities: [{ name: "waffle", entityType: "project", observations: ["saves its graph"] }],
+        },
+      });
+      assert.notEqual(made.isError, true, `${textOf(made)}\n${first.stderr.join("")}`);
+    } finally {
+      await first.client.close();
+    }
+    const second = await connect(home, "memory", ["--user", user]);
+    try {
+      const graph = await second.client.callTool({ name: "read_graph", arguments: {} });
+      assert.deepEqual(graph.structuredContent, {
+        entities: [{ name: "waffle", entityType: "project", observations: ["saves its graph"] }],
+        relations: [],
+      });
+    } finally {
+      await second.client.close();
+    }
+    // Where: the server's data directory in the user's workspace, written as the sandbox's uid.
+    const file = "/workspace/.waffle/mcp/memory/.local/share/memory.jsonl";
+    assert.match(await runOk(home.open(user), `cat ${file}`), /"name":"waffle"/);
+    assert.equal((await runOk(home.open(user), `stat -c %u ${file}`)).trim(), String(SANDBOX_UID));
+  },
+  SDK_CLIENT,
+);
+
+liveTest(
+  "mcp run: a server's HOME, XDG directories and TMPDIR are its own and kept; its cwd is made; literal and renamed env reach it",
+  async (docker) => {
+    await using home = await withHome(docker);
+    const user = uniqueUser("state");
+    await putServer(home, user);
+    const root = "/workspace/.waffle/mcp/kept";
+    const first = await connect(home, "kept", ["--user", user]);
+    let env: Record<string, string>;
+    try {
+      env = JSON.parse(textOf(await first.client.callTool({ name: "env", arguments: {} })));
+      assert.deepEqual(
+        {
+          HOME: env.HOME,
+          XDG_CONFIG_HOME: env.XDG_CONFIG_HOME,
+          XDG_DATA_HOME: env.XDG_DATA_HOME,
+          XDG_STATE_HOME: env.XDG_STATE_HOME,
+          XDG_CACHE_HOME: env.XDG_CACHE_HOME,
+          TMPDIR: env.TMPDIR,
+          CWD: env.CWD,
+          FIXED: env.FIXED,
+          RENAMED: env.RENAMED,
+          GREETING: env.GREETING,
+        },
+        {
+          HOME: root,
+          XDG_CONFIG_HOME: `${root}/.config`,
+          XDG_DATA_HOME: `${root}/.local/share`,
+          XDG_STATE_HOME: `${root}/.local/state`,
+          XDG_CACHE_HOME: `${root}/.cache`,
+          TMPDIR: `${root}/tmp`,
+          CWD: "/workspace/data/kept",
+          FIXED: "from the config",
+          RENAMED: "hello from the host",
+          GREETING: undefined, // the host variable went in under the name the table gave it
+        },
+      );
+      for (
+        const name of [
+          "XDG_CONFIG_HOME",
+          "XDG_DATA_HOME",
+          "XDG_STATE_HOME",
+          "XDG_CACHE_HOME",
+          "TMPDIR",
+        ]
+      ) {
+        const wrote = await first.client.callTool({
+          name: "write_file",
+          arguments: { path: `${env[name]}/kept.txt`, content: name },
+        });
+        assert.equal(textOf(wrote), "written", name);
+      }
+    } finally {
+      await first.client.close();
+    }
+    // The next session finds what the last one wrote.
+    const second = await connect(home, "kept", ["--user", user]);
+    try {
+      for (const name of ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR"]) {
+        assert.equal(
+          textOf(
+            await second.client.callTool({
+              name: "read_file",
+              arguments: { path: `${env[name]}/kept.txt` },
+            }),
+          ),
+          name,
+        );
+      }
+    } finally {
+      await second.client.close();
+    }
+    // Made inside the sandbox, as its uid: never by the host.
+    const owners = await runOk(
+      home.open(user),
+      `stat -c %u ${root} ${root}/.local/share ${root}/tmp /workspace/data/kept | sort -u`,
+    );
+    assert.equal(owners.trim(), String(SANDBOX_UID));
   },
   SDK_CLIENT,
 );

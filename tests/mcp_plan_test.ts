@@ -5,9 +5,23 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { loadWaffleConfig, type WaffleConfig } from "../lib/config/config.ts";
-import { UsageError } from "../lib/errors.ts";
-import { launchable, type LaunchPlan, planLaunch, resolveEnv } from "../lib/mcp/plan.ts";
+import {
+  configCandidates,
+  defaultHome,
+  loadWaffleConfig,
+  SYSTEM_CONFIG,
+  type WaffleConfig,
+} from "../lib/config/config.ts";
+import { UnpinnedPackageError, UsageError } from "../lib/errors.ts";
+import { exists } from "../lib/fs.ts";
+import {
+  launchable,
+  type LaunchPlan,
+  planLaunch,
+  resolveEnv,
+  unsetHostEnv,
+} from "../lib/mcp/plan.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, type EnvSource } from "../lib/mcp/policy.ts";
 import { runCli } from "../lib/cli/mod.ts";
 import type { CliIo } from "../lib/cli/io.ts";
 
@@ -95,6 +109,8 @@ Deno.test("loadWaffleConfig() parses the issue's example", async () => {
       authority: "sandbox",
       groups: ["main"],
       env: ["GREETING"],
+      envSources: [{ name: "GREETING", host: "GREETING" }],
+      maxMessageBytes: 64 * 1024 * 1024,
       tools: ["echo", "get-env"],
       clientRequests: ["roots/list", "ping"],
     });
@@ -105,6 +121,8 @@ Deno.test("loadWaffleConfig() parses the issue's example", async () => {
       execution: "host",
       authority: "host",
       env: [],
+      envSources: [],
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
       clientRequests: ["roots/list", "ping"],
     });
     assert.deepEqual(config.policy.groups, { main: { name: "main", mode: "docker" } });
@@ -135,11 +153,24 @@ Deno.test("planLaunch() for cron nightly: the planned cwd, network and env, and 
         args: ["stdio"],
       },
       cwd: "/workspace/jobs/nightly",
+      state: {
+        root: "/workspace/.waffle/mcp/everything",
+        env: {
+          HOME: "/workspace/.waffle/mcp/everything",
+          XDG_CONFIG_HOME: "/workspace/.waffle/mcp/everything/.config",
+          XDG_DATA_HOME: "/workspace/.waffle/mcp/everything/.local/share",
+          XDG_STATE_HOME: "/workspace/.waffle/mcp/everything/.local/state",
+          XDG_CACHE_HOME: "/workspace/.waffle/mcp/everything/.cache",
+          TMPDIR: "/workspace/.waffle/mcp/everything/tmp",
+        },
+      },
       network: "none",
       workspace: "rw",
       tools: ["echo", "get-env"],
       clientRequests: ["roots/list", "ping"],
       env: [], // cron env = [] narrows GREETING away
+      envSources: [],
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
     });
     const local = server(plan, "local");
     assert.equal(local.decision, "denied");
@@ -188,7 +219,9 @@ Deno.test("planLaunch() composes group and cron policy by intersection", async (
     assert.equal(local.where, "host");
     assert.equal(local.network, "host");
     assert.equal(local.workspace, "none");
-    assert.equal(local.cwd, config.sandbox.home);
+    assert.equal(local.cwd, `${config.sandbox.home}/mcp-state/local`, "its own state directory");
+    assert.equal(local.state.root, local.cwd);
+    assert.equal(local.state.env.HOME, local.cwd);
     assert.equal(local.tools, "all");
     // No subject: group "default", undeclared, so docker (sandbox.mode).
     const byDefault = planLaunch(config);
@@ -278,22 +311,40 @@ Deno.test("planLaunch() rejects an unknown group or cron job, and both at once",
   });
 });
 
-Deno.test("resolveEnv() reads only the names asked for and omits missing ones", () => {
+const hostVars = (...names: string[]): EnvSource[] => names.map((name) => ({ name, host: name }));
+
+Deno.test("resolveEnv() reads only the host variables named, omits missing ones and takes literals as written", () => {
   const asked: string[] = [];
   const source = (name: string): string | undefined => {
     asked.push(name);
-    const values = new Map([["GREETING", "hi"], ["SECRET", "s"]]);
+    const values = new Map([["GREETING", "hi"], ["SECRET", "s"], ["HOST_TOKEN", "t"]]);
     return values.get(name);
   };
-  assert.deepEqual(resolveEnv(["GREETING", "MISSING"], source), { GREETING: "hi" });
+  assert.deepEqual(resolveEnv(hostVars("GREETING", "MISSING"), source), { GREETING: "hi" });
   assert.deepEqual(asked, ["GREETING", "MISSING"]);
   assert.deepEqual(resolveEnv([], source), {});
-  const proto = resolveEnv(["__proto__"], () => "x");
+  asked.length = 0;
+  assert.deepEqual(
+    resolveEnv(
+      [{ name: "TOKEN", host: "HOST_TOKEN" }, { name: "SECRET", value: "literal" }],
+      source,
+    ),
+    { TOKEN: "t", SECRET: "literal" },
+  );
+  assert.deepEqual(asked, ["HOST_TOKEN"], "a literal reads no host variable, even of its name");
+  const proto = resolveEnv(hostVars("__proto__"), () => "x");
   assert.equal(Object.getPrototypeOf(proto), Object.prototype);
   assert.deepEqual(Object.keys(proto), ["__proto__"]);
+  assert.deepEqual(
+    unsetHostEnv([{ name: "A", host: "GREETING" }, { name: "B", host: "NOPE" }, {
+      name: "C",
+      value: "",
+    }], source),
+    [{ name: "B", host: "NOPE" }],
+  );
   Deno.env.set("WAFFLE_PLAN_TEST_VAR", "v");
   try {
-    assert.deepEqual(resolveEnv(["WAFFLE_PLAN_TEST_VAR"]), { WAFFLE_PLAN_TEST_VAR: "v" });
+    assert.deepEqual(resolveEnv(hostVars("WAFFLE_PLAN_TEST_VAR")), { WAFFLE_PLAN_TEST_VAR: "v" });
   } finally {
     Deno.env.delete("WAFFLE_PLAN_TEST_VAR");
   }
@@ -329,7 +380,7 @@ Deno.test("loadWaffleConfig() names the key of every contradiction or bad value 
       /exactly one of package or command/,
     ],
     [`[mcp.e]\n${SERVER}`, "mcp.e.package", /found neither/],
-    [`[mcp.e]\npackage = "npm:a"\n${SERVER}`, "mcp.e.package", /pinned version, found "npm:a"/],
+    [`[mcp.e]\npackage = "npm:a"\n${SERVER}`, "mcp.e.package", /exact version .*, found "npm:a"$/],
     [`[mcp.e]\npackage = "a@1"\n${SERVER}`, "mcp.e.package"],
     [`[mcp.e]\ncommand = "bin/x"\n${SERVER}`, "mcp.e.command", /absolute path, found "bin\/x"/],
     [`[mcp.e]\ncommand = "/x"\nauthority = "sandbox"\n`, "mcp.e.execution", /found nothing/],
@@ -506,8 +557,15 @@ Deno.test("waffle mcp plan --cron nightly --json prints the plan; the table show
       if (saved === undefined) Deno.env.delete("WAFFLE_HOME");
       else Deno.env.set("WAFFLE_HOME", saved);
     }
-    const plan = JSON.parse(io.out()) as LaunchPlan;
+    const { config: read, searched, warnings, ...plan } = JSON.parse(io.out()) as LaunchPlan & {
+      config: string;
+      searched: string[];
+      warnings: unknown[];
+    };
     assert.deepEqual(plan, JSON.parse(JSON.stringify(planLaunch(config, { cron: "nightly" }))));
+    assert.equal(read, file);
+    assert.deepEqual(searched, [file]);
+    assert.deepEqual(warnings, [], "cron nightly narrows GREETING away: nothing unset to warn of");
     assert.equal(server(plan, "local").decision, "denied");
     assert.equal(server(plan, "everything").cwd, "/workspace/jobs/nightly");
     const text = captureIo();
@@ -519,7 +577,7 @@ Deno.test("waffle mcp plan --cron nightly --json prints the plan; the table show
     assert.match(text.out(), /^Plan for cron 'nightly' \(group 'main'\)/);
     assert.match(
       text.out(),
-      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+none\s+rw\s+echo,get-env\s+-\s+roots\/list,ping\n/,
+      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+\/workspace\/\.waffle\/mcp\/everything\s+none\s+rw\s+echo,get-env\s+-\s+roots\/list,ping\n/,
     );
     assert.match(text.out(), /local\s+denied\s+-/);
     assert.match(text.out(), /denied: group 'main' requires docker \(groups\.main\.mode\)/);
@@ -541,6 +599,7 @@ Deno.test("waffle mcp ls --json lists the servers and their policy", async () =>
     assert.equal(await runCli(["mcp", "ls", "--json", "--config", file], io), 0, io.err());
     assert.deepEqual(JSON.parse(io.out()), {
       config: file,
+      searched: [file],
       servers: [
         {
           name: "everything",
@@ -548,6 +607,8 @@ Deno.test("waffle mcp ls --json lists the servers and their policy", async () =>
           authority: "sandbox",
           groups: ["main"],
           env: ["GREETING"],
+          envSources: [{ name: "GREETING", host: "GREETING" }],
+          maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
           tools: ["echo", "get-env"],
           clientRequests: ["roots/list", "ping"],
           program: {
@@ -561,6 +622,8 @@ Deno.test("waffle mcp ls --json lists the servers and their policy", async () =>
           authority: "host",
           groups: "all",
           env: [],
+          envSources: [],
+          maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
           tools: "all",
           clientRequests: ["roots/list", "ping"],
           program: { command: "/usr/local/bin/some-server", args: [] },
@@ -634,3 +697,453 @@ client_requests = []
     );
   });
 });
+
+/** Runs `fn` with process variables set (undefined: unset), then puts them back. */
+async function withEnv<T>(
+  vars: Record<string, string | undefined>,
+  fn: () => T | Promise<T>,
+): Promise<T> {
+  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
+  const apply = (values: Record<string, string | undefined>): void => {
+    for (const [name, value] of Object.entries(values)) {
+      if (value === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, value);
+    }
+  };
+  apply(vars);
+  try {
+    return await fn();
+  } finally {
+    apply(saved);
+  }
+}
+
+const STATE_CONFIG = `[sandbox]
+mode = "docker"
+
+[mcp.memory]
+package = "npm:@modelcontextprotocol/server-memory@2026.8.31"
+execution = "sandbox"
+authority = "sandbox"
+cwd = "/workspace/notes/./graph/"
+env = { LOG_LEVEL = "info", API_TOKEN = { host = "WAFFLE_PLAN_TOKEN" }, PLAIN = { host = "PLAIN" } }
+max_message_bytes = 1048576
+
+[mcp.jail]
+command = "/srv/jail"
+execution = "sandbox"
+authority = "restricted"
+env = ["WAFFLE_PLAN_UNSET_VAR"]
+
+[mcp.local]
+command = "/bin/cat"
+execution = "host"
+authority = "host"
+cwd = "work/dir"
+
+[mcp.pinned-host]
+command = "/bin/cat"
+execution = "host"
+authority = "host"
+cwd = "/srv/data/"
+
+[groups.ops]
+mode = "host"
+
+[cron.nightly]
+group = "ops"
+workdir = "jobs/nightly"
+env = ["API_TOKEN", "WAFFLE_PLAN_UNSET_VAR"]
+`;
+
+Deno.test("loadWaffleConfig() reads env as a table of literals and renamed host variables, cwd and max_message_bytes", async () => {
+  await withConfig(STATE_CONFIG, (config) => {
+    const memory = config.policy.servers.memory!;
+    assert.deepEqual(memory.env, ["LOG_LEVEL", "API_TOKEN", "PLAIN"]);
+    assert.deepEqual(memory.envSources, [
+      { name: "LOG_LEVEL", value: "info" },
+      { name: "API_TOKEN", host: "WAFFLE_PLAN_TOKEN" },
+      { name: "PLAIN", host: "PLAIN" },
+    ]);
+    assert.equal(memory.cwd, "notes/graph", "absolute under /workspace, normalized, made relative");
+    assert.equal(memory.maxMessageBytes, 1024 * 1024);
+    assert.deepEqual(config.policy.servers.jail!.envSources, [
+      { name: "WAFFLE_PLAN_UNSET_VAR", host: "WAFFLE_PLAN_UNSET_VAR" },
+    ]);
+    assert.equal(config.policy.servers.jail!.maxMessageBytes, DEFAULT_MAX_MESSAGE_BYTES);
+    assert.equal(DEFAULT_MAX_MESSAGE_BYTES, 67108864);
+    assert.equal(config.policy.servers.local!.cwd, "work/dir");
+    assert.equal(config.policy.servers["pinned-host"]!.cwd, "/srv/data");
+  });
+});
+
+Deno.test("planLaunch() gives each server its state directory, its cwd over the cron workdir, and narrows env tables by name", async () => {
+  await withConfig(STATE_CONFIG, (config, { home }) => {
+    const plan = planLaunch(config, { group: "ops" });
+    const memory = server(plan, "memory");
+    assert.equal(memory.cwd, "/workspace/notes/graph");
+    assert.equal(memory.maxMessageBytes, 1024 * 1024);
+    assert.deepEqual(memory.env, ["API_TOKEN", "LOG_LEVEL", "PLAIN"], "sorted");
+    assert.deepEqual(memory.envSources.map((e) => e.name), memory.env);
+    assert.equal(memory.state.root, "/workspace/.waffle/mcp/memory");
+    assert.equal(
+      memory.state.env.MEMORY_FILE_PATH,
+      "/workspace/.waffle/mcp/memory/.local/share/memory.jsonl",
+      "server-memory's graph goes to its data directory with no setting",
+    );
+    const jail = server(plan, "jail");
+    assert.equal(
+      jail.state.root,
+      "/home/sandbox/.waffle/mcp/jail",
+      "a restricted server's tmpfs home",
+    );
+    assert.equal(jail.state.env.TMPDIR, "/home/sandbox/.waffle/mcp/jail/tmp");
+    assert.equal(jail.state.env.MEMORY_FILE_PATH, undefined);
+    const local = server(plan, "local");
+    assert.equal(local.state.root, `${home}/mcp-state/local`);
+    assert.equal(local.cwd, `${home}/mcp-state/local/work/dir`, "relative to its state directory");
+    assert.equal(local.state.env.XDG_CONFIG_HOME, `${home}/mcp-state/local/.config`);
+    assert.equal(server(plan, "pinned-host").cwd, "/srv/data");
+    // The cron job: its workdir yields to a server's own cwd; its env narrows tables by name.
+    const nightly = planLaunch(config, { cron: "nightly" });
+    assert.equal(server(nightly, "memory").cwd, "/workspace/notes/graph");
+    assert.deepEqual(server(nightly, "memory").envSources, [
+      { name: "API_TOKEN", host: "WAFFLE_PLAN_TOKEN" },
+    ]);
+    assert.equal(server(nightly, "jail").cwd, "/workspace/jobs/nightly");
+    // Without a home, a host server's state is shown under $WAFFLE_HOME.
+    const bare = planLaunch({ sandbox: { mode: "host", network: "none" }, policy: config.policy });
+    assert.equal(server(bare, "local").state.root, "$WAFFLE_HOME/mcp-state/local");
+  });
+});
+
+Deno.test("waffle mcp plan shows literal values only in --json, host values never, and warns of unset host variables", async () => {
+  await withConfig(STATE_CONFIG, async (_config, { file }) => {
+    await withEnv({
+      WAFFLE_PLAN_TOKEN: "host-secret-value",
+      PLAIN: "plain-host-value",
+      WAFFLE_PLAN_UNSET_VAR: undefined,
+    }, async () => {
+      const json = captureIo();
+      assert.equal(
+        await runCli(["mcp", "plan", "--group", "ops", "--json", "--config", file], json),
+        0,
+        json.err(),
+      );
+      assert.doesNotMatch(json.out(), /host-secret-value|plain-host-value/);
+      const printed = JSON.parse(json.out()) as LaunchPlan & {
+        warnings: { server: string; kind: string; variable: string; host: string }[];
+      };
+      assert.deepEqual(server(printed, "memory").envSources, [
+        { name: "API_TOKEN", host: "WAFFLE_PLAN_TOKEN" },
+        { name: "LOG_LEVEL", value: "info" },
+        { name: "PLAIN", host: "PLAIN" },
+      ]);
+      assert.deepEqual(
+        printed.warnings.map(({ server, kind, variable, host }) => ({
+          server,
+          kind,
+          variable,
+          host,
+        })),
+        [{
+          server: "jail",
+          kind: "env-unset",
+          variable: "WAFFLE_PLAN_UNSET_VAR",
+          host: "WAFFLE_PLAN_UNSET_VAR",
+        }],
+      );
+      const text = captureIo();
+      assert.equal(
+        await runCli(["mcp", "plan", "--group", "ops", "--config", file], text),
+        0,
+        text.err(),
+      );
+      assert.doesNotMatch(text.out(), /host-secret-value|plain-host-value|"info"/);
+      assert.match(
+        text.out(),
+        /memory\s+launch\s+sandbox\s+\/workspace\/notes\/graph\s+\/workspace\/\.waffle\/mcp\/memory\s/,
+      );
+      assert.match(text.out(), /\bAPI_TOKEN,LOG_LEVEL,PLAIN\b/);
+      assert.match(
+        text.out(),
+        /\nwarning: server 'jail': host variable 'WAFFLE_PLAN_UNSET_VAR' is not set \(mcp\.jail\.env\); the server starts without it\n$/,
+      );
+    });
+  });
+});
+
+Deno.test("loadWaffleConfig() names the file, key and value of a bad env table, cwd, max_message_bytes or package", async () => {
+  const base = `execution = "sandbox"\nauthority = "sandbox"\ncommand = "/x"\n`;
+  const host = `execution = "host"\nauthority = "host"\ncommand = "/x"\n`;
+  const cases: [string, string, RegExp][] = [
+    [`${base}env = 5`, "mcp.e.env", /must be an array or a table, found 5$/],
+    [`${base}env = { A = 5 }`, "mcp.e.env.A", /must be a string or a table, found 5$/],
+    [
+      `${base}env = { a-b = "x" }`,
+      "mcp.e.env.a-b",
+      /name must be a variable name .*, found "a-b"$/,
+    ],
+    [`${base}env = { A = { hos = "X" } }`, "mcp.e.env.A.host", /must be a string, found nothing$/],
+    [
+      `${base}env = { A = { host = "X", y = 1 } }`,
+      "mcp.e.env.A.y",
+      /not a known key \(expected one of: host\)/,
+    ],
+    [`${base}env = { A = { host = "1X" } }`, "mcp.e.env.A.host", /variable name .*, found "1X"$/],
+    [`${base}env = { A = "a\\u0000b" }`, "mcp.e.env.A", /must not contain NUL, found "a\\u0000b"$/],
+    [
+      `${base}env = { A = "${"x".repeat(32 * 1024 + 1)}" }`,
+      "mcp.e.env.A",
+      /must have <= 32768 characters/,
+    ],
+    [`${base}env = { __proto__ = "x" }`, "mcp.e.env.__proto__", /found "__proto__"$/],
+    [`${base}env = ["A", 3]`, "mcp.e.env[1]", /must be a string, found 3$/],
+    [`${base}cwd = "../x"`, "mcp.e.cwd", /must stay under \/workspace .*, found "\.\.\/x"$/],
+    [`${base}cwd = "a/../../x"`, "mcp.e.cwd", /must stay under \/workspace/],
+    [`${base}cwd = "/etc"`, "mcp.e.cwd", /must be under \/workspace .*, found "\/etc"$/],
+    [`${base}cwd = "/workspace/../etc"`, "mcp.e.cwd", /found "\/workspace\/\.\.\/etc"$/],
+    [`${base}cwd = ""`, "mcp.e.cwd", /must not be empty/],
+    [
+      `${host}cwd = "/srv/../etc"`,
+      "mcp.e.cwd",
+      /must not contain '\.\.' on the host, found "\/srv\/\.\.\/etc"$/,
+    ],
+    [
+      `${base}max_message_bytes = 1048575`,
+      "mcp.e.max_message_bytes",
+      /must be >= 1048576, found 1048575$/,
+    ],
+    [
+      `${base}max_message_bytes = 1073741825`,
+      "mcp.e.max_message_bytes",
+      /must be <= 1073741824, found 1073741825$/,
+    ],
+    [
+      `${base}max_message_bytes = "64M"`,
+      "mcp.e.max_message_bytes",
+      /must be a number, found "64M"$/,
+    ],
+    [
+      `execution = "sandbox"\nauthority = "sandbox"\npackage = "a@1.0.0"`,
+      "mcp.e.package",
+      /must be "npm:<name>@<version>" with an exact version, found "a@1\.0\.0"$/,
+    ],
+  ];
+  for (const [body, key, detail] of cases) {
+    const home = await Deno.makeTempDir({ prefix: "waffle-plan-" });
+    try {
+      const file = join(home, "waffle.toml");
+      await Deno.writeTextFile(file, `[mcp.e]\n${body}\n`);
+      assert.throws(
+        () => loadWaffleConfig({ configPath: file, overrides: { home } }),
+        (error: unknown) => {
+          assert.ok(error instanceof UsageError, String(error));
+          assert.ok(error.message.startsWith(`Config file '${file}': '${key}' `), error.message);
+          assert.ok(!error.message.includes("\n"), error.message);
+          assert.match(error.message, detail);
+          return true;
+        },
+        key,
+      );
+    } finally {
+      await Deno.remove(home, { recursive: true });
+    }
+  }
+});
+
+Deno.test("loadWaffleConfig() refuses @latest, a dist-tag, no version and ranges as UnpinnedPackageError, at once and offline", async () => {
+  const specs = [
+    [
+      "npm:@modelcontextprotocol/server-memory@latest",
+      "@modelcontextprotocol/server-memory",
+      "latest",
+    ],
+    ["npm:some-server@next", "some-server", "next"],
+    ["npm:some-server", "some-server", ""],
+    ["npm:some-server@^1", "some-server", "^1"],
+    ["npm:some-server@1.x", "some-server", "1.x"],
+    ["npm:some-server@>=1", "some-server", ">=1"],
+    ["npm:some-server@1.2", "some-server", "1.2"],
+  ];
+  for (const [spec, packageName, requested] of specs) {
+    await withConfig(`[mcp.p]\n${SERVER}package = "${spec}"\n`, () => {}).then(
+      () => assert.fail(`${spec} was accepted`),
+      (error: unknown) => {
+        assert.ok(error instanceof UnpinnedPackageError, String(error));
+        assert.match(
+          error.message,
+          /^Config file '.*waffle\.toml': 'mcp\.p\.package' must pin an exact version/,
+        );
+        assert.ok(error.message.endsWith(`found ${JSON.stringify(spec)}`), error.message);
+        assert.equal(error.packageName, packageName);
+        assert.equal(error.requested, requested);
+      },
+    );
+  }
+  for (
+    const spec of ["npm:s@1.2.3", "npm:@s/p@1.2.3-rc.1", "npm:s@1.0.0+build.7", "npm:s@2026.8.31"]
+  ) {
+    await withConfig(`[mcp.p]\n${SERVER}package = "${spec}"\n`, (config) => {
+      assert.equal(config.policy.servers.p!.package, spec);
+    });
+  }
+});
+
+Deno.test("configCandidates() lists the user's file, /etc/waffle's and the default home's, in that order", async () => {
+  await withEnv({ HOME: "/home/ann", XDG_CONFIG_HOME: undefined, WAFFLE_HOME: undefined }, () => {
+    const candidates = configCandidates();
+    assert.equal(candidates[0], "/home/ann/.config/waffle/waffle.toml");
+    assert.equal(candidates[1], SYSTEM_CONFIG);
+    assert.equal(SYSTEM_CONFIG, "/etc/waffle/waffle.toml");
+    assert.equal(candidates[2], join(defaultHome(), "waffle.toml"));
+    assert.equal(candidates.length, 3);
+  });
+  await withEnv({ HOME: "/home/ann", XDG_CONFIG_HOME: "/cfg", WAFFLE_HOME: undefined }, () => {
+    assert.equal(configCandidates()[0], "/cfg/waffle/waffle.toml");
+  });
+  // A relative XDG_CONFIG_HOME is not one (the XDG rule): ~/.config is.
+  await withEnv({ HOME: "/home/ann", XDG_CONFIG_HOME: "cfg" }, () => {
+    assert.equal(configCandidates()[0], "/home/ann/.config/waffle/waffle.toml");
+  });
+});
+
+Deno.test("loadWaffleConfig() without WAFFLE_HOME reads ~/.config/waffle/waffle.toml, whose [sandbox] home WAFFLE_HOME overrides", async () => {
+  const user = await Deno.makeTempDir({ prefix: "waffle-user-" });
+  try {
+    const file = join(user, ".config", "waffle", "waffle.toml");
+    await Deno.mkdir(join(user, ".config", "waffle"), { recursive: true });
+    await Deno.writeTextFile(
+      file,
+      `[sandbox]\nhome = "${user}/state"\nidle_seconds = 7\n\n[mcp.m]\n${SERVER}command = "/x"\n`,
+    );
+    const vars = {
+      HOME: user,
+      XDG_CONFIG_HOME: undefined,
+      WAFFLE_HOME: undefined,
+      WAFFLE_CONFIG: undefined,
+    };
+    await withEnv(vars, () => {
+      const config = loadWaffleConfig();
+      assert.equal(config.path, file);
+      assert.deepEqual(config.searched, [file]);
+      assert.equal(config.sandbox.home, `${user}/state`);
+      assert.equal(config.sandbox.mcpCache, `${user}/state/mcp-cache`);
+      assert.equal(config.sandbox.idleSeconds, 7);
+      assert.deepEqual(Object.keys(config.policy.servers), ["m"]);
+      // Settings passed on (as every later load in the process does) read the same file.
+      assert.equal(
+        loadWaffleConfig({ overrides: { configPath: config.path } }).sandbox.home,
+        `${user}/state`,
+      );
+    });
+    await withEnv({ ...vars, WAFFLE_HOME: `${user}/other` }, () => {
+      const config = loadWaffleConfig();
+      assert.equal(config.path, undefined, "WAFFLE_HOME names its own waffle.toml, not the user's");
+      assert.deepEqual(config.searched, [`${user}/other/waffle.toml`]);
+      assert.equal(config.sandbox.home, `${user}/other`);
+    });
+    await withEnv({ ...vars, WAFFLE_HOME: `${user}/other` }, () => {
+      const config = loadWaffleConfig({ configPath: file });
+      assert.equal(config.sandbox.home, `${user}/other`, "WAFFLE_HOME wins over the file's home");
+    });
+    await Deno.writeTextFile(file, `[sandbox]\nhome = "state"\n`);
+    await withEnv(vars, () => {
+      assert.throws(
+        () => loadWaffleConfig(),
+        new RegExp(
+          `: Config file '${file}': 'sandbox\\.home' must be an absolute path, found "state"$`,
+        ),
+      );
+    });
+  } finally {
+    await Deno.remove(user, { recursive: true });
+  }
+});
+
+Deno.test({
+  // The machine's own system or default-home config would be found.
+  name: `waffle mcp run, mcp ls and mcp plan without a config file name every place looked at${
+    exists(SYSTEM_CONFIG) || exists(join(defaultHome(), "waffle.toml"))
+      ? ` [ignored: this machine has '${SYSTEM_CONFIG}' or '${join(defaultHome(), "waffle.toml")}']`
+      : ""
+  }`,
+  ignore: exists(SYSTEM_CONFIG) || exists(join(defaultHome(), "waffle.toml")),
+  fn: async () => {
+    const user = await Deno.makeTempDir({ prefix: "waffle-user-" });
+    try {
+      const vars = {
+        HOME: user,
+        XDG_CONFIG_HOME: undefined,
+        WAFFLE_HOME: undefined,
+        WAFFLE_CONFIG: undefined,
+      };
+      await withEnv(vars, async () => {
+        const places = [
+          `'${user}/.config/waffle/waffle.toml'`,
+          `'${SYSTEM_CONFIG}'`,
+          `'${join(defaultHome(), "waffle.toml")}'`,
+        ].join(", ");
+        const run = captureIo();
+        assert.equal(await runCli(["mcp", "run", "filesystem", "--user", "u"], run), 125);
+        assert.equal(
+          run.err(),
+          `waffle: Unknown MCP server 'filesystem' (no config file (looked at ${places})); configured: none\n`,
+        );
+        const ls = captureIo();
+        assert.equal(await runCli(["mcp", "ls"], ls), 0, ls.err());
+        assert.equal(
+          ls.out(),
+          `No MCP servers configured (no config file (looked at ${places}))\n`,
+        );
+        const plan = captureIo();
+        assert.equal(await runCli(["mcp", "plan"], plan), 0, plan.err());
+        assert.match(
+          plan.out(),
+          new RegExp(
+            `no MCP servers configured \\(no config file \\(looked at ${escape(places)}\\)\\)\\n$`,
+          ),
+        );
+      });
+    } finally {
+      await Deno.remove(user, { recursive: true });
+    }
+  },
+});
+
+Deno.test("--config and WAFFLE_CONFIG must be absolute paths: a one-line error otherwise", async () => {
+  for (
+    const args of [
+      ["mcp", "plan", "--config", "waffle.toml"],
+      ["mcp", "ls", "--config", "./waffle.toml"],
+      ["mcp", "run", "x", "--config", "conf/waffle.toml"],
+      ["doctor", "--no-docker", "--config", "waffle.toml", "--json"],
+      ["exec", "--user", "u", "--config", "waffle.toml", "--", "true"],
+    ]
+  ) {
+    const io = captureIo();
+    const code = await runCli(args, io);
+    const flag = args[args.indexOf("--config") + 1]!;
+    const line =
+      `Invalid --config '${flag}': must be an absolute path (an MCP client may start waffle in any directory)`;
+    if (args[0] === "doctor") {
+      // doctor reports it as its mcp row and goes on.
+      assert.match(io.out(), new RegExp(escape(line)));
+      continue;
+    }
+    assert.equal(code, 125, `${args.join(" ")}: ${io.err()}`);
+    assert.equal(io.err(), `waffle: ${line}\n`);
+  }
+  await withEnv({ WAFFLE_CONFIG: "rel.toml" }, async () => {
+    const io = captureIo();
+    assert.equal(await runCli(["mcp", "ls"], io), 125);
+    assert.match(
+      io.err(),
+      /^waffle: Invalid WAFFLE_CONFIG 'rel\.toml': must be an absolute path .*\n$/,
+    );
+  });
+});
+
+function escape(text: string): string {
+  return text.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
+}

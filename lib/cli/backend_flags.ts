@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { resolve } from "../path.ts";
+import { absoluteConfigPath } from "../config/config.ts";
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
 import { type Backend, openHostBackend } from "../host_backend.ts";
@@ -48,7 +48,7 @@ export function openBackend(parsed: Parsed): Backend {
     // The config file travels as a setting, so every later load reads the same file.
     config: {
       ...(image === undefined ? {} : { image }),
-      ...(configPath === undefined ? {} : { configPath: resolve(configPath) }),
+      ...(configPath === undefined ? {} : { configPath: absoluteConfigPath(configPath) }),
     },
   });
 }

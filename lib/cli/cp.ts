@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { absoluteConfigPath } from "../config/config.ts";
 import { createHash } from "node:crypto";
 import { FilesError, UsageError } from "../errors.ts";
 import { basename, resolve } from "../path.ts";
@@ -130,7 +131,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
     tenant: stringFlag(parsed, "tenant") ?? "default",
     config: {
       ...(image === undefined ? {} : { image }),
-      ...(configPath === undefined ? {} : { configPath: resolve(configPath) }),
+      ...(configPath === undefined ? {} : { configPath: absoluteConfigPath(configPath) }),
     },
   });
   // More data than the sandbox may hold can only be sparse files written out whole.

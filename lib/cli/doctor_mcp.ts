@@ -1,42 +1,81 @@
 /**
- * doctor's MCP rows: one `mcp <name> authority` row per configured server
- * (always), and with Docker an `initialize` + `tools/list` probe of each
- * server that executes in a sandbox, in a throwaway home.
+ * doctor's MCP rows: `mcp config` (the file read and the places looked at;
+ * a warning when it shadows another), one `mcp <name> authority` row per
+ * configured server (always), an `mcp <name> env` row for a server whose
+ * `env` names host variables (a warning for each one unset), and with
+ * Docker an `initialize` + `tools/list` probe of each server that executes
+ * in a sandbox, in a throwaway home (a warning for each allowlisted tool the
+ * server does not offer).
  *
  * @module
  */
-import { loadWaffleConfig } from "../config/config.ts";
-import { removeSandbox } from "../lifecycle/fleet.ts";
-import { removeTree } from "../lifecycle/remove_tree.ts";
-import { sandboxKey } from "../lifecycle/identity.ts";
-import { DockerClient } from "../docker/mod.ts";
-import { planLaunch, resolveEnv } from "../mcp/plan.ts";
+import {
+  configCandidates,
+  configSource,
+  loadWaffleConfig,
+  type WaffleConfig,
+} from "../config/config.ts";
+import { exists } from "../fs.ts";
+import { unsetHostEnv } from "../mcp/plan.ts";
 import type { McpServerConfig } from "../mcp/policy.ts";
-import { probeServer } from "../mcp/probe.ts";
-import { openSandboxServer } from "../mcp/sandbox_server.ts";
-import type { DoctorCheck } from "./doctor.ts";
+import { probeConfiguredServer } from "./mcp_probe.ts";
+import { notOfferedWarning, unsetEnvWarning } from "./mcp_warnings.ts";
+import type { CheckOutcome, DoctorCheck } from "./doctor.ts";
 
 /**
  * The MCP checks for the configured servers.
  *
+ * @example
+ * ```ts ignore
+ * const checks = mcpChecks({ docker: true });
+ * ```
+ *
  * @param options `docker`: also probe the sandboxed servers; `configPath`: the config file.
  * @returns The checks, in config order.
+ * @throws {UsageError} When the config cannot be loaded (doctor shows it as the group's row).
  */
 export function mcpChecks(
   options: { docker: boolean; configPath?: string | undefined },
 ): DoctorCheck[] {
   const config = loadWaffleConfig({ configPath: options.configPath });
   const servers = Object.values(config.policy.servers);
-  const rows: DoctorCheck[] = servers.map((server) => ({
-    name: `mcp ${server.name} authority`,
-    run: () => Promise.resolve(describe(server)),
-  }));
+  const rows: DoctorCheck[] = [{ name: "mcp config", run: () => Promise.resolve(source(config)) }];
+  for (const server of servers) {
+    rows.push({
+      name: `mcp ${server.name} authority`,
+      run: () => Promise.resolve(describe(server)),
+    });
+    if (server.envSources.some((entry) => "host" in entry)) {
+      rows.push({ name: `mcp ${server.name} env`, run: () => Promise.resolve(hostEnv(server)) });
+    }
+  }
   if (!options.docker) return rows;
   for (const server of servers.filter((s) => s.execution === "sandbox")) {
-    // The throwaway home has no config of its own: the probe reads this one.
-    rows.push({ name: `mcp ${server.name} probe`, run: () => probe(server, config.path) });
+    rows.push({ name: `mcp ${server.name} probe`, run: () => probe(config, server) });
   }
   return rows;
+}
+
+// The file read, and a warning when a later place also has one (it is not read).
+function source(config: WaffleConfig): CheckOutcome {
+  const found = configSource(config);
+  const later = shadowed(config);
+  if (later.length === 0) return found;
+  return {
+    detail: `${found}; also present and not read: ${later.map((p) => `'${p}'`).join(", ")}`,
+    warning: true,
+  };
+}
+
+// Only a file found by the search (not --config, WAFFLE_CONFIG or
+// WAFFLE_HOME's) hides the places after it.
+function shadowed(config: WaffleConfig): string[] {
+  if (config.path === undefined) return [];
+  const places = configCandidates();
+  const at = places.indexOf(config.path);
+  const searched = at >= 0 && config.searched.length === at + 1 &&
+    config.searched.every((path, i) => path === places[i]);
+  return searched ? places.slice(at + 1).filter((path) => exists(path)) : [];
 }
 
 function describe(server: McpServerConfig): string {
@@ -49,44 +88,33 @@ function describe(server: McpServerConfig): string {
   ].join(" ");
 }
 
-// Starts the server as a session of a throwaway user in a throwaway home (so
-// doctor never touches a real user's sandbox), initializes it and lists its tools.
-async function probe(server: McpServerConfig, configPath: string | undefined): Promise<string> {
-  const home = await Deno.makeTempDir({ prefix: "waffle-doctor-mcp-" });
-  const config = loadWaffleConfig({ configPath, overrides: { home, idleSeconds: 60 } });
+function hostEnv(server: McpServerConfig): CheckOutcome {
+  const hosts = server.envSources.flatMap((entry) => "host" in entry ? [entry] : []);
+  const unset = unsetHostEnv(hosts);
+  if (unset.length === 0) {
+    return `host variables set: ${hosts.map((entry) => entry.host).join(",")}`;
+  }
+  return {
+    detail: unset.map((entry) => unsetEnvWarning(server.name, entry)).join("; "),
+    warning: true,
+  };
+}
+
+// Probes with the plan of the server's first group (or "default"), as a
+// throwaway user "doctor" in a throwaway home.
+async function probe(config: WaffleConfig, server: McpServerConfig): Promise<CheckOutcome> {
   const group = server.groups?.[0];
-  const planned = planLaunch(config, group === undefined ? {} : { group }).servers
-    .find((s) => s.name === server.name);
-  if (planned === undefined || planned.decision !== "launch") {
-    throw new Error(`Denied by policy: ${planned?.reasons.join("; ") ?? "not planned"}`);
-  }
-  const docker = new DockerClient();
-  const started = performance.now();
-  try {
-    const connection = await openSandboxServer(planned, {
-      user: "doctor",
-      tenant: "default",
-      env: resolveEnv(planned.env),
-      config: config.sandbox,
-    });
-    try {
-      const found = await probeServer(connection);
-      const total = performance.now() - started;
-      const allowed = planned.tools === "all"
-        ? "all allowed"
-        : `${found.tools.filter((tool) => planned.tools.includes(tool)).length} allowed`;
-      return `${planned.where}: ${found.tools.length} tools (${allowed}), initialize ${
-        found.initializeMs.toFixed(0)
-      } ms, tools/list ${found.listMs.toFixed(1)} ms, ${
-        total.toFixed(0)
-      } ms with the container start`;
-    } finally {
-      await connection.close();
-    }
-  } finally {
-    const key = sandboxKey("default", "doctor", { home });
-    await removeSandbox(docker, key, { config: config.sandbox, purge: true }).catch(() => false);
-    // What is left is a sandbox's state: never a recursive delete in process.
-    await removeTree(home).catch(() => false);
-  }
+  const subject = group === undefined ? {} : { group };
+  const found = await probeConfiguredServer(config, server.name, { subject, user: "doctor" });
+  const allowed = found.allowed === "all" ? "all allowed" : `${found.allowed} allowed`;
+  const detail = `${found.where}: ${found.tools.length} tools (${allowed}), initialize ${
+    found.initializeMs.toFixed(0)
+  } ms, tools/list ${found.listMs.toFixed(1)} ms, ${
+    found.totalMs.toFixed(0)
+  } ms with the container start`;
+  if (found.notOffered.length === 0) return detail;
+  return {
+    detail: `${detail}; ${notOfferedWarning(server.name, found.notOffered)}`,
+    warning: true,
+  };
 }

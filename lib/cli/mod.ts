@@ -5,7 +5,7 @@
  * @module
  */
 import { mark } from "../trace.ts";
-import { UsageError, WaffleError } from "../errors.ts";
+import { UnpinnedPackageError, UsageError, WaffleError } from "../errors.ts";
 import { EXIT_WAFFLE } from "../exit_codes.ts";
 import type { CliIo } from "./io.ts";
 
@@ -143,7 +143,7 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     return await loaded.run(rest, io);
   } catch (error) {
     if (error instanceof WaffleError) {
-      await io.stderr(`waffle: ${error.message}\n`);
+      await io.stderr(`waffle: ${await messageFor(error)}\n`);
       return error.exitCode;
     }
     // Anything else is a bug: show the stack.
@@ -152,4 +152,12 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     );
     return EXIT_WAFFLE;
   }
+}
+
+// An unpinned package's message says which version npm would pick: the one
+// error whose message asks the network (the registry, within a few seconds).
+async function messageFor(error: WaffleError): Promise<string> {
+  if (!(error instanceof UnpinnedPackageError)) return error.message;
+  const { unpinnedMessage } = await import("../mcp/npm_registry.ts");
+  return await unpinnedMessage(error);
 }

@@ -3,9 +3,9 @@
  *
  * @module
  */
+import { absoluteConfigPath } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
 import { EXIT_WAFFLE } from "../exit_codes.ts";
-import { resolve } from "../path.ts";
 import { openSandbox, type Sandbox } from "../lifecycle/sandbox.ts";
 import type { SnapshotInfo } from "../lifecycle/snapshot_store.ts";
 import { noPositionals, numberFlag, parse, type Parsed, stringFlag } from "./args.ts";
@@ -130,7 +130,7 @@ function openFor(parsed: Parsed): Sandbox {
   const configPath = stringFlag(parsed, "config");
   return openSandbox(user, {
     tenant: stringFlag(parsed, "tenant") ?? "default",
-    config: configPath === undefined ? {} : { configPath: resolve(configPath) },
+    config: configPath === undefined ? {} : { configPath: absoluteConfigPath(configPath) },
   });
 }
 

@@ -1,15 +1,23 @@
 /**
- * waffle's configuration: defaults, then `waffle.toml` (`$WAFFLE_HOME/waffle.toml`,
- * or `--config FILE` / `WAFFLE_CONFIG`), then `WAFFLE_*` environment
- * variables, then CLI flags. Every value is validated; a bad one is a
- * one-line error naming the file, the key, what was expected and what was
- * found. Unknown keys are errors. No file at all means defaults.
+ * waffle's configuration: defaults, then `waffle.toml`, then `WAFFLE_*`
+ * environment variables, then CLI flags. Every value is validated; a bad one
+ * is a one-line error naming the file, the key, what was expected and what
+ * was found. Unknown keys are errors. No file at all means defaults.
+ *
+ * Which file: `--config FILE` (absolute), else `$WAFFLE_CONFIG` (absolute),
+ * else `$WAFFLE_HOME/waffle.toml` when `WAFFLE_HOME` is set (or a caller
+ * names the home), else the first that exists of
+ * {@linkcode configCandidates}: the user's `$XDG_CONFIG_HOME/waffle/waffle.toml`
+ * (`~/.config/waffle/waffle.toml`), `/etc/waffle/waffle.toml`, and the
+ * default home's `waffle.toml`. So an MCP client that starts waffle with a
+ * stripped environment (no `WAFFLE_HOME`) still finds it; the file's
+ * `[sandbox] home` then names the state root.
  *
  * @module
  */
 import { join, resolve } from "../path.ts";
 import * as z from "../schema.ts";
-import { UsageError } from "../errors.ts";
+import { UnpinnedPackageError, UsageError } from "../errors.ts";
 import { envNameSchema } from "../env_name.ts";
 import {
   buildPolicy,
@@ -72,6 +80,8 @@ export interface SandboxConfig {
 export interface WaffleConfig {
   /** The file the settings came from; undefined when there was none. */
   path: string | undefined;
+  /** The files looked at, in order, up to the one read (all of them when none was). */
+  searched: string[];
   /** Sandbox settings, every layer applied. */
   sandbox: SandboxConfig;
   /** The `[mcp.*]`, `[groups.*]` and `[cron.*]` policy. */
@@ -80,7 +90,10 @@ export interface WaffleConfig {
 
 /** Options of {@linkcode loadWaffleConfig}. */
 export interface LoadOptions {
-  /** The config file (`--config FILE`); wins over `WAFFLE_CONFIG` and the home's `waffle.toml`. */
+  /**
+   * The config file (`--config FILE`), an absolute path; wins over
+   * `WAFFLE_CONFIG` and the searched places.
+   */
   configPath?: string | undefined;
   /** Values that win over everything (CLI flags, library callers). */
   overrides?: Partial<SandboxConfig> | undefined;
@@ -156,6 +169,7 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
 });
 
 const sandboxTableSchema = z.strictObject({
+  home: z.optional(absolutePath),
   mode: z.optional(field.mode),
   image: z.optional(field.image),
   idle_seconds: z.optional(field.idleSeconds),
@@ -177,11 +191,13 @@ const fileSchema = z.strictObject({ sandbox: z.optional(sandboxTableSchema), ...
 
 const KNOWN_KEYS: Record<string, readonly string[]> = {
   "": ["sandbox", "mcp", "groups", "cron"],
-  sandbox: Object.keys(SANDBOX_KEYS),
+  sandbox: [...Object.keys(SANDBOX_KEYS), "home"],
   ...POLICY_TABLE_KEYS,
 };
 
 function knownKeys(path: readonly PropertyKey[]): string[] {
+  // `mcp.<name>.env.<VAR>` is `{ host = "NAME" }`.
+  if (path[0] === "mcp" && path[2] === "env" && path.length === 4) return ["host"];
   return [...(KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [])];
 }
 
@@ -236,6 +252,63 @@ export function defaultHome(): string {
   return join(state, "waffle");
 }
 
+/** The system-wide config file, read when neither the user's nor `WAFFLE_HOME` names one. */
+export const SYSTEM_CONFIG = "/etc/waffle/waffle.toml";
+
+/**
+ * The places a config file is looked for when neither `--config`,
+ * `WAFFLE_CONFIG` nor `WAFFLE_HOME` names one, in order (the first that
+ * exists is read; the others are not merged in):
+ *
+ * 1. `$XDG_CONFIG_HOME/waffle/waffle.toml` (an absolute `XDG_CONFIG_HOME`),
+ *    else `$HOME/.config/waffle/waffle.toml`: the user's own, root's included;
+ * 2. {@linkcode SYSTEM_CONFIG};
+ * 3. `<default home>/waffle.toml`: `/var/lib/waffle/waffle.toml` for root,
+ *    else `$XDG_STATE_HOME/waffle/waffle.toml` or
+ *    `~/.local/state/waffle/waffle.toml`.
+ *
+ * @example
+ * ```ts ignore
+ * configCandidates(); // ["/root/.config/waffle/waffle.toml", "/etc/waffle/waffle.toml", "/var/lib/waffle/waffle.toml"]
+ * ```
+ *
+ * @returns Absolute paths.
+ */
+export function configCandidates(): string[] {
+  const xdg = Deno.env.get("XDG_CONFIG_HOME");
+  const user = Deno.env.get("HOME");
+  const base = xdg?.startsWith("/") ? xdg : user?.startsWith("/") ? join(user, ".config") : "";
+  return [
+    ...(base === "" ? [] : [join(base, "waffle", "waffle.toml")]),
+    SYSTEM_CONFIG,
+    join(defaultHome(), "waffle.toml"),
+  ].filter((path, i, all) => all.indexOf(path) === i);
+}
+
+/**
+ * Checks a `--config FILE` flag: it must be absolute, since an MCP client
+ * starts waffle in a directory of its own choosing.
+ *
+ * @example
+ * ```ts ignore
+ * absoluteConfigPath("/etc/waffle/waffle.toml"); // the same
+ * absoluteConfigPath("waffle.toml"); // throws
+ * ```
+ *
+ * @param path The flag's value.
+ * @param source How it was given, for the message (default `--config`).
+ * @returns The path, normalized.
+ * @throws {UsageError} When it is relative or contains NUL.
+ */
+export function absoluteConfigPath(path: string, source = "--config"): string {
+  if (!path.startsWith("/") || path.includes("\0")) {
+    throw new UsageError(
+      `Invalid ${source} '${path}': must be an absolute path (an MCP client may start waffle in any directory)`,
+    );
+  }
+  return resolve(path);
+}
+
 /**
  * Loads the sandbox settings (the whole file is validated, MCP policy included).
  *
@@ -256,24 +329,28 @@ export function loadConfig(overrides: Partial<SandboxConfig> = {}): SandboxConfi
 /**
  * Loads the whole configuration: sandbox settings and MCP policy. The file is
  * `options.configPath`, else `overrides.configPath`, else `$WAFFLE_CONFIG`,
- * else `<home>/waffle.toml` (optional). Needs read access to the file and
- * the environment.
+ * else `<home>/waffle.toml` when the home is given (`overrides.home` or
+ * `$WAFFLE_HOME`), else the first of {@linkcode configCandidates} that exists
+ * (optional). The home is `overrides.home`, else `$WAFFLE_HOME`, else the
+ * file's `[sandbox] home`, else {@linkcode defaultHome}. Needs read access to
+ * the file and the environment; never the network.
  *
  * @example
  * ```ts ignore
- * const { sandbox, policy } = loadWaffleConfig({ configPath: "/etc/waffle.toml" });
+ * const { sandbox, policy } = loadWaffleConfig({ configPath: "/etc/waffle/waffle.toml" });
  * ```
  *
  * @param options The config file and overrides.
- * @returns The file read (if any), the settings and the policy.
+ * @returns The file read (if any) and the files looked at, the settings and the policy.
+ * @throws {UnpinnedPackageError} When an MCP server's `package` is not one exact version.
  * @throws {UsageError} When the file, an environment variable or an override is invalid,
- *   or when only a legacy `config.json` exists.
+ *   a config path is relative, or only a legacy `config.json` exists.
  */
 export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
   const overrides = options.overrides ?? {};
-  const home = overrides.home ?? defaultHome();
-  if (home.includes("\0") || !home.startsWith("/")) {
-    throw new UsageError(`WAFFLE_HOME must be an absolute path: '${home}'`);
+  const givenHome = overrides.home ?? (Deno.env.get("WAFFLE_HOME") || undefined);
+  if (givenHome !== undefined && (givenHome.includes("\0") || !givenHome.startsWith("/"))) {
+    throw new UsageError(`WAFFLE_HOME must be an absolute path: '${givenHome}'`);
   }
   const defined = Object.fromEntries(
     Object.entries(overrides).filter(([, v]) => v !== undefined),
@@ -285,32 +362,60 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     const problem = issueProblem(issue, checked);
     throw new UsageError(`Invalid setting '${problem.key}': ${problem.detail}`);
   }
-  const explicit = options.configPath ?? defined.configPath ??
-    (Deno.env.get("WAFFLE_CONFIG") || undefined);
-  const path = explicit === undefined ? join(home, "waffle.toml") : resolve(explicit);
-  const raw = readConfigFile(path, { explicit: explicit !== undefined, home });
+  const fromEnvConfig = Deno.env.get("WAFFLE_CONFIG") || undefined;
+  const explicit = options.configPath !== undefined
+    ? absoluteConfigPath(options.configPath)
+    : defined.configPath !== undefined
+    ? absoluteConfigPath(defined.configPath, "setting 'configPath'")
+    : fromEnvConfig !== undefined
+    ? absoluteConfigPath(fromEnvConfig, "WAFFLE_CONFIG")
+    : undefined;
+  const candidates = explicit !== undefined
+    ? [explicit]
+    : givenHome !== undefined
+    ? [join(givenHome, "waffle.toml")]
+    : configCandidates();
+  const found = findConfigFile(candidates, {
+    explicit: explicit !== undefined,
+    home: givenHome ?? defaultHome(),
+  });
   const fromFile: Settings = {};
   let policy = EMPTY_POLICY;
-  if (raw !== undefined) {
-    const root = parseToml(raw, path);
+  let fileHome: string | undefined;
+  if (found !== undefined) {
+    const root = parseToml(found.text, found.path);
     const badName = tableNameProblem(root);
     if (badName !== undefined) {
-      throw new UsageError(`Config file '${path}': '${badName.key}' ${badName.detail}`);
+      throw new UsageError(`Config file '${found.path}': '${badName.key}' ${badName.detail}`);
     }
     const parsed = fileSchema.safeParse(root);
     if (!parsed.success) {
       const problem = issueProblem(parsed.error.issues[0]!, root, { knownKeys });
-      throw new UsageError(`Config file '${path}': '${problem.key}' ${problem.detail}`);
+      throw new UsageError(`Config file '${found.path}': '${problem.key}' ${problem.detail}`);
     }
     const built = buildPolicy(parsed.data);
     if ("problem" in built) {
-      throw new UsageError(`Config file '${path}': '${built.problem.key}' ${built.problem.detail}`);
+      const { key, detail, unpinned } = built.problem;
+      const message = `Config file '${found.path}': '${key}' ${detail}`;
+      if (unpinned !== undefined) throw new UnpinnedPackageError(message, unpinned);
+      throw new UsageError(message);
     }
     policy = built.policy;
-    for (const [key, value] of Object.entries(parsed.data.sandbox ?? {})) {
+    const { home: homeKey, ...table } = parsed.data.sandbox ?? {};
+    fileHome = homeKey;
+    for (const [key, value] of Object.entries(table)) {
       if (value !== undefined) (fromFile as Record<string, unknown>)[SANDBOX_KEYS[key]!] = value;
     }
   }
+  // WAFFLE_HOME (or the caller's) wins over the file's home, as every
+  // variable wins over the file.
+  const spelt = givenHome ?? fileHome ?? defaultHome();
+  if (spelt.includes("\0") || !spelt.startsWith("/")) {
+    throw new UsageError(`WAFFLE_HOME must be an absolute path: '${spelt}'`);
+  }
+  // One spelling per home ("/a/home/" and "/a//home" are "/a/home"): container
+  // names, labels and state paths are made from it.
+  const home = resolve(spelt);
   const fromEnv: Record<string, unknown> = {};
   for (const [name, key] of ENV_OVERRIDES) {
     const value = Deno.env.get(name);
@@ -331,10 +436,29 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     ...fromEnv,
     ...defined,
     home,
-    configPath: raw === undefined ? undefined : path,
+    configPath: found?.path,
   } as SandboxConfig;
   refuseOverlap(sandbox.mcpCache, home);
-  return { path: sandbox.configPath, sandbox, policy };
+  const searched = found === undefined ? candidates : candidates.slice(0, found.index + 1);
+  return { path: found?.path, searched, sandbox, policy };
+}
+
+/**
+ * How a config's source reads in a message: `'<file>'`, or `no config file
+ * (looked at '<a>', '<b>')`.
+ *
+ * @example
+ * ```ts ignore
+ * configSource(loadWaffleConfig()); // "no config file (looked at '/root/.config/waffle/waffle.toml', …)"
+ * ```
+ *
+ * @param config A loaded config (its `path` and `searched`).
+ * @returns The phrase.
+ */
+export function configSource(config: Pick<WaffleConfig, "path" | "searched">): string {
+  if (config.path !== undefined) return `'${config.path}'`;
+  const looked = config.searched.map((file) => `'${file}'`).join(", ");
+  return `no config file (looked at ${looked === "" ? "nothing" : looked})`;
 }
 
 // The cache is made world-readable and mounted into every sandbox: it must
@@ -356,22 +480,30 @@ function refuseOverlap(cache: string, home: string): void {
   }
 }
 
-function readConfigFile(
-  path: string,
+// The first candidate that exists, with its text. A missing explicit file
+// is an error; so is a home with only the legacy config.json.
+function findConfigFile(
+  candidates: string[],
   options: { explicit: boolean; home: string },
-): string | undefined {
-  try {
-    return Deno.readTextFileSync(path);
-  } catch (cause) {
-    if (!(cause instanceof Deno.errors.NotFound)) {
-      throw new UsageError(`Cannot read config file '${path}': ${String(cause)}`, { cause });
+): { path: string; text: string; index: number } | undefined {
+  for (const [index, path] of candidates.entries()) {
+    try {
+      return { path, text: Deno.readTextFileSync(path), index };
+    } catch (cause) {
+      if (!(cause instanceof Deno.errors.NotFound)) {
+        throw new UsageError(`Cannot read config file '${path}': ${String(cause)}`, { cause });
+      }
+      if (options.explicit) {
+        throw new UsageError(`Config file '${path}' does not exist`, { cause });
+      }
     }
-    if (options.explicit) throw new UsageError(`Config file '${path}' does not exist`, { cause });
   }
   const legacy = join(options.home, "config.json");
   if (exists(legacy)) {
     throw new UsageError(
-      `Config file '${legacy}' is no longer read: move its settings to '${path}' under [sandbox] with snake_case keys (idleSeconds becomes idle_seconds)`,
+      `Config file '${legacy}' is no longer read: move its settings to '${
+        join(options.home, "waffle.toml")
+      }' under [sandbox] with snake_case keys (idleSeconds becomes idle_seconds)`,
     );
   }
   return undefined;

@@ -1,10 +1,14 @@
 /**
  * waffle's configuration: `waffle.toml` with its `[sandbox]` settings and
- * MCP policy, layered under `WAFFLE_*` variables and CLI flags.
+ * MCP policy, layered under `WAFFLE_*` variables and CLI flags, and where
+ * the file is looked for.
  *
  * @module
  */
 export {
+  absoluteConfigPath,
+  configCandidates,
+  configSource,
   defaultHome,
   loadConfig,
   type LoadOptions,
@@ -12,5 +16,6 @@ export {
   SANDBOX_KEYS,
   type SandboxConfig,
   sandboxToml,
+  SYSTEM_CONFIG,
   type WaffleConfig,
 } from "./config.ts";

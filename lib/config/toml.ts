@@ -105,6 +105,40 @@ export function issueProblem(
   const path = [...(options.prefix ?? []), ...issue.path];
   const found = describeFound(valueAt(root, path));
   switch (issue.code) {
+    case "invalid_union": {
+      // The alternative the value came closest to: one that failed deeper
+      // than on the value's own type. When every one failed on the type,
+      // say which types would do.
+      const deeper = issue.errors.filter((issues) =>
+        !issues.every((inner) => inner.code === "invalid_type" && inner.path.length === 0)
+      );
+      if (deeper.length === 1 && deeper[0]!.length > 0) {
+        return issueProblem(deeper[0]![0]!, root, { ...options, prefix: path });
+      }
+      const expected = [
+        ...new Set(
+          issue.errors.flatMap((issues) =>
+            issues.flatMap((inner) =>
+              inner.code === "invalid_type" && inner.path.length === 0
+                ? [TYPE_NAMES[inner.expected] ?? inner.expected]
+                : []
+            )
+          ),
+        ),
+      ];
+      return {
+        key: keyPath(path),
+        detail: `must be ${expected.length > 0 ? expected.join(" or ") : "valid"}, found ${found}`,
+      };
+    }
+    case "invalid_key": {
+      const inner = issue.issues[0];
+      const rule = inner === undefined ? "is not a valid name" : `name ${inner.message}`;
+      return {
+        key: keyPath(path),
+        detail: `${rule}, found ${describeFound(String(path.at(-1) ?? ""))}`,
+      };
+    }
     case "unrecognized_keys": {
       const known = options.knownKeys?.(path) ?? [];
       return {

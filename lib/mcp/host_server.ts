@@ -1,16 +1,20 @@
 /**
  * Starts an MCP server on the host, for a plan whose `where` is `host`
  * (authority and execution "host"). The process gets a cleared environment:
- * a fixed PATH, HOME, and only the allowlisted variables; it runs in its own
- * process group, which `close` ends as a whole.
+ * a fixed PATH, its own state directories (`HOME`, `XDG_*_HOME`, `TMPDIR`
+ * under `<waffle home>/mcp-state/<server>`, made 0700 first), and only the
+ * config's `env`; it runs in its own process group, which `close` ends as a
+ * whole.
  *
  * @module
  */
 import { settlesWithin } from "../async.ts";
+import { isDirectory } from "../fs.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 import type { ServerConnection } from "./connection.ts";
 import { packageLaunch } from "./package_cache.ts";
 import type { PlannedServer } from "./plan.ts";
+import { prepareHostState } from "./server_state.ts";
 
 /** The PATH every host server gets (an allowlisted `PATH` replaces it). */
 export const HOST_SERVER_PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -21,11 +25,14 @@ const TERM_GRACE_MS = 1000;
 
 /** Options of {@linkcode openHostServer}. */
 export interface HostServerOptions {
-  /** The resolved allowlisted environment (names from the plan, values from the host). */
+  /** The resolved environment (the plan's `envSources`: literals and the host's values). */
   env: Record<string, string>;
   /** The npm package cache (`DENO_DIR` of a package server). */
   cacheDir: string;
-  /** The working directory (default: the plan's `cwd`); created if missing. */
+  /**
+   * The working directory (default: the plan's `cwd`). One inside the
+   * server's state root is created if missing; any other must exist.
+   */
   cwd?: string | undefined;
 }
 
@@ -42,14 +49,15 @@ export interface HostServerConnection extends ServerConnection {
  *
  * @example
  * ```ts ignore
- * const server = await openHostServer(planned, { env: resolveEnv(planned.env), cacheDir });
+ * const server = await openHostServer(planned, { env: resolveEnv(planned.envSources), cacheDir });
  * ```
  *
  * @param planned The launch decision; must be "launch" with `where` "host".
  * @param options Environment, cache and working directory.
  * @returns The connection.
  * @throws {UsageError} When the plan is not a host launch or has no program.
- * @throws {WaffleError} When the program cannot be started.
+ * @throws {WaffleError} When the state directories cannot be made, the working directory is
+ *   missing, or the program cannot be started.
  */
 export function openHostServer(
   planned: PlannedServer,
@@ -81,15 +89,28 @@ export function openHostServer(
   }
   const cwd = options.cwd ?? planned.cwd;
   try {
-    Deno.mkdirSync(cwd, { recursive: true, mode: 0o700 });
+    prepareHostState(planned.state);
+    // The state root's own subdirectories are waffle's to make; a directory
+    // elsewhere on the host is the operator's, and a typo must not create one.
+    if (cwd === planned.state.root || cwd.startsWith(`${planned.state.root}/`)) {
+      Deno.mkdirSync(cwd, { recursive: true, mode: 0o700 });
+    } else if (!isDirectory(cwd)) {
+      throw new WaffleError(
+        `Working directory '${cwd}' of server '${planned.name}' does not exist (mcp.${planned.name}.cwd)`,
+      );
+    }
   } catch (cause) {
     return Promise.reject(
-      new WaffleError(`Cannot create working directory '${cwd}': ${String(cause)}`, { cause }),
+      cause instanceof WaffleError
+        ? cause
+        : new WaffleError(`Cannot create working directory '${cwd}': ${String(cause)}`, { cause }),
     );
   }
+  // The state variables, then the config's env over them, then what a
+  // package launch needs (DENO_DIR).
   const env: Record<string, string> = {
     PATH: HOST_SERVER_PATH,
-    HOME: Deno.env.get("HOME") ?? cwd,
+    ...planned.state.env,
     ...options.env,
     ...extra,
   };

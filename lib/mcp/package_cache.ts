@@ -178,13 +178,15 @@ export async function fetchPackage(spec: string, options: FetchOptions): Promise
  *
  * @param spec `npm:<name>@<version>`.
  * @param args The server's arguments.
- * @param where `deno`: the argv that starts Deno; `cacheDir`: the cache (both as the server's side sees them).
+ * @param where `deno`: the argv that starts Deno; `cacheDir`: the cache (both as the server's
+ *   side sees them); `preload`: a module Deno runs first (`--preload`), e.g. the one that makes
+ *   the server's state directories.
  * @returns The argv (program first) and the variables to add (DENO_DIR and quiet settings).
  */
 export function packageLaunch(
   spec: string,
   args: string[],
-  where: { deno: readonly string[]; cacheDir: string },
+  where: { deno: readonly string[]; cacheDir: string; preload?: string | undefined },
 ): { argv: string[]; env: Record<string, string> } {
   return {
     argv: [
@@ -195,6 +197,7 @@ export function packageLaunch(
       "--no-config",
       "--quiet",
       "--no-prompt",
+      ...(where.preload === undefined ? [] : [`--preload=${where.preload}`]),
       spec,
       ...args,
     ],

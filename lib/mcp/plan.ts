@@ -1,9 +1,9 @@
 /**
  * Launch planning: given the config and a group or cron job, where each MCP
  * server executes, with what network, workspace, tools, requests to the
- * client and environment names, or why it is denied. Pure: no I/O, no
- * environment reads (except {@linkcode resolveEnv}, which reads values at
- * launch and only the names asked for).
+ * client, environment names and state directories, or why it is denied.
+ * Pure: no I/O, no environment reads (except {@linkcode resolveEnv} and
+ * {@linkcode unsetHostEnv}, which read only the host variables named).
  *
  * Composition is by intersection: a server must be allowed by its own
  * `groups`, by the group's mode and by the cron job's `mcp`, `network` and
@@ -13,7 +13,17 @@
  */
 import { join } from "../path.ts";
 import { UsageError } from "../errors.ts";
-import type { ClientRequestMethod, CronConfig, McpPolicy, McpServerConfig } from "./policy.ts";
+import {
+  type ClientRequestMethod,
+  CONTAINER_WORKSPACE,
+  type CronConfig,
+  type EnvSource,
+  type McpPolicy,
+  type McpServerConfig,
+} from "./policy.ts";
+import { type ServerState, serverState } from "./server_state.ts";
+
+export { CONTAINER_WORKSPACE } from "./policy.ts";
 
 /** Where a launched server executes: the host, the user's sandbox, or a restricted container. */
 export type Where = "host" | "sandbox" | "restricted";
@@ -31,11 +41,19 @@ export interface PlannedServer {
   /** What runs: an npm package (run by waffle's Deno) or a program, and its arguments. */
   program: { package?: string; command?: string; args: string[] };
   /**
-   * Working directory: `/workspace` or `/workspace/<cron workdir>` in a
-   * container; the waffle home on the host (`config.sandbox.home`, shown as
-   * `$WAFFLE_HOME` when the plan was made without one).
+   * Working directory. In a container: `/workspace/<cwd>` (the server's own
+   * `cwd`), else `/workspace/<cron workdir>`, else `/workspace`. On the host:
+   * the server's absolute `cwd`, or one relative to its state root, else the
+   * state root itself.
    */
   cwd: string;
+  /**
+   * Its writable state: the root and the variables naming it (`HOME`,
+   * `XDG_*_HOME`, `TMPDIR`; see `server_state.ts`). On the host under the
+   * waffle home (`config.sandbox.home`, shown as `$WAFFLE_HOME` when the
+   * plan was made without one).
+   */
+  state: ServerState;
   /** Network: restricted always "none"; sandbox the user sandbox's; host "host". */
   network: "none" | "bridge" | "host";
   /** The workspace: sandbox "rw", restricted "ro", host "none". */
@@ -44,8 +62,15 @@ export interface PlannedServer {
   tools: string[] | "all";
   /** The requests it may send to the client (`client_requests`); the relay refuses others. */
   clientRequests: ClientRequestMethod[];
-  /** Environment variable NAMES, sorted; values are resolved at launch and never printed. */
+  /** The names of the config's `env` variables it gets, sorted (cron `env` narrows them). */
   env: string[];
+  /**
+   * Where each of those comes from, in the order of `env`: a host variable
+   * (its value is read at launch and never shown) or a literal of the config.
+   */
+  envSources: EnvSource[];
+  /** The largest JSON-RPC message the relay accepts for this server (`max_message_bytes`). */
+  maxMessageBytes: number;
 }
 
 /** The plan of a group or cron job. */
@@ -68,9 +93,6 @@ export interface PlanConfig {
 
 /** The group used when neither a group nor a cron job is named; it need not be declared. */
 export const DEFAULT_GROUP = "default";
-
-/** Where the workspace is mounted in every container. */
-export const CONTAINER_WORKSPACE = "/workspace";
 
 /**
  * Plans the launch of every configured server for a group or a cron job.
@@ -139,29 +161,55 @@ export function launchable(plan: LaunchPlan): PlannedServer[] {
 }
 
 /**
- * Resolves environment names to values at launch. Only the names asked for
- * are read; a missing variable is omitted.
+ * Resolves a server's environment at launch: a literal is its value, a host
+ * variable is read (only the variables named are read). A host variable that
+ * is not set is omitted ({@linkcode unsetHostEnv} says which).
  *
  * @example
  * ```ts ignore
- * const env = resolveEnv(planned.env); // { GREETING: "hi" }
+ * const env = resolveEnv(planned.envSources); // { GREETING: "hi", MEMORY_FILE_PATH: "/workspace/m.jsonl" }
  * ```
  *
- * @param names Variable names (a plan's `env`).
- * @param source Reads one variable; default the process environment (needs `--allow-env`).
- * @returns The variables that are set.
+ * @param from A plan's `envSources`.
+ * @param source Reads one host variable; default the process environment (needs `--allow-env`).
+ * @returns The variables that have a value.
  */
 export function resolveEnv(
-  names: string[],
+  from: readonly EnvSource[],
   source: (name: string) => string | undefined = (name) => Deno.env.get(name),
 ): Record<string, string> {
   const entries: [string, string][] = [];
-  for (const name of new Set(names)) {
-    const value = source(name);
-    if (value !== undefined) entries.push([name, value]);
+  const seen = new Set<string>();
+  for (const entry of from) {
+    if (seen.has(entry.name)) continue;
+    seen.add(entry.name);
+    const value = "value" in entry ? entry.value : source(entry.host);
+    if (value !== undefined) entries.push([entry.name, value]);
   }
   // fromEntries defines own properties, so a name like `__proto__` stays data.
   return Object.fromEntries(entries);
+}
+
+/**
+ * The host variables a server's `env` names that are not set: the server
+ * would start without them.
+ *
+ * @example
+ * ```ts ignore
+ * for (const { name, host } of unsetHostEnv(planned.envSources)) console.error(name, host);
+ * ```
+ *
+ * @param from A plan's `envSources`.
+ * @param source Reads one host variable; default the process environment.
+ * @returns The sources, in order, whose host variable is unset.
+ */
+export function unsetHostEnv(
+  from: readonly EnvSource[],
+  source: (name: string) => string | undefined = (name) => Deno.env.get(name),
+): { name: string; host: string }[] {
+  return from.flatMap((entry) =>
+    "host" in entry && source(entry.host) === undefined ? [entry] : []
+  );
 }
 
 function planServer(
@@ -206,9 +254,14 @@ function planServer(
       );
     }
   }
+  const state = serverState(
+    { name: server.name, where, package: server.package },
+    { home: config.sandbox.home },
+  );
+  // A server's own cwd wins over its cron job's workdir.
   const cwd = where === "host"
-    ? config.sandbox.home ?? "$WAFFLE_HOME"
-    : join(CONTAINER_WORKSPACE, cron?.workdir ?? ".");
+    ? (server.cwd?.startsWith("/") ? server.cwd : join(state.root, server.cwd ?? "."))
+    : join(CONTAINER_WORKSPACE, server.cwd ?? cron?.workdir ?? ".");
   if (
     where !== "host" && cwd !== CONTAINER_WORKSPACE && !cwd.startsWith(`${CONTAINER_WORKSPACE}/`)
   ) {
@@ -218,9 +271,9 @@ function planServer(
       } is outside /workspace (cron.${cron?.name}.workdir)`,
     );
   }
-  const env = cron?.env === undefined
-    ? server.env
-    : server.env.filter((name) => cron.env!.includes(name));
+  const envSources = server.envSources
+    .filter((entry) => cron?.env === undefined || cron.env.includes(entry.name))
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   const denied = reasons.length > 0;
   return {
     name: server.name,
@@ -233,11 +286,14 @@ function planServer(
       args: [...server.args],
     },
     cwd: cwd.length > 1 ? cwd.replace(/\/+$/, "") : cwd,
+    state,
     network: where === "host" ? "host" : where === "restricted" ? "none" : config.sandbox.network,
     workspace: where === "host" ? "none" : where === "restricted" ? "ro" : "rw",
     tools: server.tools === undefined ? "all" : [...server.tools],
     clientRequests: [...server.clientRequests],
-    env: [...new Set(env)].sort(),
+    env: envSources.map((entry) => entry.name),
+    envSources: envSources.map((entry) => ({ ...entry })),
+    maxMessageBytes: server.maxMessageBytes,
   };
 }
 

@@ -9,17 +9,25 @@
 import { normalize } from "../path.ts";
 import * as z from "../schema.ts";
 import { envNameSchema } from "../env_name.ts";
+import { isExactVersion } from "./npm_version.ts";
 
 /** Where a server's process executes. */
 export type Execution = "host" | "sandbox";
 /** What a server may reach: the host, the user's sandbox, or a restricted container. */
 export type Authority = "host" | "sandbox" | "restricted";
 
+/**
+ * Where one variable of a server's environment comes from: the host's
+ * variable `host` (read at launch, never shown), or a literal `value` written
+ * in the config.
+ */
+export type EnvSource = { name: string; host: string } | { name: string; value: string };
+
 /** One `[mcp.<name>]` table. */
 export interface McpServerConfig {
   /** The table key in `[mcp.<name>]`. */
   name: string;
-  /** `npm:<pkg>@<version>`, run by waffle's own Deno. Exactly one of package/command. */
+  /** `npm:<pkg>@<exact version>`, run by waffle's own Deno. Exactly one of package/command. */
   package?: string | undefined;
   /** Absolute path of a program: on the host for execution "host", in the image for "sandbox". */
   command?: string | undefined;
@@ -31,8 +39,18 @@ export interface McpServerConfig {
   authority: Authority;
   /** Groups that may use it; absent = every group. */
   groups?: string[] | undefined;
-  /** Host variable names passed to this server (default none). */
+  /** The names of the variables this server gets from `env` (default none), in config order. */
   env: string[];
+  /** Where each of them comes from, in the order of `env`. */
+  envSources: EnvSource[];
+  /**
+   * `cwd`, normalized: in a container a path relative to `/workspace` (absent
+   * = the workspace itself); on the host an absolute path, or one relative to
+   * the server's state directory (absent = that directory).
+   */
+  cwd?: string | undefined;
+  /** The largest JSON-RPC message the relay accepts from or for this server, in bytes. */
+  maxMessageBytes: number;
   /** Only these tools are listed and callable; absent = all tools. */
   tools?: string[] | undefined;
   /**
@@ -82,6 +100,8 @@ export interface ConfigProblem {
   key: string;
   /** What was expected and what was found, e.g. `must be "host", found "sandbox"`. */
   detail: string;
+  /** Set when the problem is a `package` without an exact version: its name and what was asked. */
+  unpinned?: { packageName: string; requested: string } | undefined;
 }
 
 /** The policy of a config without any `[mcp]`, `[groups]` or `[cron]` table. */
@@ -114,22 +134,55 @@ export const DEFAULT_CLIENT_REQUESTS: readonly ClientRequestMethod[] = Object.fr
 
 /** Server, group and cron job names. */
 export const NAME_PATTERN: RegExp = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
-/** An npm package with a pinned version: `npm:[@scope/]name@version`. */
-export const PACKAGE_PATTERN: RegExp = /^npm:(@[a-z0-9][\w.-]*\/)?[a-z0-9][\w.-]*@[\w.+-]+$/i;
+/**
+ * An npm package spec as the schema reads it: `npm:[@scope/]name[@what]`;
+ * {@linkcode buildPolicy} then requires `what` to be one exact version.
+ */
+export const PACKAGE_PATTERN: RegExp = /^npm:((?:@[a-z0-9][\w.-]*\/)?[a-z0-9][\w.-]*)(?:@(.*))?$/i;
 /** MCP tool names (the MCP specification's alphabet). */
 export const TOOL_NAME_PATTERN: RegExp = /^[A-Za-z0-9_./-]{1,128}$/;
 
+/** A server's `max_message_bytes` when it sets none: 64 MiB. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+/** The smallest `max_message_bytes`: 1 MiB. */
+export const MIN_MAX_MESSAGE_BYTES = 1024 * 1024;
+/** The largest `max_message_bytes`: 1 GiB. */
+export const MAX_MAX_MESSAGE_BYTES = 1024 * 1024 * 1024;
+/** The longest literal `env` value, in characters. */
+export const MAX_ENV_VALUE_CHARS = 32 * 1024;
+/** Where the workspace is mounted in every container. */
+export const CONTAINER_WORKSPACE = "/workspace";
+
 const NAME_RULE = "must be 1-64 letters, digits, '_' or '-', starting with a letter or digit";
+const EXACT_RULE = 'must pin an exact version ("npm:<name>@<major.minor.patch>")';
 
 const noNul = (value: string): boolean => !value.includes("\0");
 
 const nameSchema = z.string().check(z.regex(NAME_PATTERN, { error: NAME_RULE }));
 
+const envValueSchema = z.string().check(
+  z.maxLength(MAX_ENV_VALUE_CHARS),
+  z.refine(noNul, { error: "must not contain NUL" }),
+);
+
+// `env = ["A", "B"]` (host variables of the same names) or a table:
+// `env = { A = "literal", B = { host = "HOST_NAME" } }`.
+const envSchema = z.union([
+  z.array(envNameSchema).check(z.maxLength(256)),
+  z.record(envNameSchema, z.union([envValueSchema, z.strictObject({ host: envNameSchema })]))
+    .check(z.refine((table) => Object.keys(table).length <= 256, {
+      error: "must have <= 256 entries",
+    })),
+]);
+
 const serverSchema = z.strictObject({
   package: z.optional(
-    z.string().check(z.regex(PACKAGE_PATTERN, {
-      error: 'must be "npm:<name>@<version>" with a pinned version',
-    })),
+    z.string().check(
+      z.maxLength(1024),
+      z.regex(PACKAGE_PATTERN, {
+        error: 'must be "npm:<name>@<version>" with an exact version',
+      }),
+    ),
   ),
   command: z.optional(
     z.string().check(z.refine((v) => v.startsWith("/") && noNul(v), {
@@ -145,7 +198,18 @@ const serverSchema = z.strictObject({
   execution: z.enum(["host", "sandbox"]),
   authority: z.enum(["host", "sandbox", "restricted"]),
   groups: z.optional(z.array(nameSchema).check(z.maxLength(256))),
-  env: z._default(z.array(envNameSchema).check(z.maxLength(256)), []),
+  env: z._default(envSchema, []),
+  cwd: z.optional(
+    z.string().check(
+      z.minLength(1),
+      z.maxLength(4096),
+      z.refine(noNul, { error: "must not contain NUL" }),
+    ),
+  ),
+  max_message_bytes: z._default(
+    z.int().check(z.minimum(MIN_MAX_MESSAGE_BYTES), z.maximum(MAX_MAX_MESSAGE_BYTES)),
+    DEFAULT_MAX_MESSAGE_BYTES,
+  ),
   tools: z.optional(
     z.array(
       z.string().check(z.regex(TOOL_NAME_PATTERN, {
@@ -250,6 +314,23 @@ export function buildPolicy(
         },
       };
     }
+    if (raw.package !== undefined) {
+      const [, packageName = "", requested = ""] = PACKAGE_PATTERN.exec(raw.package) ?? [];
+      if (!isExactVersion(requested)) {
+        return {
+          problem: {
+            key: `${key}.package`,
+            detail: `${EXACT_RULE}, found ${JSON.stringify(raw.package)}`,
+            unpinned: { packageName, requested },
+          },
+        };
+      }
+    }
+    const cwd = raw.cwd === undefined ? undefined : serverCwd(raw.cwd, raw.execution);
+    if (cwd !== undefined && "problem" in cwd) {
+      return { problem: { key: `${key}.cwd`, detail: cwd.problem } };
+    }
+    const envSources = sourcesOf(raw.env);
     servers[name] = {
       name,
       ...(raw.package === undefined ? {} : { package: raw.package }),
@@ -258,7 +339,10 @@ export function buildPolicy(
       execution: raw.execution,
       authority: raw.authority,
       ...(raw.groups === undefined ? {} : { groups: unique(raw.groups) }),
-      env: unique(raw.env),
+      env: envSources.map((source) => source.name),
+      envSources,
+      ...(cwd?.path === undefined ? {} : { cwd: cwd.path }),
+      maxMessageBytes: raw.max_message_bytes,
       ...(raw.tools === undefined ? {} : { tools: unique(raw.tools) }),
       clientRequests: unique(raw.client_requests ?? [...DEFAULT_CLIENT_REQUESTS]),
     };
@@ -305,8 +389,9 @@ export function buildPolicy(
 
 /**
  * Checks the names of the `[mcp.<name>]`, `[groups.<name>]` and
- * `[cron.<name>]` tables. Run it on the parsed document before the schema,
- * so that no name (`__proto__` included) reaches an object as a key unchecked.
+ * `[cron.<name>]` tables, and of the variables of an `env` table. Run it on
+ * the parsed document before the schema, so that no name (`__proto__`
+ * included) reaches an object as a key unchecked.
  *
  * @example
  * ```ts ignore
@@ -327,6 +412,14 @@ export function tableNameProblem(root: Record<string, unknown>): ConfigProblem |
           detail: `name ${NAME_RULE}, found ${JSON.stringify(name)}`,
         };
       }
+      // A record would drop this key without a word.
+      const env = section === "mcp" ? (table as Record<string, { env?: unknown }>)[name]?.env : {};
+      if (env !== null && typeof env === "object" && Object.hasOwn(env, "__proto__")) {
+        return {
+          key: `mcp.${name}.env.__proto__`,
+          detail: `name is not allowed in a table (list it in an array instead), found "__proto__"`,
+        };
+      }
     }
   }
   return undefined;
@@ -334,4 +427,45 @@ export function tableNameProblem(root: Record<string, unknown>): ConfigProblem |
 
 function unique<T>(values: T[]): T[] {
   return [...new Set(values)];
+}
+
+// The array form names host variables; the table form mixes literals and
+// `{ host = "NAME" }`. A name given twice in the array counts once.
+function sourcesOf(env: z.infer<typeof envSchema>): EnvSource[] {
+  if (Array.isArray(env)) return unique(env).map((name) => ({ name, host: name }));
+  return Object.entries(env).map(([name, from]) =>
+    typeof from === "string" ? { name, value: from } : { name, host: from.host }
+  );
+}
+
+// In a container: under /workspace, relative to it or absolute, never out of
+// it. On the host: absolute, or relative to the server's state directory.
+function serverCwd(
+  raw: string,
+  execution: Execution,
+): { path: string | undefined } | { problem: string } {
+  const found = `found ${JSON.stringify(raw)}`;
+  if (execution === "host") {
+    if (raw.split("/").includes("..")) {
+      return { problem: `must not contain '..' on the host, ${found}` };
+    }
+    const path = normalize(raw).replace(/(.)\/+$/, "$1");
+    return { path: path === "." ? undefined : path };
+  }
+  let relative = raw;
+  if (raw.startsWith("/")) {
+    const absolute = normalize(raw).replace(/(.)\/+$/, "$1");
+    if (absolute === CONTAINER_WORKSPACE) return { path: undefined };
+    if (!absolute.startsWith(`${CONTAINER_WORKSPACE}/`)) {
+      return {
+        problem: `must be under /workspace (relative to it, or absolute under it), ${found}`,
+      };
+    }
+    relative = absolute.slice(CONTAINER_WORKSPACE.length + 1);
+  }
+  const path = normalize(relative).replace(/\/+$/, "");
+  if (path === ".." || path.startsWith("../")) {
+    return { problem: `must stay under /workspace ('..' leads out of it), ${found}` };
+  }
+  return { path: path === "." || path === "" ? undefined : path };
 }

@@ -7,7 +7,7 @@
  */
 import { ProtocolError } from "../errors.ts";
 import type { ServerConnection } from "./connection.ts";
-import { encodeMessage, parseMessage, readLines } from "./jsonrpc.ts";
+import { encodeMessage, OversizedLine, parseMessage, readLines } from "./jsonrpc.ts";
 
 /** What a probe found. */
 export interface ProbeResult {
@@ -48,6 +48,8 @@ export async function probeServer(
     while (true) {
       const next = await Promise.race([lines.next(), expired]);
       if (next.done) throw new ProtocolError(`The server ended before answering '${method}'`);
+      // A message over the limit cannot be the small answer waited for.
+      if (next.value instanceof OversizedLine) continue;
       const parsed = parseMessage(next.value);
       if ("invalid" in parsed || parsed.kind !== "response" || parsed.message.id !== id) continue;
       if (parsed.message.error !== undefined) {

@@ -8,14 +8,14 @@
 import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import { RESTRICTED_HOME, SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
-import { openRestricted } from "../lifecycle/restricted.ts";
+import { SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
 import type { ServerConnection } from "./connection.ts";
 import { packageLaunch } from "./package_cache.ts";
 import type { PlannedServer } from "./plan.ts";
+import { statePreload, withStateDirectories } from "./server_state.ts";
 
 /** Who the session is for and what it may see. */
 export interface SandboxServerOptions {
@@ -23,7 +23,7 @@ export interface SandboxServerOptions {
   user: string;
   /** The user's tenant. */
   tenant: string;
-  /** The resolved environment (the plan's names with the host's values). */
+  /** The resolved environment (the plan's `envSources`: literals and the host's values). */
   env: Record<string, string>;
   /** The sandbox settings. */
   config: SandboxConfig;
@@ -58,15 +58,16 @@ export async function openSandboxServer(
     throw new UsageError(`Server '${planned.name}' is not planned for a sandbox`);
   }
   const launch = sandboxLaunch(planned);
-  const env: Record<string, string> = {
-    ...options.env,
-    ...launch.env,
-    ...(planned.where === "restricted" ? { HOME: RESTRICTED_HOME } : {}),
-  };
+  // The state directories' variables, then the config's env over them, then
+  // what the launch itself needs (DENO_DIR).
+  const env: Record<string, string> = { ...planned.state.env, ...options.env, ...launch.env };
   const cwd = relativeCwd(planned.cwd);
   const request = { argv: launch.argv, env, ...(cwd === undefined ? {} : { cwd }) };
   if (planned.where === "restricted") {
     options.onProgress?.(`starting a restricted container for '${planned.name}'`);
+    // Docker's client loads only for a restricted container: a warm sandbox
+    // session needs none of it (it is most of a cold CLI start).
+    const { openRestricted } = await import("../lifecycle/restricted.ts");
     const restricted = await openRestricted(options.user, {
       tenant: options.tenant,
       config: options.config,
@@ -93,6 +94,8 @@ export async function openSandboxServer(
   }
 }
 
+// The server's argv, which makes its state directories first (inside the
+// container, as its uid), and the variables the launch needs.
 function sandboxLaunch(planned: PlannedServer): { argv: string[]; env: Record<string, string> } {
   const { package: spec, command, args } = planned.program;
   if (spec !== undefined) {
@@ -102,10 +105,14 @@ function sandboxLaunch(planned: PlannedServer): { argv: string[]; env: Record<st
         `Server '${planned.name}' is an npm package, which needs waffle's Deno in the sandbox; this waffle binary has none`,
       );
     }
-    return packageLaunch(spec, args, { deno: SANDBOX_DENO_ARGV, cacheDir: SANDBOX_MCP_CACHE });
+    return packageLaunch(spec, args, {
+      deno: SANDBOX_DENO_ARGV,
+      cacheDir: SANDBOX_MCP_CACHE,
+      preload: statePreload(planned.state),
+    });
   }
   if (command === undefined) throw new UsageError(`Server '${planned.name}' has no program`);
-  return { argv: [command, ...args], env: {} };
+  return { argv: withStateDirectories([command, ...args], planned.state), env: {} };
 }
 
 // The plan speaks container paths ("/workspace/jobs/x"); a request names its
