@@ -31,6 +31,22 @@ const IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest";
 /** The default `max_message_bytes`: request bodies beyond it get 413. */
 const BODY_LIMIT = 64 * 1024 * 1024;
 
+const FLOODER = `
+const out = Deno.stdout.writable.getWriter();
+const enc = new TextEncoder();
+const reader = Deno.stdin.readable.pipeThrough(new TextDecoderStream()).getReader();
+let text = "";
+while (!text.includes("\\n")) text += (await reader.read()).value ?? "";
+const init = JSON.parse(text.split("\\n")[0]);
+await out.write(enc.encode(JSON.stringify({ jsonrpc: "2.0", id: init.id, result: {
+  protocolVersion: init.params.protocolVersion, capabilities: { logging: {} },
+  serverInfo: { name: "flooder", version: "1" } } }) + "\\n"));
+await new Promise((r) => setTimeout(r, 500));
+const line = enc.encode(JSON.stringify({ jsonrpc: "2.0", method: "notifications/message",
+  params: { level: "info", data: "x".repeat(64 * 1024) } }) + "\\n");
+for (let i = 0; i < 8192; i++) await out.write(line);
+`;
+
 const CONFIG = `
 [sandbox]
 image = "${IMAGE}"
@@ -61,6 +77,14 @@ args = ["stdio"]
 execution = "host"
 authority = "host"
 client_requests = ["sampling/createMessage", "roots/list", "ping"]
+
+# Answers initialize, then floods notifications (64 KiB each, 512 MiB at most).
+[mcp.flooder]
+command = ${JSON.stringify(Deno.execPath())}
+args = ["eval", ${JSON.stringify(FLOODER)}]
+execution = "host"
+authority = "host"
+max_message_bytes = 1048576
 
 [groups.local]
 mode = "host"
@@ -680,6 +704,41 @@ Deno.test({
     assert.match(refused.text, /1 sessions are open and busy/);
     await client.close();
     await call;
+  },
+});
+
+Deno.test({
+  name:
+    "mcp serve: a client that opens its GET stream and never reads it ends its session; the host's memory stays bounded",
+  ...SDK_CLIENT,
+  fn: async () => {
+    await using home = await serveHome();
+    await using serving = await startServe(home.home, ["flooder", "--group", "local"]);
+    const auth = bearer(serving.token);
+    const started = await post(serving.url, INITIALIZE, auth);
+    assert.equal(started.status, 200, started.text);
+    const session = { ...auth, "Mcp-Session-Id": started.sessionId! };
+    const initialized = await post(
+      serving.url,
+      { jsonrpc: "2.0", method: "notifications/initialized" },
+      session,
+    );
+    assert.equal(initialized.status, 202, initialized.text);
+    // The stream is opened, and its body never read.
+    const get = await fetch(serving.url, {
+      method: "GET",
+      headers: { Accept: "text/event-stream", ...session },
+    });
+    assert.equal(get.status, 200);
+    await eventually(
+      "the session to end",
+      () => Promise.resolve(/streams unread/.test(serving.stderr())),
+    );
+    const status = Deno.readTextFileSync(`/proc/${serving.child.pid}/status`);
+    const peakMiB = Number(/VmHWM:\s+(\d+)/.exec(status)![1]) / 1024;
+    // The flood is 512 MiB; the cap is twice the server's 1 MiB max_message_bytes.
+    assert.ok(peakMiB < 200, `mcp serve peaked at ${peakMiB.toFixed(0)} MiB`);
+    await get.body?.cancel();
   },
 });
 

@@ -22,6 +22,7 @@ import type {
 } from "@modelcontextprotocol/server";
 import type { ServerConnection } from "./connection.ts";
 import { relay, type RelayOptions, type RelayResult } from "./relay.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
 
 /** A JSON-RPC id. */
 type Id = string | number;
@@ -75,6 +76,9 @@ export class HttpSession {
   /** Progress token key → the request that named it. */
   readonly #progress = new Map<string, Id>();
   #getStreams = 0;
+  // Bytes handed to the transport and not yet read by the client: the
+  // transport's streams queue without a bound, so this is the bound.
+  #unread = 0;
   #active = 0;
   #lastActivity = Date.now();
   #partial = "";
@@ -181,9 +185,14 @@ export class HttpSession {
     }
     const isGet = request.method === "GET";
     if (isGet) this.#getStreams++;
-    const streamed = observed(response.body, () => {
-      if (isGet) this.#getStreams--;
-      this.#settled();
+    const streamed = observed(response.body, {
+      onRead: (bytes) => void (this.#unread = Math.max(0, this.#unread - bytes)),
+      onDone: () => {
+        if (isGet) this.#getStreams--;
+        // What it still held is gone with it.
+        if (this.#getStreams === 0 && this.#active <= 1) this.#unread = 0;
+        this.#settled();
+      },
     });
     return new Response(streamed, { status: response.status, headers: response.headers });
   }
@@ -291,6 +300,17 @@ export class HttpSession {
   }
 
   async #send(message: Message, relatedRequestId?: Id): Promise<void> {
+    this.#unread += JSON.stringify(message).length;
+    const limit = unreadLimit(this.#options.relay.maxMessageBytes);
+    if (this.#unread > limit) {
+      // A client that opened a stream and does not read it (or a server
+      // flooding one): the session ends rather than the host's memory growing.
+      void this.end(
+        `The client left more than ${limit} bytes of its streams unread`,
+        "abort",
+      );
+      return;
+    }
     try {
       await this.#transport.send(
         message as unknown as JSONRPCMessage,
@@ -364,10 +384,16 @@ function progressToken(params: unknown): string | undefined {
 }
 
 /** The same bytes, pulled on demand, with `onDone` called once when they end or are cancelled. */
+// Past one message of the largest size, with room for what is in flight.
+function unreadLimit(maxMessageBytes: number | undefined): number {
+  return 2 * (maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
+}
+
 function observed(
   body: ReadableStream<Uint8Array>,
-  onDone: () => void,
+  on: { onRead: (bytes: number) => void; onDone: () => void },
 ): ReadableStream<Uint8Array> {
+  const { onRead, onDone } = on;
   const reader = body.getReader();
   let done = false;
   const finish = (): void => {
@@ -382,7 +408,10 @@ function observed(
         if (next.done) {
           finish();
           controller.close();
-        } else controller.enqueue(next.value);
+        } else {
+          onRead(next.value.byteLength);
+          controller.enqueue(next.value);
+        }
       } catch (error) {
         finish();
         controller.error(error);
