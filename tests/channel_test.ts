@@ -63,6 +63,7 @@ Deno.test("the host channel refuses frames over the chunk cap and of unknown str
     const [what, header] of [
       ["over the cap", [1, ...u32(MAX_CHUNK_BYTES + 1)]],
       ["an unknown stream", [7, ...u32(1)]],
+      ["an empty frame", [1, ...u32(0)]],
     ] as const
   ) {
     await t.step(what, async () => {
@@ -100,6 +101,45 @@ Deno.test("the host channel gives up after a flood of connections without the to
   }
   assert.match(await failed, /connections without its token/);
   await assert.rejects(Deno.lstat(path), Deno.errors.NotFound);
+  channel.close();
+});
+
+Deno.test("a connection that never shows its token is closed after the handshake time, and the host goes on", async () => {
+  await using place = await channelDir();
+  const channel = HostChannel.open(place.dir)!;
+  const path = join(place.dir, channel.spec.socket);
+  const silent = await Deno.connect({ transport: "unix", path });
+  // Past the 2 s handshake: the host closed it (before the fix, its second
+  // close was an uncaught error that ended the host process).
+  await new Promise((resolve) => setTimeout(resolve, 2500));
+  assert.equal(await silent.read(new Uint8Array(8)).catch(() => null), null);
+  silent.close();
+  const runner = await connectChannel(place.dir, channel.spec);
+  const conn = await channel.connection();
+  await runner.write("stdout", encoder.encode("late but fine"));
+  await runner.end();
+  const chunks = [];
+  for await (const chunk of readFrames(conn)) chunks.push(new TextDecoder().decode(chunk.data));
+  assert.deepEqual(chunks, ["late but fine"]);
+  channel.close();
+});
+
+Deno.test("connections beyond the handshakes in progress count against the channel", async () => {
+  await using place = await channelDir();
+  const channel = HostChannel.open(place.dir)!;
+  const path = join(place.dir, channel.spec.socket);
+  const failed = channel.connection().then(() => "connected", (error) => String(error));
+  const holding = [];
+  for (let i = 0; i < 8; i++) holding.push(await Deno.connect({ transport: "unix", path }));
+  for (let i = 0; i < 200; i++) {
+    try {
+      (await Deno.connect({ transport: "unix", path })).close();
+    } catch {
+      break; // the socket is gone: the host gave up
+    }
+  }
+  assert.match(await failed, /connections without its token/);
+  for (const conn of holding) conn.close();
   channel.close();
 });
 

@@ -405,13 +405,18 @@ Deno.test("mcp run relays a cancellation and audits the call as cancelled, in or
   }) + "\n";
   const result = await runWaffle(["mcp", "run", "script", "--config", home.config], {
     env: waffleEnv(home.dir),
-    stdin: call(1, "slow") + cancel + call(2, "fast"),
+    // The cancelled id used again before its late answer: refused, so that
+    // answer can never stand for the new request.
+    stdin: call(1, "slow") + cancel + call(1, "reused") + call(2, "fast"),
     keepOpen: true,
   });
   // Only call 2's answer reaches the client; the cancellation reached the server.
   assert.deepEqual(
     result.stdout.trim().split("\n").map((line) => JSON.parse(line)),
-    [{ jsonrpc: "2.0", id: 2, result: { content: [], cancelled: 1 } }],
+    [
+      { jsonrpc: "2.0", id: 1, error: { code: -32600, message: "Request id is already pending" } },
+      { jsonrpc: "2.0", id: 2, result: { content: [], cancelled: 1 } },
+    ],
   );
   assert.doesNotMatch(result.stderr, /to no pending request/);
   const audit = auditLines(home);

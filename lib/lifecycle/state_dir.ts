@@ -46,7 +46,7 @@ export interface PrepareStateOptions {
  * @param paths The sandbox's state paths.
  * @param options The disk quota.
  * @returns The volume's status (whether the quota is enforced).
- * @throws {UsageError} When the host user is the sandbox's command uid.
+ * @throws {UsageError} When the host user's uid or primary group is the sandbox's command uid.
  * @throws {QueueError} When the directories cannot be created.
  */
 export async function prepareState(
@@ -56,6 +56,13 @@ export async function prepareState(
   if (Deno.uid() === SANDBOX_UID) {
     throw new UsageError(
       `The host user's uid '${SANDBOX_UID}' is the sandbox's command uid: run waffle as another user`,
+    );
+  }
+  // The runner shares the host user's group (its directories are 0750 and
+  // 02770): a command whose own gid were that group would share them too.
+  if (Deno.uid() !== 0 && Deno.gid() === SANDBOX_UID) {
+    throw new UsageError(
+      `The host user's group '${SANDBOX_UID}' is the sandbox's command group: run waffle with another primary group`,
     );
   }
   const root = hostCanChown();

@@ -42,7 +42,7 @@ export function newBearerToken(): string {
  *
  * @param path The file.
  * @returns The token.
- * @throws {UsageError} When the file cannot be read or holds no valid token.
+ * @throws {UsageError} When the file cannot be read, is readable by others, or holds no valid token.
  */
 export async function readBearerToken(path: string): Promise<string> {
   let text: string;
@@ -51,6 +51,15 @@ export async function readBearerToken(path: string): Promise<string> {
   } catch (cause) {
     const why = cause instanceof Deno.errors.NotFound ? "no such file" : String(cause);
     throw new UsageError(`Cannot read token file '${path}': ${why}`, { cause });
+  }
+  // A secret others may read is no secret: refused, as ssh refuses such a key.
+  const mode = (await Deno.stat(path)).mode ?? 0;
+  if ((mode & 0o077) !== 0) {
+    throw new UsageError(
+      `Token file '${path}' is readable by others (mode '${
+        (mode & 0o777).toString(8)
+      }'): make it 0600`,
+    );
   }
   const token = text.trim();
   if (

@@ -79,6 +79,7 @@ export class HttpSession {
   // Bytes handed to the transport and not yet read by the client: the
   // transport's streams queue without a bound, so this is the bound.
   #unread = 0;
+  #dropped = 0;
   #active = 0;
   #lastActivity = Date.now();
   #partial = "";
@@ -300,17 +301,28 @@ export class HttpSession {
   }
 
   async #send(message: Message, relatedRequestId?: Id): Promise<void> {
-    this.#unread += JSON.stringify(message).length;
+    // UTF-8 bytes and SSE framing, as the client reads them.
+    const size = this.#encoder.encode(JSON.stringify(message)).byteLength + SSE_FRAMING_BYTES;
     const limit = unreadLimit(this.#options.relay.maxMessageBytes);
-    if (this.#unread > limit) {
-      // A client that opened a stream and does not read it (or a server
-      // flooding one): the session ends rather than the host's memory growing.
+    if (this.#unread + size > limit) {
+      // A client that opened a stream and does not read it, or a server
+      // flooding one: a notification is dropped (and counted); an answer or
+      // a request cannot be, so the session ends. The host's memory never grows.
+      if (typeof message.method === "string" && !Object.hasOwn(message, "id")) {
+        if (this.#dropped++ === 0) {
+          void this.#options.relay.stderr(
+            `waffle: the client reads its streams slower than server '${this.#options.relay.name}' notifies; dropping notifications\n`,
+          );
+        }
+        return;
+      }
       void this.end(
         `The client left more than ${limit} bytes of its streams unread`,
         "abort",
       );
       return;
     }
+    this.#unread += size;
     try {
       await this.#transport.send(
         message as unknown as JSONRPCMessage,
@@ -384,6 +396,9 @@ function progressToken(params: unknown): string | undefined {
 }
 
 /** The same bytes, pulled on demand, with `onDone` called once when they end or are cancelled. */
+/** Over-estimate of SSE's framing of one message (`event:`, `id:`, `data:` lines). */
+const SSE_FRAMING_BYTES = 128;
+
 // Past one message of the largest size, with room for what is in flight.
 function unreadLimit(maxMessageBytes: number | undefined): number {
   return 2 * (maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);

@@ -212,10 +212,14 @@ export async function relay(
     }
   };
 
+  // Ids the client cancelled whose answer has not come (see onClientCancel).
+  const cancelled = new Set<string>();
   const onClientRequest = async (request: JsonRpcRequest): Promise<void> => {
     // An id still pending would let this response stand in for that one (a
     // tools/list answered as a ping, unfiltered): refused.
-    if (pendingCalls.has(idKey(request.id))) {
+    // A cancelled id too, until the set forgets it: the server may still
+    // answer the old request, and that answer must not stand for this one.
+    if (pendingCalls.has(idKey(request.id)) || cancelled.has(idKey(request.id))) {
       await send({
         jsonrpc: "2.0",
         id: request.id,
@@ -350,7 +354,6 @@ export async function relay(
 
   // The call's audit line is written now, with its own duration; the
   // server's late answer, if any, goes nowhere (the client forgot the id).
-  const cancelled = new Set<string>();
   const cancelledId = (message: JsonRpcNotification): JsonRpcId | undefined => {
     const params = isRecord(message.params) ? message.params : {};
     const id = params.requestId;

@@ -102,11 +102,7 @@ export class HostChannel {
     if (this.#closed) return;
     this.#closed = true;
     this.#stopListening();
-    try {
-      this.#conn?.close();
-    } catch {
-      // Closed already.
-    }
+    if (this.#conn !== undefined) closeQuietly(this.#conn);
   }
 
   #stopListening(): void {
@@ -130,9 +126,16 @@ export class HostChannel {
       return await new Promise<Deno.UnixConn>((resolve, reject) => {
         void (async () => {
           try {
+            const giveUp = (): void => {
+              if (++bad < MAX_BAD_CONNECTIONS) return;
+              reject(new ProtocolError(`The channel had ${bad} connections without its token`));
+              this.#stopListening();
+            };
             for await (const conn of this.#listener) {
               if (this.#conn !== undefined || handshakes >= MAX_HANDSHAKES) {
-                conn.close();
+                // Counted: a connect loop cannot keep the host accepting forever.
+                closeQuietly(conn);
+                giveUp();
                 continue;
               }
               handshakes++;
@@ -144,12 +147,9 @@ export class HostChannel {
                   resolve(conn);
                   return;
                 }
-                conn.close();
-                if (!ok && ++bad >= MAX_BAD_CONNECTIONS) {
-                  reject(new ProtocolError(`The channel had ${bad} connections without its token`));
-                  this.#stopListening();
-                }
-              });
+                closeQuietly(conn);
+                if (!ok) giveUp();
+              }).catch(() => closeQuietly(conn));
             }
           } catch (error) {
             reject(error);
@@ -167,13 +167,7 @@ export class HostChannel {
 async function showsToken(conn: Deno.UnixConn, expected: Uint8Array): Promise<boolean> {
   const got = new Uint8Array(expected.byteLength);
   let filled = 0;
-  const timer = setTimeout(() => {
-    try {
-      conn.close();
-    } catch {
-      // Closed already.
-    }
-  }, HANDSHAKE_MS);
+  const timer = setTimeout(() => closeQuietly(conn), HANDSHAKE_MS);
   try {
     while (filled < got.byteLength) {
       const n = await conn.read(got.subarray(filled));
@@ -200,34 +194,44 @@ async function showsToken(conn: Deno.UnixConn, expected: Uint8Array): Promise<bo
  */
 export async function* readFrames(conn: Deno.UnixConn): AsyncGenerator<OutputChunk, void> {
   const buffer = new Uint8Array(HEADER_BYTES + MAX_CHUNK_BYTES);
-  let held = 0;
+  // Unparsed bytes are buffer[start, end): compacted only when a frame does
+  // not fit after them, so tiny frames cost no copy each.
+  let start = 0;
+  let end = 0;
   const seq = { stdout: 0, stderr: 0 };
   const fill = async (want: number): Promise<boolean> => {
-    while (held < want) {
-      const n = await readOrEnd(conn, buffer.subarray(held));
+    if (start + want > buffer.byteLength) {
+      buffer.copyWithin(0, start, end);
+      end -= start;
+      start = 0;
+    }
+    while (end - start < want) {
+      const n = await readOrEnd(conn, buffer.subarray(end));
       if (n === null) {
-        if (held === 0) return false;
-        throw new ProtocolError(`The channel ended inside a frame (${held} bytes of it)`);
+        if (end === start) return false;
+        throw new ProtocolError(`The channel ended inside a frame (${end - start} bytes of it)`);
       }
-      held += n;
+      end += n;
     }
     return true;
   };
   while (await fill(HEADER_BYTES)) {
-    const code = buffer[0]!;
-    const length = new DataView(buffer.buffer).getUint32(1);
+    const code = buffer[start]!;
+    const length = new DataView(buffer.buffer).getUint32(start + 1);
     const stream = code === 1 ? "stdout" : code === 2 ? "stderr" : undefined;
     if (stream === undefined) {
       throw new ProtocolError(`The channel sent a frame of stream '${code}'`);
     }
-    if (length > MAX_CHUNK_BYTES) {
+    // An honest runner never sends an empty frame: a flood of them would be
+    // work for the host and output for nobody.
+    if (length === 0 || length > MAX_CHUNK_BYTES) {
       throw new ProtocolError(`The channel sent a frame of ${length} bytes`);
     }
     await fill(HEADER_BYTES + length);
-    const data = buffer.slice(HEADER_BYTES, HEADER_BYTES + length);
-    buffer.copyWithin(0, HEADER_BYTES + length, held);
-    held -= HEADER_BYTES + length;
-    if (length > 0) yield { stream, seq: seq[stream]++, data };
+    const data = buffer.slice(start + HEADER_BYTES, start + HEADER_BYTES + length);
+    start += HEADER_BYTES + length;
+    if (start === end) start = end = 0;
+    yield { stream, seq: seq[stream]++, data };
   }
 }
 
@@ -343,6 +347,14 @@ export function makeChannelDir(dir: string): void {
   Deno.chmodSync(dir, Deno.uid() === 0 ? 0o700 : 0o750);
 }
 
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch {
+    // Closed already.
+  }
+}
+
 function hex(bytes: number): string {
   return Array.from(
     crypto.getRandomValues(new Uint8Array(bytes)),
@@ -351,17 +363,26 @@ function hex(bytes: number): string {
     .join("");
 }
 
-// A host killed mid-session leaves its socket behind: old ones go.
+// A host killed mid-session leaves its socket behind: an old one nobody
+// listens on any more goes (the directory is the host's, never the sandbox's).
 function removeStale(dir: string): void {
+  const now = Date.now();
+  let entries: Deno.DirEntry[] = [];
   try {
-    const now = Date.now();
-    for (const entry of Deno.readDirSync(dir)) {
-      if (!CHANNEL_SOCKET_PATTERN.test(entry.name)) continue;
-      const path = `${dir}/${entry.name}`;
-      const info = Deno.lstatSync(path);
-      if (now - (info.mtime?.getTime() ?? now) > STALE_SOCKET_MS) Deno.removeSync(path);
-    }
+    entries = [...Deno.readDirSync(dir)];
   } catch {
-    // Best effort: a leftover socket is only a directory entry.
+    return;
+  }
+  for (const entry of entries) {
+    if (!CHANNEL_SOCKET_PATTERN.test(entry.name)) continue;
+    const path = `${dir}/${entry.name}`;
+    try {
+      if (now - (Deno.lstatSync(path).mtime?.getTime() ?? now) <= STALE_SOCKET_MS) continue;
+    } catch {
+      continue;
+    }
+    Deno.connect({ transport: "unix", path }).then(closeQuietly, (error) => {
+      if (error instanceof Deno.errors.ConnectionRefused) Deno.remove(path).catch(() => {});
+    });
   }
 }

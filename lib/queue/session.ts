@@ -44,7 +44,7 @@ export interface SessionOptions extends Omit<SubmitOptions, "session" | "stdin">
   channel?: boolean;
 }
 
-/** After a result, how long a started session's channel may take to connect. */
+/** After a result, how long a started session's channel may take to connect, or to end. */
 const LATE_CONNECT_MS = 5000;
 
 /**
@@ -259,7 +259,29 @@ export class QueueSession {
       if (ended.startedAt !== null) await settlesWithin(channel.connection(), LATE_CONNECT_MS);
       conn = channel.connected;
     }
-    if (conn !== undefined) yield* readFrames(conn);
+    if (conn !== undefined) {
+      // After the result, the output has LATE_CONNECT_MS to end: a runner
+      // holding its socket open and silent cannot keep the session alive.
+      let cut = false;
+      let drained = false;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      void result.then(() => {
+        if (drained) return;
+        timer = setTimeout(() => {
+          cut = true;
+          channel.close();
+        }, LATE_CONNECT_MS);
+      }, () => {});
+      try {
+        yield* readFrames(conn);
+      } catch (error) {
+        if (!cut) throw error;
+      } finally {
+        drained = true;
+        clearTimeout(timer);
+        channel.close();
+      }
+    }
     channel.close();
     return await result;
   }
