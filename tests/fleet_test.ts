@@ -191,6 +191,8 @@ liveTest(
     sandbox.close();
     // As a version 4 waffle left it: no tty table.
     const raw = new DatabaseSync(sandbox.paths.queue + "/inbound/inbound.db");
+    // The running runner reads inbound.db: wait out its read lock, as waffle does.
+    raw.exec("PRAGMA busy_timeout = 10000");
     raw.exec("DROP TABLE tty; PRAGMA user_version = 4");
     raw.close();
     const [status] = (await listSandboxes(docker, { config: sandbox.config }))
