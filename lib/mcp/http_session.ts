@@ -82,8 +82,6 @@ export class HttpSession {
   #dropped = 0;
   #active = 0;
   #lastActivity = Date.now();
-  #partial = "";
-  readonly #decoder = new TextDecoder();
 
   /**
    * Opens a session over a started server connection.
@@ -119,7 +117,9 @@ export class HttpSession {
       new ByteLengthQueuingStrategy({ highWaterMark: 0 }),
     );
     this.ended = relay(
-      { input, output: (bytes) => this.#fromRelay(bytes) },
+      // Messages, not lines: each is validated once by the relay and
+      // serialized once by the transport.
+      { input, output: { messages: (message) => this.#route(message) } },
       options.connection,
       { ...options.relay, signal: this.#abort.signal },
     ).then(async (result) => {
@@ -258,21 +258,6 @@ export class HttpSession {
       if (typeof id === "string" || typeof id === "number") this.#forget(idKey(id));
     }
     this.#toRelay(message);
-  }
-
-  async #fromRelay(bytes: Uint8Array): Promise<void> {
-    const lines = (this.#partial + this.#decoder.decode(bytes, { stream: true })).split("\n");
-    this.#partial = lines.pop() ?? "";
-    for (const line of lines) {
-      if (line.trim() === "") continue;
-      let message: unknown;
-      try {
-        message = JSON.parse(line);
-      } catch {
-        continue; // the relay only emits JSON: nothing to route
-      }
-      if (isRecord(message)) await this.#route(message);
-    }
   }
 
   async #route(message: Message): Promise<void> {

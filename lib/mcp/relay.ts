@@ -44,8 +44,15 @@ import { ServerRequestGate } from "./server_request_gate.ts";
 export interface RelayClient {
   /** Messages from the client. */
   input: ReadableStream<Uint8Array>;
-  /** Messages to the client: nothing but JSON-RPC lines is ever written here. */
-  output: WritableStream<Uint8Array> | ((bytes: Uint8Array) => Promise<void>);
+  /**
+   * Messages to the client: nothing but JSON-RPC lines is ever written here.
+   * `{ messages }` takes each validated message as an object instead, in
+   * order (a transport that serializes them itself: no line to parse again).
+   */
+  output:
+    | WritableStream<Uint8Array>
+    | ((bytes: Uint8Array) => Promise<void>)
+    | { messages: (message: Record<string, unknown>) => Promise<void> };
 }
 
 /** Who is calling, for the audit log. */
@@ -164,9 +171,9 @@ export async function relay(
   };
 
   const toClient = clientWriter(client.output);
-  const send = async (message: unknown): Promise<void> => {
+  const send = async (message: Record<string, unknown>): Promise<void> => {
     try {
-      await toClient.write(encodeMessage(message));
+      await toClient.write(message);
     } catch {
       finish({ ended: "client", reason: "the client stopped reading" });
     }
@@ -516,17 +523,20 @@ function isRecord(value: unknown): value is Record<string, unknown> {
 /** Writes to the client one message at a time, in order. */
 function clientWriter(
   output: RelayClient["output"],
-): { write: (bytes: Uint8Array) => Promise<void>; close: () => Promise<void> } {
+): { write: (message: Record<string, unknown>) => Promise<void>; close: () => Promise<void> } {
   let chain = Promise.resolve();
-  if (typeof output === "function") {
+  if (typeof output === "function" || "messages" in output) {
+    const deliver = typeof output === "function"
+      ? (message: Record<string, unknown>) => output(encodeMessage(message))
+      : output.messages;
     return {
-      write: (bytes) => chain = chain.then(() => output(bytes)),
+      write: (message) => chain = chain.then(() => deliver(message)),
       close: () => chain.catch(() => {}),
     };
   }
   const writer = output.getWriter();
   return {
-    write: (bytes) => chain = chain.then(() => writer.write(bytes)),
+    write: (message) => chain = chain.then(() => writer.write(encodeMessage(message))),
     close: async () => {
       await chain.catch(() => {});
       writer.releaseLock();

@@ -79,6 +79,8 @@ export class QueueSession {
   // Channel writes, one after another.
   #channelWrites: Promise<void> = Promise.resolve();
   #inputGone = false;
+  #drainTimer: ReturnType<typeof setTimeout> | undefined;
+  #closed = false;
 
   private constructor(
     queue: Queue,
@@ -264,10 +266,11 @@ export class QueueSession {
       // holding its socket open and silent cannot keep the session alive.
       let cut = false;
       let drained = false;
-      let timer: ReturnType<typeof setTimeout> | undefined;
       void result.then(() => {
-        if (drained) return;
-        timer = setTimeout(() => {
+        // Not once the output ended, or the session was closed (a reader
+        // that stopped early never resumes this generator).
+        if (drained || this.#closed) return;
+        this.#drainTimer = setTimeout(() => {
           cut = true;
           channel.close();
         }, LATE_CONNECT_MS);
@@ -278,7 +281,7 @@ export class QueueSession {
         if (!cut) throw error;
       } finally {
         drained = true;
-        clearTimeout(timer);
+        clearTimeout(this.#drainTimer);
         channel.close();
       }
     }
@@ -309,6 +312,8 @@ export class QueueSession {
   /** Stops renewing and acknowledges the session (its rows may go). */
   async close(): Promise<void> {
     clearInterval(this.#timer);
+    this.#closed = true;
+    clearTimeout(this.#drainTimer);
     this.#channel?.close();
     await this.#renewing?.catch(() => {});
     await this.queue.ack(this.id).catch(() => {});
