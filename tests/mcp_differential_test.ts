@@ -24,7 +24,7 @@ import {
   type ServerCommand,
 } from "./_mcp_script.ts";
 import { tempHome, TEST_IMAGE, uniqueUser } from "./_sandbox_helpers.ts";
-import { fetchPackage, isCached } from "../lib/mcp/package_cache.ts";
+import { fetchPackage, isCached, packageLaunch } from "../lib/mcp/package_cache.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const MAIN = `${REPO}/main.ts`;
@@ -60,20 +60,14 @@ function baseEnv(): Record<string, string> {
 }
 
 /** The server on the host, as `mcp_call_direct` runs it: waffle's Deno, the package cache, offline. */
-const DIRECT: ServerCommand = {
-  command: Deno.execPath(),
-  args: [
-    "run",
-    "-A",
-    "--cached-only",
-    "--no-config",
-    "--quiet",
-    "--no-prompt",
-    EVERYTHING,
-    "stdio",
-  ],
-  env: { ...baseEnv(), DENO_DIR: CACHE },
-};
+const DIRECT: ServerCommand = (() => {
+  const launch = packageLaunch(EVERYTHING, ["stdio"], { deno: [Deno.execPath()], cacheDir: CACHE });
+  return {
+    command: launch.argv[0]!,
+    args: launch.argv.slice(1),
+    env: { ...baseEnv(), ...launch.env },
+  };
+})();
 
 function throughWaffle(home: string, user: string): ServerCommand {
   return {
