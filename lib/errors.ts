@@ -160,3 +160,19 @@ export class FilesError extends WaffleError {
     this.name = "FilesError";
   }
 }
+
+/**
+ * A thrown value's message as one line of at most 300 characters, for a
+ * note or a reason that reaches a terminal or a log.
+ *
+ * @example
+ * ```ts
+ * oneLineOf(new Error("first\nsecond")); // "first"
+ * ```
+ *
+ * @param error A thrown value.
+ * @returns Its message's first line.
+ */
+export function oneLineOf(error: unknown): string {
+  return (error instanceof Error ? error.message : String(error)).split("\n")[0]!.slice(0, 300);
+}

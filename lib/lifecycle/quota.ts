@@ -19,6 +19,7 @@
 import { settleRemovals } from "./remove_tree.ts";
 import { basename, join } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
+import { messageOf } from "../queue/connection.ts";
 import { exists } from "../fs.ts";
 
 /** Quota of a sandbox's writable volume when the config names none: 1 GiB. */
@@ -494,9 +495,6 @@ function which(program: Program): string | undefined {
 
 // Local, not the queue's: this module is also loaded alone (by a child
 // process of its tests) without the queue's dependencies.
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 async function isEmpty(dir: string): Promise<boolean> {
   for await (const _ of Deno.readDir(dir)) return false;

@@ -16,7 +16,7 @@
  *
  * @module
  */
-import { WaffleError } from "../errors.ts";
+import { oneLineOf, WaffleError } from "../errors.ts";
 import { bearerMatches } from "./bearer_token.ts";
 import type { ServerConnection } from "./connection.ts";
 import { errorResponse, HttpSession } from "./http_session.ts";
@@ -106,12 +106,12 @@ export function serveMcpHttp(options: McpHttpServerOptions): Promise<McpHttpServ
       hostname: options.hostname,
       port: options.port,
       onListen: () => {}, // the caller prints the address (stdout may be --json)
-      onError: (error) => errorResponse(500, `Internal error: ${oneLine(error)}`),
+      onError: (error) => errorResponse(500, `Internal error: ${oneLineOf(error)}`),
     }, (request) => handle(request, state));
   } catch (cause) {
     const address = `${options.hostname}:${options.port}`;
     return Promise.reject(
-      new WaffleError(`Cannot listen on '${address}': ${oneLine(cause)}`, { cause }),
+      new WaffleError(`Cannot listen on '${address}': ${oneLineOf(cause)}`, { cause }),
     );
   }
   const idleTimeoutMs = options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
@@ -232,8 +232,8 @@ async function startSession(request: Request, body: unknown, state: State): Prom
     });
   } catch (error) {
     await connection?.close().catch(() => {});
-    options.onEvent?.(`cannot start a session: ${oneLine(error)}`);
-    return errorResponse(502, `Cannot start server '${options.relay.name}': ${oneLine(error)}`, {
+    options.onEvent?.(`cannot start a session: ${oneLineOf(error)}`);
+    return errorResponse(502, `Cannot start server '${options.relay.name}': ${oneLineOf(error)}`, {
       code: -32603,
       id: requestId,
     });
@@ -330,8 +330,4 @@ function delay(ms: number): Promise<void> {
     const timer = setTimeout(resolve, ms);
     Deno.unrefTimer(timer);
   });
-}
-
-function oneLine(error: unknown): string {
-  return (error instanceof Error ? error.message : String(error)).split("\n")[0]!.slice(0, 300);
 }

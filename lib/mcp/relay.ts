@@ -37,6 +37,7 @@ import {
   parseMessage,
   readLines,
 } from "./jsonrpc.ts";
+import { oneLineOf } from "../errors.ts";
 import { DEFAULT_CLIENT_REQUESTS, DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
 import { ServerRequestGate } from "./server_request_gate.ts";
 
@@ -423,7 +424,7 @@ export async function relay(
       }
       finish({ ended: "client", reason: "the client closed its input" });
     } catch (error) {
-      finish({ ended: "client", reason: `Cannot read the client: ${oneLine(error)}` });
+      finish({ ended: "client", reason: `Cannot read the client: ${oneLineOf(error)}` });
     }
   })();
 
@@ -454,7 +455,7 @@ export async function relay(
       const reason = await within(server.closed, DRAIN_MS);
       finish({ ended: "server", reason: reason ?? "its output ended" });
     } catch (error) {
-      finish({ ended: "server", reason: `Cannot read server '${name}': ${oneLine(error)}` });
+      finish({ ended: "server", reason: `Cannot read server '${name}': ${oneLineOf(error)}` });
     }
   })();
 
@@ -471,7 +472,7 @@ export async function relay(
   void server.closed.then(async (reason) => {
     if (!serverOutputEnded) await within(serverSide, DRAIN_MS);
     finish({ ended: "server", reason });
-  }, (error) => finish({ ended: "server", reason: oneLine(error) }));
+  }, (error) => finish({ ended: "server", reason: oneLineOf(error) }));
 
   const onAbort = (): void => finish({ ended: "aborted", reason: "waffle was interrupted" });
   if (options.signal?.aborted) onAbort();
@@ -630,8 +631,4 @@ async function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined
   } finally {
     clearTimeout(timer);
   }
-}
-
-function oneLine(error: unknown): string {
-  return (error instanceof Error ? error.message : String(error)).split("\n")[0]!.slice(0, 300);
 }
