@@ -44,3 +44,15 @@ export function samplingClient(
   });
   return { client, calls };
 }
+
+/** The `initialize` request the raw-line tests send first: id 1, protocol 2025-06-18. */
+export const INITIALIZE_REQUEST: Readonly<Record<string, unknown>> = Object.freeze({
+  jsonrpc: "2.0",
+  id: 1,
+  method: "initialize",
+  params: {
+    protocolVersion: "2025-06-18",
+    capabilities: {},
+    clientInfo: { name: "t", version: "1" },
+  },
+});

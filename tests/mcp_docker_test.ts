@@ -3,6 +3,7 @@
  * `waffle mcp run` (a real process), which relays to a server running in a
  * real container through the queue. Nothing is mocked.
  */
+import { INITIALIZE_REQUEST } from "./_mcp_client.ts";
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
@@ -141,16 +142,7 @@ async function startInitialized(
   }).spawn();
   const writer = child.stdin.getWriter();
   await writer.write(new TextEncoder().encode(
-    JSON.stringify({
-      jsonrpc: "2.0",
-      id: 1,
-      method: "initialize",
-      params: {
-        protocolVersion: "2025-06-18",
-        capabilities: {},
-        clientInfo: { name: "t", version: "1" },
-      },
-    }) + "\n",
+    JSON.stringify(INITIALIZE_REQUEST) + "\n",
   ));
   writer.releaseLock();
   const reader = child.stdout.getReader();

@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
-import { type HandlerCalls, samplingClient } from "./_mcp_client.ts";
+import { type HandlerCalls, INITIALIZE_REQUEST, samplingClient } from "./_mcp_client.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { DatabaseSync } from "node:sqlite";
@@ -26,16 +26,7 @@ const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const CACHE = Deno.env.get("WAFFLE_MCP_CACHE") || `${REPO}/.tools/mcp-cache`;
 const EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31";
 
-const INITIALIZE = JSON.stringify({
-  jsonrpc: "2.0",
-  id: 1,
-  method: "initialize",
-  params: {
-    protocolVersion: "2025-06-18",
-    capabilities: {},
-    clientInfo: { name: "t", version: "1" },
-  },
-}) + "\n";
+const INITIALIZE = JSON.stringify(INITIALIZE_REQUEST) + "\n";
 
 // Servers are shell scripts in the image's busybox: enough to misbehave.
 const CONFIG = `

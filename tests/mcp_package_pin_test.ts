@@ -4,6 +4,7 @@
  * this test runs on loopback); and a cached package is never fetched again
  * (`waffle mcp run` twice against a registry that counts its requests).
  */
+import { INITIALIZE_REQUEST } from "./_mcp_client.ts";
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { UnpinnedPackageError } from "../lib/errors.ts";
@@ -175,16 +176,7 @@ async function runOnce(
   registry: string,
 ): Promise<{ code: number; stdout: string; stderr: string }> {
   const lines = [
-    {
-      jsonrpc: "2.0",
-      id: 1,
-      method: "initialize",
-      params: {
-        protocolVersion: "2025-06-18",
-        capabilities: {},
-        clientInfo: { name: "t", version: "1" },
-      },
-    },
+    INITIALIZE_REQUEST,
     { jsonrpc: "2.0", method: "notifications/initialized" },
     { jsonrpc: "2.0", id: 2, method: "tools/list", params: {} },
   ];
