@@ -8,14 +8,16 @@
  * @module
  */
 import { type SandboxConfig, sandboxToml } from "../lib/config/config.ts";
+import { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../lib/docker/mod.ts";
+import { listSandboxes } from "../lib/lifecycle/fleet.ts";
 import type { ContainerSummary } from "../lib/docker/types.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import type { SubmitOptions } from "../lib/queue/queue.ts";
-import { runCliProcess, text } from "./_helpers.ts";
+import { runCliProcess, text, waitFor } from "./_helpers.ts";
 
 /** The runner image the live tests use (`WAFFLE_IMAGE` is honoured by the config too). */
 export const TEST_IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest";
@@ -233,4 +235,42 @@ export async function removeHomeVolumes(home: string): Promise<void> {
     return;
   }
   for (const entry of entries) await removeVolume(`${home}/sandboxes/${entry.name}`);
+}
+
+/**
+ * Waits until the host's record says a sandbox has been idle for more than
+ * `ms`, after the queue's own housekeeping has finished: the deletion of
+ * acknowledged rows (`Queue.gc`, due 1.5 s after an ack and deferred while the
+ * runner has not yet deleted its rows) writes inbound.db and so counts as use.
+ * Waiting on the idle time alone raced that deletion.
+ *
+ * @param docker The daemon.
+ * @param sandbox The sandbox, whose queue this process holds.
+ * @param options `ms`: the idle time to exceed.
+ */
+export async function waitIdle(
+  docker: DockerClient,
+  sandbox: Sandbox,
+  options: { ms: number },
+): Promise<void> {
+  const pendingAcks = (): number => {
+    const db = new DatabaseSync(sandbox.queue.paths.inbound, { readOnly: true });
+    try {
+      return Number((db.prepare("SELECT count(*) AS n FROM acks").get() as { n: number }).n);
+    } finally {
+      db.close();
+    }
+  };
+  await waitFor(async () => (await sandbox.queue.gc(), pendingAcks() === 0), {
+    timeoutMs: 30_000,
+    what: "the queue's acknowledged rows deleted",
+  });
+  const containerId = sandbox.lastEnsure?.containerId;
+  await waitFor(
+    async () =>
+      ((await listSandboxes(docker, { config: sandbox.config })).find((row) =>
+        row.containerId === containerId
+      )?.idleMs ?? 0) > options.ms,
+    { timeoutMs: 30_000, what: "an idle sandbox" },
+  );
 }

@@ -14,7 +14,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
-import { listSandboxes, removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
+import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
 import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
@@ -31,6 +31,7 @@ import {
   TEST_IMAGE,
   underHome,
   uniqueUser,
+  waitIdle,
 } from "./_sandbox_helpers.ts";
 import { onPath } from "../lib/fs.ts";
 
@@ -487,14 +488,7 @@ liveTest(
     await removeVolume(orphan.paths.root);
     await Deno.remove(orphan.paths.root, { recursive: true });
     // Idle for more than a second, by the host's own record of use.
-    const idleFor = async (): Promise<number> =>
-      (await listSandboxes(docker, { config: idle.config })).find((row) =>
-        row.containerId === idleId
-      )?.idleMs ?? 0;
-    await waitFor(async () => await idleFor() > 1500, {
-      timeoutMs: 30_000,
-      what: "an idle sandbox",
-    });
+    await waitIdle(docker, idle, { ms: 1500 });
 
     const out = await home.cli(["sweep", "--idle-seconds", "1", "--json"]);
     assert.equal(out.code, 0, out.stderr);

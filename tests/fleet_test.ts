@@ -18,7 +18,7 @@ import { sha256Hex } from "../lib/digest.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
 import { GROW_OUTBOUND_SCRIPT } from "./_runner_attacks.ts";
-import { runOk, tempHome, TEST_IMAGE, uniqueUser } from "./_sandbox_helpers.ts";
+import { runOk, tempHome, TEST_IMAGE, uniqueUser, waitIdle } from "./_sandbox_helpers.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import {
   listSandboxes,
@@ -157,14 +157,8 @@ liveTest(
       assert.equal(table.code, 0, table.stderr);
       assert.match(table.stdout, /^TENANT .*\sIDLE\s+SNAPS\s+PROBLEM\n/);
 
-      // Idle for more than a second by the host's record (the collection after the ack counts).
-      await waitFor(
-        async () =>
-          ((await listSandboxes(docker, { config: idle.config })).find((row) =>
-            row.containerId === idleId
-          )?.idleMs ?? 0) > 1500,
-        { timeoutMs: 30_000, what: "an idle sandbox" },
-      );
+      // Idle for more than a second by the host's record.
+      await waitIdle(docker, idle, { ms: 1500 });
       const swept = await home.cli(["sweep", "--idle-seconds", "1", "--json"]);
       assert.equal(swept.code, 0, swept.stderr);
       const actions = JSON.parse(swept.stdout).actions as {
