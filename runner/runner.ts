@@ -10,6 +10,8 @@ import { concat } from "../lib/bytes.ts";
 import { connectChannel, type RunnerChannel } from "../lib/queue/channel.ts";
 import { SANDBOX_CHANNEL_DIR } from "../lib/config/sandbox_paths.ts";
 import { openPty, type Pty, reservePtys } from "./pty.ts";
+import { EGRESS_ENV_VARIABLE, EGRESS_SOCKET_VARIABLE } from "../lib/egress/paths.ts";
+import { startEgressBridge } from "./egress_bridge.ts";
 import { imageEnv, imageWorkdir as defaultWorkdir } from "./image_defaults.ts";
 import { mark } from "../lib/trace.ts";
 import { UsageError } from "../lib/errors.ts";
@@ -109,6 +111,8 @@ export function commandBaseEnv(
     // The image's HOME is rarely writable here: the workspace is.
     HOME: workspace,
     TMPDIR: "/tmp",
+    // Egress (its proxy, CA bundle, placeholders), sessions included.
+    ...egressEnv(),
   };
   // A session (an MCP server) gets only what its request names.
   if (options.passEnv === false) return env;
@@ -117,6 +121,18 @@ export function commandBaseEnv(
     if (value !== undefined) env[name] = value;
   }
   return env;
+}
+
+// The variables the host gave for egress; none when not attached.
+function egressEnv(): Record<string, string> {
+  const text = Deno.env.get(EGRESS_ENV_VARIABLE);
+  if (text === undefined || text === "") return {};
+  const parsed = JSON.parse(text) as Record<string, unknown>;
+  return Object.fromEntries(
+    Object.entries(parsed).filter((entry): entry is [string, string] =>
+      typeof entry[1] === "string"
+    ),
+  );
 }
 
 interface Running {
@@ -138,6 +154,9 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   acquireRunnerLock(paths.runnerLock);
   const subreaper = enableSubreaper();
   if (options.privatePtys) reservePtys();
+  const stop = new AbortController();
+  const egressSocket = Deno.env.get(EGRESS_SOCKET_VARIABLE);
+  if (egressSocket) startEgressBridge(egressSocket, { signal: stop.signal });
   const queue = RunnerQueue.open(options.queueDir, { outboundDir: options.outboundDir });
   mark("runner: queue open");
   const bootId = crypto.randomUUID();
@@ -153,7 +172,6 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   const running = new Map<string, Running>();
   // Sessions run beside the commands: neither ever waits for the other.
   const sessions = new Map<string, Running>();
-  const stop = new AbortController();
   let kick = new AbortController();
   let idleSince: number | null = Date.now();
 

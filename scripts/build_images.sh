@@ -5,7 +5,7 @@
 #
 # Usage: scripts/build_images.sh [--force] KIND...
 #   python   waffle-python:bookworm: Debian bookworm (debootstrap minbase) with
-#            python3, pip, venv, git and curl; ENV LANG=C.UTF-8
+#            python3, pip, venv, requests, git and curl; ENV LANG=C.UTF-8
 #   musl     waffle-musl:latest: musl's loader and libc, a static busybox and a
 #            musl-linked program (/usr/bin/musl-hello); no glibc anywhere
 #   noshell  waffle-noshell:latest: one static program (/hello), no shell, no
@@ -19,7 +19,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HASH_LABEL="waffle.build.hash"
 MIRROR="${WAFFLE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
-PYTHON_PACKAGES="python3,python3-pip,python3-venv,git,curl,ca-certificates"
+PYTHON_PACKAGES="python3,python3-pip,python3-venv,python3-requests,git,curl,ca-certificates"
 
 force=0
 kinds=()

@@ -165,6 +165,7 @@ Deno.test("planLaunch() for cron nightly: the planned cwd, network and env, and 
         },
       },
       network: "none",
+      egress: "none",
       workspace: "rw",
       tools: ["echo", "get-env"],
       clientRequests: ["roots/list", "ping"],
@@ -515,7 +516,7 @@ Deno.test("loadWaffleConfig() without a file: defaults and an empty policy", asy
     const config = loadWaffleConfig({ overrides: { home } });
     assert.equal(config.path, undefined);
     assert.equal(config.sandbox.mode, "docker");
-    assert.deepEqual(config.policy, { servers: {}, groups: {}, cron: {} });
+    assert.deepEqual(config.policy, { servers: {}, groups: {}, cron: {}, secrets: {}, users: {} });
     assert.deepEqual(planLaunch(config).servers, []);
   } finally {
     await Deno.remove(home, { recursive: true });
@@ -577,7 +578,7 @@ Deno.test("waffle mcp plan --cron nightly --json prints the plan; the table show
     assert.match(text.out(), /^Plan for cron 'nightly' \(group 'main'\)/);
     assert.match(
       text.out(),
-      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+\/workspace\/\.waffle\/mcp\/everything\s+none\s+rw\s+echo,get-env\s+-\s+roots\/list,ping\n/,
+      /everything\s+launch\s+sandbox\s+\/workspace\/jobs\/nightly\s+\/workspace\/\.waffle\/mcp\/everything\s+none\s+none\s+rw\s+echo,get-env\s+-\s+roots\/list,ping\n/,
     );
     assert.match(text.out(), /local\s+denied\s+-/);
     assert.match(text.out(), /denied: group 'main' requires docker \(groups\.main\.mode\)/);

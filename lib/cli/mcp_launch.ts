@@ -72,7 +72,11 @@ export function resolveLaunch(parsed: Parsed): Launch {
   const tenant = stringFlag(parsed, "tenant") ?? "default";
   const config = loadWaffleConfig({ configPath: stringFlag(parsed, "config") });
   const server = configuredServer(config, name);
-  const plan = planLaunch({ sandbox: config.sandbox, policy: config.policy }, { group, cron });
+  const plan = planLaunch({ sandbox: config.sandbox, policy: config.policy }, {
+    group,
+    cron,
+    user,
+  });
   const planned = plan.servers.find((s) => s.name === name)!;
   if (planned.decision !== "launch") {
     const subject = plan.subject.kind === "cron"

@@ -17,14 +17,17 @@ import { notOfferedWarning, unsetEnvWarning } from "./mcp_warnings.ts";
 
 /** Help of `waffle mcp plan`. */
 export const MCP_PLAN_HELP =
-  `Usage: waffle mcp plan [--group G | --cron J] [--probe] [--json] [--config FILE]
+  `Usage: waffle mcp plan [--group G | --cron J] [--user U] [--probe] [--json] [--config FILE]
 
 Shows, for a group (default: 'default') or a cron job, each configured MCP
 server's decision (launch, or denied with its reasons), where it executes
 (host, sandbox or restricted), its working directory, state directory (its
-HOME), network, workspace access, tools, environment variable names and
-the requests it may send to the client (client_requests). Host values are
-never shown (--json shows the config's literal values).
+HOME), network, egress (none; any: the host's network or a bridge sandbox;
+or what its egress proxy allows), workspace access, tools, environment
+variable names and the requests it may send to the client
+(client_requests). Host values are never shown (--json shows the config's
+literal values). With --user U a sandbox server's egress is that user's
+sandbox's ([users.U] egress narrows [sandbox] egress); without, the home's.
 
 A warning line names each host variable a server's env takes that is not
 set here. With --probe each server that may launch is started once, as a
@@ -60,6 +63,7 @@ export async function mcpPlanCommand(args: string[], io: CliIo): Promise<number>
   const parsed = parse(args, {
     group: { type: "string" },
     cron: { type: "string" },
+    user: { type: "string" },
     probe: { type: "boolean" },
     json: { type: "boolean" },
     config: { type: "string" },
@@ -71,7 +75,7 @@ export async function mcpPlanCommand(args: string[], io: CliIo): Promise<number>
     throw new UsageError("Give --group G or --cron J, not both");
   }
   const config = loadWaffleConfig({ configPath: stringFlag(parsed, "config") });
-  const plan = planLaunch(config, { group, cron });
+  const plan = planLaunch(config, { group, cron, user: stringFlag(parsed, "user") });
   const warnings = envWarnings(plan);
   const probes: { server: string; tools: string[] }[] = [];
   if (parsed.values.probe) {
@@ -222,6 +226,7 @@ function planText(plan: LaunchPlan, config: WaffleConfig): string {
     "CWD",
     "STATE",
     "NETWORK",
+    "EGRESS",
     "WORKSPACE",
     "TOOLS",
     "ENV",
@@ -236,6 +241,11 @@ function planText(plan: LaunchPlan, config: WaffleConfig): string {
       s.cwd,
       s.state.root,
       s.network,
+      typeof s.egress === "string"
+        ? s.egress
+        : s.egress.length === 0
+        ? "(empty)"
+        : s.egress.join(","),
       s.workspace,
       list(s.tools),
       list(s.env),

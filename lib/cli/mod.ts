@@ -89,6 +89,20 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.MCP_HELP, run: m.mcpCommand, nested: true }),
     ),
   }],
+  ["egress", {
+    summary: "plan what a sandbox may reach through the egress proxy, and its secrets",
+    load: lazy(
+      () => import("./egress.ts"),
+      (m) => ({ help: m.EGRESS_HELP, run: m.egressCommand, nested: true }),
+    ),
+  }],
+  ["egress-proxy", {
+    summary: "serve a home's egress proxy (runs in its own container)",
+    load: lazy(
+      () => import("./egress_proxy.ts"),
+      (m) => ({ help: m.EGRESS_PROXY_HELP, run: m.egressProxyCommand }),
+    ),
+  }],
   ["runner", {
     summary: "serve a queue (runs inside the sandbox)",
     load: lazy(

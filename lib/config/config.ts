@@ -21,6 +21,7 @@ import { UnpinnedPackageError, UsageError } from "../errors.ts";
 import { envNameSchema } from "../env_name.ts";
 import {
   buildPolicy,
+  type ConfigProblem,
   EMPTY_POLICY,
   type McpPolicy,
   POLICY_TABLE_KEYS,
@@ -28,8 +29,22 @@ import {
   tableNameProblem,
 } from "../mcp/policy.ts";
 import { stringify } from "npm:smol-toml@1.9.1";
+import {
+  EGRESS_TABLE_KEYS,
+  egressAddressesSchema,
+  egressConfigProblem,
+  egressEntrySchema,
+  egressListSchema,
+  egressNameProblem,
+  egressSettings,
+  egressShape,
+  secretNamesSchema,
+} from "../egress/policy.ts";
+import { formatEntry } from "../egress/entries.ts";
+import type { EgressEntry, EgressSettings } from "../egress/types.ts";
 import { issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";
+import { absolutePathSchema as absolutePath } from "./absolute_path.ts";
 
 /** Settings that shape the sandbox container. */
 export interface SandboxConfig {
@@ -64,6 +79,17 @@ export interface SandboxConfig {
   /** Host directory of the npm package cache, mounted read-only into sandboxes (default `<home>/mcp-cache`). */
   mcpCache: string;
   /**
+   * `[sandbox] egress`: the destinations every sandbox's egress proxy allows
+   * (before `[users.<user>] egress` narrows them). Set, the sandbox is
+   * attached to the egress proxy (its network stays "none"); undefined (the
+   * default), it is not.
+   */
+  egress?: EgressEntry[] | undefined;
+  /** `[sandbox] egress_addresses`: non-public CIDRs (`ip/bits`) a listed name may resolve to (default none). */
+  egressAddresses: string[];
+  /** `[sandbox] secrets`: the `[secrets.<name>]` sandboxes get by placeholder (default none). */
+  secrets: string[];
+  /**
    * An installed artefact (`…/lib/waffle/waffle.js`, with the Deno that runs
    * it beside it) that sandboxes run as their runner. Default: the artefact
    * this process runs from, else (from source) the checkout.
@@ -76,7 +102,7 @@ export interface SandboxConfig {
   configPath?: string | undefined;
 }
 
-/** The whole loaded configuration: sandbox settings and MCP policy. */
+/** The whole loaded configuration: sandbox settings, MCP policy and egress settings. */
 export interface WaffleConfig {
   /** The file the settings came from; undefined when there was none. */
   path: string | undefined;
@@ -84,8 +110,10 @@ export interface WaffleConfig {
   searched: string[];
   /** Sandbox settings, every layer applied. */
   sandbox: SandboxConfig;
-  /** The `[mcp.*]`, `[groups.*]` and `[cron.*]` policy. */
+  /** The `[mcp.*]`, `[groups.*]`, `[cron.*]`, `[users.*]` and `[secrets.*]` policy. */
   policy: McpPolicy;
+  /** The `[egress]` table, defaults filled in. */
+  egress: EgressSettings;
 }
 
 /** Options of {@linkcode loadWaffleConfig}. */
@@ -98,11 +126,6 @@ export interface LoadOptions {
   /** Values that win over everything (CLI flags, library callers). */
   overrides?: Partial<SandboxConfig> | undefined;
 }
-
-const absolutePath = z.string().check(
-  z.maxLength(4096),
-  z.refine((v) => v.startsWith("/") && !v.includes("\0"), { error: "must be an absolute path" }),
-);
 
 const field = {
   mode: z.enum(["docker", "host"]),
@@ -142,6 +165,9 @@ const settingsSchema = z.strictObject({
   snapshotBytes: z.optional(field.snapshotBytes),
   mcpCache: z.optional(field.mcpCache),
   runner: z.optional(field.runner),
+  egress: z.optional(z.array(egressEntrySchema).check(z.maxLength(1024))),
+  egressAddresses: z.optional(egressAddressesSchema),
+  secrets: z.optional(secretNamesSchema),
   configPath: z.optional(
     z.string().check(z.minLength(1), z.maxLength(4096), z.refine((v) => !v.includes("\0"))),
   ),
@@ -166,6 +192,9 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
   snapshot_bytes: "snapshotBytes",
   mcp_cache: "mcpCache",
   runner: "runner",
+  egress: "egress",
+  egress_addresses: "egressAddresses",
+  secrets: "secrets",
 });
 
 const sandboxTableSchema = z.strictObject({
@@ -185,14 +214,22 @@ const sandboxTableSchema = z.strictObject({
   snapshot_bytes: z.optional(field.snapshotBytes),
   mcp_cache: z.optional(field.mcpCache),
   runner: z.optional(field.runner),
+  egress: z.optional(egressListSchema),
+  egress_addresses: z.optional(egressAddressesSchema),
+  secrets: z.optional(secretNamesSchema),
 });
 
-const fileSchema = z.strictObject({ sandbox: z.optional(sandboxTableSchema), ...policyShape });
+const fileSchema = z.strictObject({
+  sandbox: z.optional(sandboxTableSchema),
+  ...policyShape,
+  ...egressShape,
+});
 
 const KNOWN_KEYS: Record<string, readonly string[]> = {
-  "": ["sandbox", "mcp", "groups", "cron"],
+  "": ["sandbox", "mcp", "groups", "cron", "users", "secrets", "egress"],
   sandbox: [...Object.keys(SANDBOX_KEYS), "home"],
   ...POLICY_TABLE_KEYS,
+  ...EGRESS_TABLE_KEYS,
 };
 
 function knownKeys(path: readonly PropertyKey[]): string[] {
@@ -215,6 +252,8 @@ const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {
   quotaBytes: 1024 ** 3,
   maxSnapshots: 8,
   snapshotBytes: 0,
+  egressAddresses: [],
+  secrets: [],
 };
 
 const ENV_OVERRIDES: [string, keyof Settings][] = [
@@ -381,10 +420,11 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
   });
   const fromFile: Settings = {};
   let policy = EMPTY_POLICY;
+  let egress = egressSettings(undefined);
   let fileHome: string | undefined;
   if (found !== undefined) {
     const root = parseToml(found.text, found.path);
-    const badName = tableNameProblem(root);
+    const badName = tableNameProblem(root) ?? egressNameProblem(root);
     if (badName !== undefined) {
       throw new UsageError(`Config file '${found.path}': '${badName.key}' ${badName.detail}`);
     }
@@ -401,6 +441,7 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
       throw new UsageError(message);
     }
     policy = built.policy;
+    egress = egressSettings(parsed.data.egress);
     const { home: homeKey, ...table } = parsed.data.sandbox ?? {};
     fileHome = homeKey;
     for (const [key, value] of Object.entries(table)) {
@@ -439,8 +480,19 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     configPath: found?.path,
   } as SandboxConfig;
   refuseOverlap(sandbox.mcpCache, home);
+  refuseProblem(egressConfigProblem({ sandbox, policy }), found?.path);
   const searched = found === undefined ? candidates : candidates.slice(0, found.index + 1);
-  return { path: found?.path, searched, sandbox, policy };
+  return { path: found?.path, searched, sandbox, policy, egress };
+}
+
+// A problem found once every layer is applied: the file's when there is one.
+function refuseProblem(problem: ConfigProblem | undefined, file: string | undefined): void {
+  if (problem === undefined) return;
+  throw new UsageError(
+    file === undefined
+      ? `Invalid setting '${problem.key}': ${problem.detail}`
+      : `Config file '${file}': '${problem.key}' ${problem.detail}`,
+  );
 }
 
 /**
@@ -527,7 +579,9 @@ export function sandboxToml(settings: Partial<SandboxConfig>): string {
   const table: Record<string, unknown> = {};
   for (const [key, field] of Object.entries(SANDBOX_KEYS)) {
     const value = settings[field];
-    if (value !== undefined) table[key] = value;
+    if (value !== undefined) {
+      table[key] = field === "egress" ? settings.egress!.map(formatEntry) : value;
+    }
   }
   return stringify({ sandbox: table });
 }

@@ -27,6 +27,7 @@ import type {
   ImageSummary,
 } from "../docker/mod.ts";
 import type { SandboxKey, StatePaths } from "./identity.ts";
+import { type EgressLaunch, recordedLaunch } from "../egress/launch.ts";
 import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
@@ -126,9 +127,12 @@ export function containerSpec(
     image: ImageFacts;
     paths: StatePaths;
     restricted?: { id: string } | undefined;
+    /** A restricted session's own egress; a sandbox's is what its last open recorded. */
+    egress?: EgressLaunch | undefined;
   },
 ): ContainerSpec {
   const { image, paths, restricted } = options;
+  const egress = restricted === undefined ? recordedLaunch(paths.root) : options.egress;
   const imageId = image.id;
   // A restricted session's container: no network, the workspace read-only,
   // a tmpfs home, removed when its runner exits.
@@ -148,7 +152,11 @@ export function containerSpec(
     // Whatever the image's own entrypoint, the container runs the runner.
     Entrypoint: cmd.slice(0, 1),
     Cmd: cmd.slice(1),
-    Env: runnerEnv(config, { launchIdentity, denoDir: denoDir ?? `${RUNNER_DIR}/deno`, image }),
+    Env: runnerEnv(config, {
+      launchIdentity: [...launchIdentity, ...(egress?.env ?? [])],
+      denoDir: denoDir ?? `${RUNNER_DIR}/deno`,
+      image,
+    }),
     // The runner is the container's root with RUNNER_CAPS only; commands
     // run as SANDBOX_UID (see RUNNER_CAPS).
     User: "0:0",
@@ -187,7 +195,8 @@ export function containerSpec(
       NanoCpus: Math.round(config.cpus * 1e9),
       NetworkMode: config.network,
       LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
-      Mounts: mounts,
+      // The egress socket (and CA bundle) when attached; the network stays "none".
+      Mounts: [...mounts, ...(egress?.mounts ?? [])],
       RestartPolicy: { Name: "no" },
       AutoRemove: restricted !== undefined,
       Privileged: false,
@@ -289,8 +298,21 @@ function runnerEnv(
       return value === undefined ? [] : [`${name}=${value}`];
     }),
   ];
+  return maskImageEnv(own, options.image);
+}
+
+/**
+ * A container's environment for waffle's own program: `own`, then every
+ * other variable of the image set empty (Docker adds the image's Env to the
+ * container's; an image's LD_PRELOAD, LD_AUDIT or DENO_* must not reach it).
+ *
+ * @param own The program's own `NAME=value` entries.
+ * @param image The image.
+ * @returns The container's `Env`.
+ */
+export function maskImageEnv(own: string[], image: ImageFacts): string[] {
   const named = new Set(own.map((entry) => entry.slice(0, entry.indexOf("="))));
-  const masked = options.image.env
+  const masked = image.env
     .map((entry) => entry.includes("=") ? entry.slice(0, entry.indexOf("=")) : entry)
     .filter((name) => name !== "" && !named.has(name) && !name.includes("\0"));
   // Deno refuses an empty DENO_V8_FLAGS: it gets the runner's own flag instead.
@@ -371,7 +393,7 @@ function runnerLaunch(
 }
 
 /** waffle's own program as a sandbox runs it: argv up to the subcommand, and its mounts. */
-interface ProgramLaunch {
+export interface ProgramLaunch {
   /** The command line before the subcommand. */
   argv: string[];
   /** The read-only mounts it needs. */
@@ -382,7 +404,14 @@ interface ProgramLaunch {
   denoDir?: string;
 }
 
-function programLaunch(config: SandboxConfig): ProgramLaunch {
+/**
+ * waffle's own program as any container runs it (the runner, the egress
+ * proxy): its argv up to the subcommand and its read-only mounts.
+ *
+ * @param config The config (its `runner` artefact).
+ * @returns The launch.
+ */
+export function programLaunch(config: SandboxConfig): ProgramLaunch {
   const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
   if (self.sourceRoot === undefined && self.artefact === undefined) {
     return {

@@ -6,7 +6,7 @@
  * @module
  */
 import { mark } from "../trace.ts";
-import { loadConfig, type SandboxConfig } from "../config/config.ts";
+import { loadWaffleConfig, type SandboxConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
@@ -24,6 +24,13 @@ import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
 import { processesOf, type SandboxProcesses } from "./run.ts";
+import {
+  type EgressAttachment,
+  homeEgress,
+  recordAttachment,
+  sandboxAttachment,
+} from "../egress/launch.ts";
+import { controlCall, writePolicy } from "../egress/policy_writer.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -64,12 +71,27 @@ export interface Sandbox extends Backend, SandboxProcesses {
  * @throws {UsageError} On an invalid id or config.
  */
 export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
-  const config = loadConfig(options.config);
+  const whole = loadWaffleConfig({ overrides: options.config ?? {} });
+  const config = whole.sandbox;
   const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
   const paths = statePaths(config.home, key);
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
+  // Whether (and as whom) it reaches the egress proxy: part of its posture.
+  // Its lists apply live: each call reads the config file again when it
+  // changed, so an edited waffle.toml governs the next connection.
+  let egress = sandboxAttachment(whole, key);
+  recordAttachment(paths.root, { home: config.home, attachment: egress });
+  let configSeen = fileStamp(whole.path);
+  const currentEgress = (): EgressAttachment | undefined => {
+    const stamp = fileStamp(whole.path);
+    if (stamp === configSeen) return egress;
+    configSeen = stamp;
+    egress = sandboxAttachment(loadWaffleConfig({ overrides: options.config ?? {} }), key);
+    recordAttachment(paths.root, { home: config.home, attachment: egress });
+    return egress;
+  };
   // Before any session: a host listens there while its container is made.
   makeChannelDir(paths.channel);
   // Mounted read-only into every sandbox (npm MCP servers): it must exist.
@@ -87,7 +109,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   let volume: VolumeStatus | undefined;
   const ensureLocked = async (trouble?: RunnerTrouble): Promise<void> => {
     mark("lock held");
-    if ((trouble === undefined || trouble === "none") && await warm()) {
+    const egress = currentEgress();
+    if ((trouble === undefined || trouble === "none") && await warm(egress)) {
       mark("warm");
       return;
     }
@@ -97,6 +120,11 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       import("../docker/client.ts"),
     ]);
     docker ??= new DockerClient();
+    if (egress !== undefined) {
+      const { ensureEgress } = await import("../egress/supervisor.ts");
+      await ensureEgress(docker, egress, { home: config.home, config });
+      mark("egress proxy ensured");
+    }
     const prepared = prepareState(paths, { quotaBytes: config.quotaBytes }).then((status) => {
       volume = status;
       mark("state prepared (volume)");
@@ -124,10 +152,13 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     );
   };
   // True when the last full ensure's findings still hold (see warm.ts).
-  const warm = async (): Promise<boolean> => {
+  const warm = async (egress: EgressAttachment | undefined): Promise<boolean> => {
     const record = readWarm(paths.root);
     // Never into a missing or replaced outbound/ (a host killed mid-reset).
     if (record === undefined || !outboundInPlace(paths)) return false;
+    // Nor with its egress proxy down or its policy unwritten: the full
+    // ensure starts the proxy.
+    if (egress !== undefined && !await egressServing(config.home, egress)) return false;
     let postureHash: string;
     try {
       // The posture leaves the image out: any id gives today's hash.
@@ -172,6 +203,29 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     },
   };
   return Object.assign(sandbox, processesOf(sandbox));
+}
+
+// A file's modification time and size, to notice an edit; "" when absent.
+function fileStamp(path: string | undefined): string {
+  if (path === undefined) return "";
+  try {
+    const stat = Deno.statSync(path);
+    return `${stat.mtime?.getTime()}:${stat.size}`;
+  } catch {
+    return "";
+  }
+}
+
+// The policy written (the config may have changed since the last call) and
+// the proxy serving it; false when either fails.
+async function egressServing(home: string, egress: EgressAttachment): Promise<boolean> {
+  try {
+    writePolicy(home, egress);
+    await controlCall(homeEgress(home), "sync");
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 // The tag's image id, asked without the Docker client; undefined when the

@@ -7,23 +7,28 @@
  *
  * Composition is by intersection: a server must be allowed by its own
  * `groups`, by the group's mode and by the cron job's `mcp`, `network` and
- * `env`. A server with `execution = "sandbox"` is never planned on the host.
+ * `env`, and its egress by the group's and cron job's `egress` (see
+ * `planEgress`). A server with `execution = "sandbox"` is never planned on
+ * the host.
  *
  * @module
  */
 import { join } from "../path.ts";
-import { UsageError } from "../errors.ts";
+import type { EgressEntry } from "../egress/types.ts";
+import { planEgress, type PlannedEgress } from "../egress/policy.ts";
 import {
   type ClientRequestMethod,
   CONTAINER_WORKSPACE,
-  type CronConfig,
   type EnvSource,
   type McpPolicy,
   type McpServerConfig,
 } from "./policy.ts";
 import { type ServerState, serverState } from "./server_state.ts";
+import { type ResolvedSubject, resolveSubject } from "./subject.ts";
 
 export { CONTAINER_WORKSPACE } from "./policy.ts";
+export { DEFAULT_GROUP } from "./subject.ts";
+export type { PlannedEgress } from "../egress/policy.ts";
 
 /** Where a launched server executes: the host, the user's sandbox, or a restricted container. */
 export type Where = "host" | "sandbox" | "restricted";
@@ -56,6 +61,15 @@ export interface PlannedServer {
   state: ServerState;
   /** Network: restricted always "none"; sandbox the user sandbox's; host "host". */
   network: "none" | "bridge" | "host";
+  /**
+   * What it reaches beyond its container: "none"; "any" (host: the host's
+   * network; sandbox: a sandbox with network "bridge"); or the entries its
+   * egress proxy allows, formatted as in `waffle.toml` (sandbox: the user
+   * sandbox's `[sandbox] egress`, narrowed by `[users.<user>] egress` when the
+   * plan names the user; restricted: its own `egress` narrowed by its group's
+   * and cron job's). See `planEgress`.
+   */
+  egress: PlannedEgress;
   /** The workspace: sandbox "rw", restricted "ro", host "none". */
   workspace: "rw" | "ro" | "none";
   /** The tools it lists and accepts. */
@@ -85,14 +99,19 @@ export interface LaunchPlan {
 
 /** What planning needs of the configuration. */
 export interface PlanConfig {
-  /** The sandbox settings that matter: its mode and network, and the home (host servers' cwd). */
-  sandbox: { mode: "docker" | "host"; network: "none" | "bridge"; home?: string | undefined };
+  /**
+   * The sandbox settings that matter: its mode, network and egress list, and
+   * the home (host servers' cwd).
+   */
+  sandbox: {
+    mode: "docker" | "host";
+    network: "none" | "bridge";
+    home?: string | undefined;
+    egress?: EgressEntry[] | undefined;
+  };
   /** The MCP policy. */
   policy: McpPolicy;
 }
-
-/** The group used when neither a group nor a cron job is named; it need not be declared. */
-export const DEFAULT_GROUP = "default";
 
 /**
  * Plans the launch of every configured server for a group or a cron job.
@@ -103,38 +122,23 @@ export const DEFAULT_GROUP = "default";
  * for (const server of launchable(plan)) console.log(server.name, server.where);
  * ```
  *
- * @param config The sandbox mode and network, and the policy.
+ * @param config The sandbox mode, network and egress, and the policy.
  * @param subject A group (declared, or "default") or a cron job; neither means group "default".
+ *   `user` names the user whose sandbox a sandbox server shares (its `[users.<user>] egress`
+ *   then narrows the sandbox's list); absent, the home's `[sandbox] egress` is planned.
  * @returns The plan, denied servers included.
  * @throws {UsageError} When both are given, or the group or cron job is not configured.
  */
 export function planLaunch(
   config: PlanConfig,
-  subject: { group?: string | undefined; cron?: string | undefined } = {},
+  subject: { group?: string | undefined; cron?: string | undefined; user?: string | undefined } =
+    {},
 ): LaunchPlan {
   const { policy } = config;
-  if (subject.group !== undefined && subject.cron !== undefined) {
-    throw new UsageError(
-      `Choose a group or a cron job, not both: group '${subject.group}', cron '${subject.cron}'`,
-    );
-  }
-  let cron: CronConfig | undefined;
-  let group = subject.group ?? DEFAULT_GROUP;
-  if (subject.cron !== undefined) {
-    if (!Object.hasOwn(policy.cron, subject.cron)) {
-      throw new UsageError(
-        `Unknown cron job '${subject.cron}'; configured: ${listed(Object.keys(policy.cron))}`,
-      );
-    }
-    cron = policy.cron[subject.cron]!;
-    group = cron.group;
-  } else if (group !== DEFAULT_GROUP && !Object.hasOwn(policy.groups, group)) {
-    throw new UsageError(
-      `Unknown group '${group}'; configured: ${listed(Object.keys(policy.groups))} (or 'default')`,
-    );
-  }
+  const scope = resolveSubject(policy, subject);
+  const { group, cron } = scope;
   const servers = Object.values(policy.servers).map((server) =>
-    planServer(server, { config, group, cron })
+    planServer(server, { config, scope, user: subject.user })
   );
   return {
     subject: cron === undefined
@@ -214,9 +218,10 @@ export function unsetHostEnv(
 
 function planServer(
   server: McpServerConfig,
-  context: { config: PlanConfig; group: string; cron: CronConfig | undefined },
+  context: { config: PlanConfig; scope: ResolvedSubject; user: string | undefined },
 ): PlannedServer {
-  const { config, group, cron } = context;
+  const { config, scope } = context;
+  const { group, cron } = scope;
   const reasons: string[] = [];
   const where: Where = server.authority;
   if (server.groups !== undefined && !server.groups.includes(group)) {
@@ -271,6 +276,8 @@ function planServer(
       } is outside /workspace (cron.${cron?.name}.workdir)`,
     );
   }
+  const egress = planEgress(config, { server, scope, user: context.user });
+  reasons.push(...egress.reasons);
   const envSources = server.envSources
     .filter((entry) => cron?.env === undefined || cron.env.includes(entry.name))
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
@@ -288,6 +295,7 @@ function planServer(
     cwd: cwd.length > 1 ? cwd.replace(/\/+$/, "") : cwd,
     state,
     network: where === "host" ? "host" : where === "restricted" ? "none" : config.sandbox.network,
+    egress: egress.egress,
     workspace: where === "host" ? "none" : where === "restricted" ? "ro" : "rw",
     tools: server.tools === undefined ? "all" : [...server.tools],
     clientRequests: [...server.clientRequests],
@@ -295,8 +303,4 @@ function planServer(
     envSources: envSources.map((entry) => ({ ...entry })),
     maxMessageBytes: server.maxMessageBytes,
   };
-}
-
-function listed(names: string[]): string {
-  return names.length === 0 ? "none" : names.map((name) => `'${name}'`).join(", ");
 }

@@ -2,13 +2,25 @@
  * The MCP policy of `waffle.toml`: the `[mcp.<name>]` servers, the
  * `[groups.<name>]` and the `[cron.<name>]` jobs. This module owns their
  * types, their schemas and the checks that span several keys (a
- * contradiction is a config error naming its key).
+ * contradiction is a config error naming its key). Their egress keys, and
+ * the `[users.<user>]` and `[secrets.<name>]` tables the policy also holds,
+ * are `lib/egress/policy.ts`'s.
  *
  * @module
  */
 import { normalize } from "../path.ts";
 import * as z from "../schema.ts";
 import { envNameSchema } from "../env_name.ts";
+import {
+  buildSecrets,
+  buildUsers,
+  egressAddressesSchema,
+  egressListSchema,
+  type EgressTables,
+  secretNamesSchema,
+  type UserEgress,
+} from "../egress/policy.ts";
+import type { EgressEntry, SecretConfig } from "../egress/types.ts";
 import { isExactVersion } from "./npm_version.ts";
 
 /** Where a server's process executes. */
@@ -58,6 +70,15 @@ export interface McpServerConfig {
    * default {@linkcode DEFAULT_CLIENT_REQUESTS}); the relay refuses any other.
    */
   clientRequests: ClientRequestMethod[];
+  /**
+   * `egress` (authority "restricted" only): what its session's egress proxy
+   * allows, before its group's and cron job's narrow it; absent = no egress.
+   */
+  egress?: EgressEntry[] | undefined;
+  /** `egress_addresses`: non-public CIDRs (`ip/bits`) its listed names may resolve to; absent = none. */
+  egressAddresses?: string[] | undefined;
+  /** `secrets`: the `[secrets.<name>]` its session's requests may carry; absent = none. */
+  secrets?: string[] | undefined;
 }
 
 /** One `[groups.<name>]` table. */
@@ -66,6 +87,8 @@ export interface GroupConfig {
   name: string;
   /** "docker" (default): a host-executed server is denied to the group. */
   mode: "docker" | "host";
+  /** Narrows the egress of the group's servers; absent = no narrowing. */
+  egress?: EgressEntry[] | undefined;
 }
 
 /** One `[cron.<name>]` job. */
@@ -82,9 +105,11 @@ export interface CronConfig {
   workdir?: string | undefined;
   /** Narrows each server's env allowlist further; absent = no narrowing. */
   env?: string[] | undefined;
+  /** Narrows the egress of the job's servers; absent = no narrowing. */
+  egress?: EgressEntry[] | undefined;
 }
 
-/** The whole MCP policy of a config. */
+/** The whole MCP policy of a config, with the users and secrets egress composes with it. */
 export interface McpPolicy {
   /** Servers by name, in config order. */
   servers: Record<string, McpServerConfig>;
@@ -92,6 +117,10 @@ export interface McpPolicy {
   groups: Record<string, GroupConfig>;
   /** Cron jobs by name. */
   cron: Record<string, CronConfig>;
+  /** `[secrets.<name>]` tables by name. */
+  secrets: Record<string, SecretConfig>;
+  /** `[users.<user>]` tables by user id. */
+  users: Record<string, UserEgress>;
 }
 
 /** A config problem at one key: `'<key>' <detail>` once the file is named. */
@@ -109,6 +138,8 @@ export const EMPTY_POLICY: McpPolicy = Object.freeze({
   servers: Object.freeze({}),
   groups: Object.freeze({}),
   cron: Object.freeze({}),
+  secrets: Object.freeze({}),
+  users: Object.freeze({}),
 });
 
 /**
@@ -218,9 +249,15 @@ const serverSchema = z.strictObject({
     ).check(z.maxLength(4096)),
   ),
   client_requests: z.optional(z.array(z.enum(CLIENT_REQUEST_METHODS)).check(z.maxLength(64))),
+  egress: z.optional(egressListSchema),
+  egress_addresses: z.optional(egressAddressesSchema),
+  secrets: z.optional(secretNamesSchema),
 });
 
-const groupSchema = z.strictObject({ mode: z._default(z.enum(["docker", "host"]), "docker") });
+const groupSchema = z.strictObject({
+  mode: z._default(z.enum(["docker", "host"]), "docker"),
+  egress: z.optional(egressListSchema),
+});
 
 const cronSchema = z.strictObject({
   group: nameSchema,
@@ -237,6 +274,7 @@ const cronSchema = z.strictObject({
     ),
   ),
   env: z.optional(z.array(envNameSchema).check(z.maxLength(256))),
+  egress: z.optional(egressListSchema),
 });
 
 /** The keys each `[mcp.<name>]`, `[groups.<name>]` and `[cron.<name>]` table may have. */
@@ -254,17 +292,18 @@ export const policyShape = {
   cron: z.optional(z.record(z.string(), cronSchema)),
 };
 
-/** The parsed policy tables, before the cross-key checks. */
+/** The parsed policy tables (and the egress ones it holds), before the cross-key checks. */
 export type PolicyTables = {
   mcp?: Record<string, z.infer<typeof serverSchema>> | undefined;
   groups?: Record<string, z.infer<typeof groupSchema>> | undefined;
   cron?: Record<string, z.infer<typeof cronSchema>> | undefined;
-};
+} & Pick<EgressTables, "users" | "secrets">;
 
 /**
  * Builds the policy from its parsed tables and checks what spans several
  * keys: names, authority against execution, package or command, declared
- * groups and servers of cron jobs.
+ * groups and servers of cron jobs. The egress checks that span the whole
+ * config are `egressConfigProblem`'s, once every layer is applied.
  *
  * @example
  * ```ts ignore
@@ -345,10 +384,17 @@ export function buildPolicy(
       maxMessageBytes: raw.max_message_bytes,
       ...(raw.tools === undefined ? {} : { tools: unique(raw.tools) }),
       clientRequests: unique(raw.client_requests ?? [...DEFAULT_CLIENT_REQUESTS]),
+      ...(raw.egress === undefined ? {} : { egress: raw.egress }),
+      ...(raw.egress_addresses === undefined ? {} : { egressAddresses: raw.egress_addresses }),
+      ...(raw.secrets === undefined ? {} : { secrets: raw.secrets }),
     };
   }
   for (const [name, raw] of Object.entries(tables.groups ?? {})) {
-    groups[name] = { name, mode: raw.mode };
+    groups[name] = {
+      name,
+      mode: raw.mode,
+      ...(raw.egress === undefined ? {} : { egress: raw.egress }),
+    };
   }
   for (const [name, raw] of Object.entries(tables.cron ?? {})) {
     const key = `cron.${name}`;
@@ -382,14 +428,20 @@ export function buildPolicy(
       ...(raw.network === undefined ? {} : { network: raw.network }),
       ...(workdir === undefined ? {} : { workdir }),
       ...(raw.env === undefined ? {} : { env: unique(raw.env) }),
+      ...(raw.egress === undefined ? {} : { egress: raw.egress }),
     };
   }
-  return { policy: { servers, groups, cron } };
+  const secrets = buildSecrets(tables.secrets);
+  if ("problem" in secrets) return secrets;
+  return {
+    policy: { servers, groups, cron, secrets: secrets.secrets, users: buildUsers(tables.users) },
+  };
 }
 
 /**
- * Checks the names of the `[mcp.<name>]`, `[groups.<name>]` and
- * `[cron.<name>]` tables, and of the variables of an `env` table. Run it on
+ * Checks the names of the `[mcp.<name>]`, `[groups.<name>]`,
+ * `[cron.<name>]` and `[secrets.<name>]` tables, and of the variables of an
+ * `env` table (`[users.<user>]` names are `egressNameProblem`'s). Run it on
  * the parsed document before the schema, so that no name (`__proto__`
  * included) reaches an object as a key unchecked.
  *
@@ -402,7 +454,7 @@ export function buildPolicy(
  * @returns The first bad name as a problem, or undefined.
  */
 export function tableNameProblem(root: Record<string, unknown>): ConfigProblem | undefined {
-  for (const section of ["mcp", "groups", "cron"]) {
+  for (const section of ["mcp", "groups", "cron", "secrets"]) {
     const table = Object.hasOwn(root, section) ? root[section] : undefined;
     if (table === null || typeof table !== "object" || Array.isArray(table)) continue;
     for (const name of Object.keys(table)) {
