@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { liveTest } from "./_docker_gate.ts";
 import { containerOf } from "./_hostile_helpers.ts";
 import { dockerCli, uniqueUser } from "./_sandbox_helpers.ts";
+import { waitFor } from "./_helpers.ts";
 import {
   asRoot,
   egressHome,
@@ -364,5 +365,59 @@ liveTest(
     assert.equal(forged.stdout, "HTTP/1.1 200 Connection established\n");
     const line = world.audit().at(-1);
     assert.equal(line?.user, sandbox.key.user);
+  },
+);
+
+liveTest(
+  "egress reload applies an edited list to a running command's next connection; status and doctor show the proxy",
+  async (docker) => {
+    await using world = await egressHome(docker, { config: (w) => ({ egress: [w.entry("api")] }) });
+    const sandbox = world.home.open(uniqueUser("reload"));
+    const url = `https://${world.entry("api")}/`;
+    // A command that keeps connecting, one attempt every 200 ms, until told to stop.
+    const id = await sandbox.submit({
+      shell:
+        `for i in $(seq 1 100); do ${CURL} -o /dev/null -w '%{http_code}\\n' ${url} 2>/dev/null; ` +
+        `[ -e /workspace/stop ] && break; sleep 0.2; done`,
+    });
+    await waitFor(() => world.upstreams.api.connections >= 2, {
+      timeoutMs: 30_000,
+      what: "first connections",
+    });
+    await world.writeConfig({ egress: [world.entry("other")] });
+    const reload = await world.home.cli(["egress", "reload", "--json"]);
+    assert.equal(reload.code, 0, reload.stderr);
+    assert.equal(JSON.parse(reload.stdout).identities.length, 1);
+    const seen = world.upstreams.api.connections;
+    await waitFor(
+      () =>
+        world.audit().some((line) => line.destination === "api.test" && line.decision === "denied"),
+      { timeoutMs: 30_000, what: "a refused connection after the reload" },
+    );
+    await Deno.writeTextFile(`${sandbox.paths.workspace}/stop`, "");
+    const { stdout } = await sandbox.queue.collect(id);
+    const codes = new TextDecoder().decode(stdout).trim().split("\n");
+    assert.equal(codes[0], "200");
+    assert.equal(codes.at(-1), "000");
+    assert.ok(world.upstreams.api.connections <= seen + 1);
+
+    const status = await world.home.cli(["egress", "status", "--json"]);
+    assert.equal(status.code, 0, status.stderr);
+    const parsed = JSON.parse(status.stdout);
+    assert.equal(parsed.proxy.state, "running");
+    assert.equal(parsed.answering.ok, true);
+    assert.match(parsed.ca.fingerprint, /^([0-9A-F]{2}:){31}[0-9A-F]{2}$/);
+    assert.deepEqual(
+      parsed.identities.map((i: { identity: { user: string } }) => i.identity.user),
+      [
+        sandbox.key.user,
+      ],
+    );
+    const doctor = await world.home.cli(["doctor", "--json"]);
+    const row = JSON.parse(doctor.stdout).checks.find((c: { name: string }) =>
+      c.name === "egress proxy"
+    );
+    assert.equal(row?.ok, true, JSON.stringify(row));
+    assert.match(row.detail, /running, answers in .* 1 identities, CA SHA-256/);
   },
 );

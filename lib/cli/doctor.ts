@@ -11,6 +11,7 @@ import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";
 import { mcpChecks } from "./doctor_mcp.ts";
 import { sandboxChecks } from "./doctor_sandboxes.ts";
+import { egressChecks } from "./doctor_egress.ts";
 import { parse, stringFlag } from "./args.ts";
 import { loadConfig } from "../config/config.ts";
 import { quotaSupport } from "../lifecycle/quota.ts";
@@ -56,7 +57,9 @@ reset outbound/, set-aside trees waiting for removal, a stale warm.json).
 One "mcp <name> authority" row per configured MCP server (execution,
 authority, groups, env names, tools) and, with Docker, an initialize +
 tools/list probe of each server that executes in a sandbox (in a throwaway
-home). A check that has not answered in 2 minutes fails; the next one runs.
+home). An "egress proxy" row: this home's proxy container, whether it
+answers, how many identities it serves and its CA's fingerprint. A check
+that has not answered in 2 minutes fails; the next one runs.
 Exit status 0 when every check passes, ${EXIT_FAILURE} otherwise.
 `;
 
@@ -84,6 +87,7 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
     ...(docker ? await group("docker", () => dockerChecks()) : []),
     ...await group("mcp", () => mcpChecks({ docker, configPath })),
     ...await group("sandboxes", () => sandboxChecks({ docker })),
+    ...(docker ? await group("egress", () => egressChecks({ configPath })) : []),
   ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {

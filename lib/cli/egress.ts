@@ -13,6 +13,8 @@ export const EGRESS_HELP = `Usage: waffle egress <command> [options]
 
 Commands:
   plan       show what a sandbox (or a restricted server) may reach, and its secrets
+  status     show this home's proxy, its CA and the identities it serves
+  reload     write every identity's policy from today's config at once
 
 Run 'waffle egress <command> --help' for its options.
 `;
@@ -23,6 +25,14 @@ const SUBCOMMANDS: Record<string, () => Promise<Loaded>> = {
   plan: async () => {
     const m = await import("./egress_plan.ts");
     return { help: m.EGRESS_PLAN_HELP, run: m.egressPlanCommand };
+  },
+  status: async () => {
+    const m = await import("./egress_status.ts");
+    return { help: m.EGRESS_STATUS_HELP, run: m.egressStatusCommand };
+  },
+  reload: async () => {
+    const m = await import("./egress_status.ts");
+    return { help: m.EGRESS_RELOAD_HELP, run: m.egressReloadCommand };
   },
 };
 

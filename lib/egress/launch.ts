@@ -28,6 +28,7 @@ import {
   SANDBOX_EGRESS_DIR,
   SANDBOX_PROXY_PORT,
 } from "./paths.ts";
+import { resolveSubject } from "../mcp/subject.ts";
 import { egressPolicy } from "./policy.ts";
 import type { EgressIdentity, EgressPolicy, EgressSettings } from "./types.ts";
 
@@ -152,7 +153,7 @@ export function attachmentLaunch(
 
 const RECORD = "egress.json";
 
-/** What a sandbox's container gets from its attachment. */
+/** What a container (a sandbox's, or a restricted session's) gets from its attachment. */
 export interface EgressLaunch {
   /** The identity's id. */
   id: string;
@@ -195,6 +196,66 @@ export function sandboxAttachment(
   };
 }
 
+/** Who a restricted MCP server's session is, for {@linkcode restrictedAttachment}. */
+export interface RestrictedSubject {
+  /** The user's tenant. */
+  tenant: string;
+  /** The user whose session it is. */
+  user: string;
+  /** The server (`[mcp.<name>]`, authority "restricted"). */
+  server: string;
+  /** The session's group; default "default" (a cron job's group when `cron` is given). */
+  group?: string | undefined;
+  /** The session's cron job. */
+  cron?: string | undefined;
+}
+
+/**
+ * The egress identity of a restricted MCP server's session, or undefined
+ * when it gets none (no `egress` of its own, or a cron job with network
+ * "none"): its policy is its own (`egressPolicy` with the server, group and
+ * cron job), never its user's sandbox's. The id is derived from (tenant,
+ * user, server, group, cron job), so concurrent sessions of one server for
+ * one user and scope share one policy file and one socket directory, and
+ * any other scope has its own.
+ *
+ * @example
+ * ```ts ignore
+ * const egress = restrictedAttachment(loadWaffleConfig(), { tenant: "default", user: "alice", server: "fetch", cron: "nightly" });
+ * if (egress !== undefined) console.log(egress.id); // "r-" and 24 hex
+ * ```
+ *
+ * @param config The whole config.
+ * @param who The session's tenant, user, server and group or cron job.
+ * @returns The attachment.
+ * @throws {UsageError} On a bad id, an unknown server, group or cron job, or both a group and a cron job.
+ */
+export function restrictedAttachment(
+  config: WaffleConfig,
+  who: RestrictedSubject,
+): EgressAttachment | undefined {
+  const policy = egressPolicy(config, who);
+  if (policy === undefined) return undefined;
+  // The scope as the policy resolved it: a cron job's group is the job's.
+  const { group } = resolveSubject(config.policy, who);
+  const cron = who.cron ?? null;
+  const identity = { tenant: who.tenant, user: who.user, group, cron, server: who.server };
+  const digest = sha256Hex(JSON.stringify([who.tenant, who.user, who.server, group, cron]));
+  return { id: `r-${digest.slice(0, 24)}`, identity, policy, settings: config.egress };
+}
+
+/**
+ * What a container gets from an attached identity: its id, and the mounts
+ * and runner variables of {@linkcode attachmentLaunch}.
+ *
+ * @param home The waffle home.
+ * @param attachment The identity.
+ * @returns The launch, as `containerSpec` takes it.
+ */
+export function egressLaunch(home: string, attachment: EgressAttachment): EgressLaunch {
+  return { id: attachment.id, ...attachmentLaunch(home, attachment) };
+}
+
 /**
  * Records what a sandbox's container gets from its attachment (or that it
  * has none), rewriting the record only when it changed.
@@ -215,8 +276,7 @@ export function recordAttachment(
     }
     return;
   }
-  const launch = attachmentLaunch(options.home, options.attachment);
-  const text = `${JSON.stringify({ id: options.attachment.id, ...launch })}\n`;
+  const text = `${JSON.stringify(egressLaunch(options.home, options.attachment))}\n`;
   try {
     if (Deno.readTextFileSync(path) === text) return;
   } catch {

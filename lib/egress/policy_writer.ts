@@ -133,15 +133,6 @@ export function writeOwned(
   }
 }
 
-export function exists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * Sends one command to the proxy's control socket and returns its answer.
  *

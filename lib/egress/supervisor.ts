@@ -21,7 +21,8 @@ import type { EgressPaths } from "./paths.ts";
 import type { EgressSettings } from "./types.ts";
 import { type EgressAttachment, homeEgress } from "./launch.ts";
 import { egressAuditFile, proxyContainerSpec, proxyUser } from "./proxy_container.ts";
-import { controlCall, exists, writeOwned, writePolicy } from "./policy_writer.ts";
+import { controlCall, writeOwned, writePolicy } from "./policy_writer.ts";
+import { lexists } from "../fs.ts";
 
 /** How long the host waits for the proxy to answer its control socket after a start. */
 const PROXY_READY_MS = 30_000;
@@ -70,7 +71,7 @@ async function prepareHome(home: string, settings: EgressSettings): Promise<void
   dir(paths.sockets, 0o755, false);
   dir(join(paths.root, "ctl"), 0o770, true);
   dir(join(paths.root, "public"), 0o755, false);
-  if (!exists(paths.caKey)) {
+  if (!lexists(paths.caKey)) {
     const { mintCa } = await import("./ca.ts");
     const ca = await mintCa({ commonName: `waffle egress CA (${home})` });
     writeOwned(paths.caCert, ca.cert, { mode: 0o644, owner: { uid, gid } });
@@ -81,7 +82,7 @@ async function prepareHome(home: string, settings: EgressSettings): Promise<void
   const bundle = [systemRoots(), Deno.readTextFileSync(paths.caCert), extra].join("\n");
   writeOwned(join(paths.root, "public", "bundle.pem"), bundle, { mode: 0o644 });
   const audit = egressAuditFile(home);
-  if (!exists(audit)) writeOwned(audit, "", { mode: 0o600, owner: { uid, gid } });
+  if (!lexists(audit)) writeOwned(audit, "", { mode: 0o600, owner: { uid, gid } });
 }
 
 // The host's own trust store, else the roots Deno carries.
