@@ -26,6 +26,7 @@ import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
 
 const CURL = "curl -sS --max-time 20";
+const UPSTREAM_API = "api.test";
 
 // A Python client that speaks to the proxy by hand: the shapes a hostile
 // command (or runner) would try. Prints one verdict per line.
@@ -419,5 +420,96 @@ liveTest(
     );
     assert.equal(row?.ok, true, JSON.stringify(row));
     assert.match(row.detail, /running, answers in .* 1 identities, CA SHA-256/);
+  },
+);
+
+// Times `count` HTTPS requests, each on a connection of its own, through the
+// proxy; prints the p50 in ms.
+const TIMED_GETS = (url: string, count: number) => `
+import time, requests, statistics
+times = []
+for _ in range(${count}):
+    t = time.perf_counter()
+    requests.get("${url}", headers={"Connection": "close"}, timeout=20)
+    times.append((time.perf_counter() - t) * 1000)
+print(round(statistics.median(times), 2))
+`;
+
+// 500 CONNECTs open at once (one thread: the sandbox's pids limit would not
+// allow 500), each replaced by a new one as soon as it is answered, until
+// /workspace/stop exists. Prints tunnels and refusals.
+const FLOOD = (host: string, port: number) => `
+import socket, selectors, os
+sel = selectors.DefaultSelector()
+count = [0, 0]
+request = b"CONNECT ${host}:${port} HTTP/1.1\\r\\nHost: ${host}:${port}\\r\\n\\r\\n"
+def open_one():
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", 3128))
+    sel.register(s, selectors.EVENT_WRITE)
+for _ in range(500):
+    open_one()
+while not os.path.exists("/workspace/stop"):
+    for key, events in sel.select(timeout=1):
+        s = key.fileobj
+        if events & selectors.EVENT_WRITE:
+            try:
+                s.send(request)
+                sel.modify(s, selectors.EVENT_READ)
+            except OSError:
+                count[1] += 1
+                sel.unregister(s); s.close(); open_one()
+            continue
+        try:
+            line = s.recv(100)
+        except OSError:
+            line = b""
+        count[0 if line.startswith(b"HTTP/1.1 200") else 1] += 1
+        sel.unregister(s); s.close(); open_one()
+print(count[0], count[1])
+`;
+
+liveTest(
+  "500 parallel CONNECTs from one sandbox leave another's p50 within 2x; the flood is capped at max_connections",
+  async (docker) => {
+    await using world = await egressHome(docker, {
+      config: (w) => ({ egress: [w.entry("api")] }),
+    });
+    const flooder = world.home.open(uniqueUser("flood"));
+    const victim = world.home.open(uniqueUser("victim"));
+    const url = `https://${world.entry("api")}/`;
+    const p50 = async (): Promise<number> => {
+      const out = await sh(victim, `python3 -c '${TIMED_GETS(url, 40)}'`);
+      assert.equal(out.code, 0, out.stderr);
+      return Number(out.stdout.trim());
+    };
+    await p50(); // warm: the sandbox and the proxy's first connection
+    const before = await p50();
+    const flood = await flooder.submit({
+      shell: `python3 -c '${FLOOD(UPSTREAM_API, world.upstreams.api.port)}'`,
+    });
+    await waitFor(
+      () => world.audit().filter((line) => line.user === flooder.key.user).length > 100,
+      { timeoutMs: 30_000, what: "the flood under way" },
+    );
+    const during = await p50();
+    await Deno.writeTextFile(`${flooder.paths.workspace}/stop`, "");
+    const { stdout } = await flooder.queue.collect(flood);
+    const flooded = new TextDecoder().decode(stdout).trim();
+    const [accepted, refused] = flooded.split(" ").map(Number);
+    assert.match(flooded, /^\d+ \d+$/);
+    const capped =
+      world.audit().filter((line) =>
+        line.user === flooder.key.user && /max_connections/.test(line.reason ?? "")
+      ).length;
+    // deno-lint-ignore no-console
+    console.log(
+      `victim p50 ${before} ms alone, ${during} ms during the flood (${
+        (during / before).toFixed(2)
+      }x); flood: ${accepted} tunnels, ${refused} refused (${capped} over max_connections)`,
+    );
+    assert.ok(capped > 0, "the flood met the connection cap");
+    assert.ok(during <= 2 * before, `p50 ${during} ms during the flood, ${before} ms before`);
   },
 );

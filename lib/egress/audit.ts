@@ -1,7 +1,10 @@
 /**
  * The egress audit: one JSON line per connection through the proxy, in
  * `$WAFFLE_HOME/egress.jsonl`. Appended whole (one write per line), so
- * readers never see half a line.
+ * readers never see half a line. Bounded, so a sandbox cannot fill the
+ * host's disk through it: past {@linkcode AUDIT_LINES_PER_SECOND} lines in a
+ * second, an identity's further lines that second become one summary line
+ * (`count` connections, the first one's fields).
  *
  * @module
  */
@@ -33,12 +36,21 @@ export interface EgressAuditLine extends EgressIdentity {
   bytesDown: number;
   /** From accept to close, in ms. */
   durationMs: number;
+  /** On a summary line: how many connections it stands for (the first one's fields shown). */
+  count?: number;
 }
+
+/** Most lines one identity writes in a second; the rest of that second is summed up. */
+export const AUDIT_LINES_PER_SECOND = 50;
 
 /** Appends audit lines to one file. */
 export class EgressAudit {
   /** The file. */
   readonly path: string;
+  #seconds = new Map<
+    string,
+    { second: number; lines: number; held?: EgressAuditLine | undefined }
+  >();
 
   /**
    * @param path The audit file (created when missing).
@@ -54,6 +66,42 @@ export class EgressAudit {
    * @param line The line.
    */
   write(line: EgressAuditLine): void {
+    this.#append(line);
+  }
+
+  /**
+   * Appends one identity's line, within its budget of
+   * {@linkcode AUDIT_LINES_PER_SECOND}; beyond it, the line is counted
+   * into that second's summary, written when the second is over.
+   *
+   * @param identity The identity's id.
+   * @param line The line.
+   */
+  writeFor(identity: string, line: EgressAuditLine): void {
+    const second = Math.floor(Date.now() / 1000);
+    let state = this.#seconds.get(identity);
+    if (state === undefined || state.second !== second) {
+      if (state?.held !== undefined) {
+        this.#append(state.held);
+        state.held = undefined;
+      }
+      state = { second, lines: 0 };
+      this.#seconds.set(identity, state);
+    }
+    if (++state.lines <= AUDIT_LINES_PER_SECOND) return this.#append(line);
+    if (state.held === undefined) {
+      state.held = { ...line, count: 1 };
+      const held = state;
+      setTimeout(() => {
+        if (held.held !== undefined) this.#append(held.held);
+        held.held = undefined;
+      }, 1000 - (Date.now() % 1000) + 5);
+    } else {
+      state.held.count = (state.held.count ?? 1) + 1;
+    }
+  }
+
+  #append(line: EgressAuditLine): void {
     try {
       appendFileSync(this.path, `${JSON.stringify(line)}\n`, { mode: 0o600 });
     } catch (error) {

@@ -94,6 +94,7 @@ export async function serveConnection(
   };
   let reason: string | undefined;
   let answered = false;
+  let refusal: string | undefined;
   try {
     const { head, rest } = await readHead(client, { timeoutMs: HEAD_TIMEOUT_MS });
     line.method = head.method;
@@ -134,21 +135,29 @@ export async function serveConnection(
     if (error instanceof Refused) line.decision = "denied";
     if (!answered && (error instanceof Refused || error instanceof Failed)) {
       const body = `${reason}\n`;
-      client.end(
-        `HTTP/1.1 ${error.status} ${
-          error instanceof Refused ? "Refused" : "Failed"
-        } by waffle egress\r\n` +
-          `Content-Type: text/plain\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`,
-      );
+      const verdict = error instanceof Refused ? "Refused" : "Failed";
+      refusal = `HTTP/1.1 ${error.status} ${verdict} by waffle egress\r\n` +
+        `Content-Type: text/plain\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`;
     }
   } finally {
-    if (!client.destroyed) {
-      client.end();
-      setTimeout(() => client.destroy(), 1000);
-    }
+    endSoon(client, refusal);
     line.durationMs = Math.round(performance.now() - started);
   }
   return reason === undefined ? line : { ...line, reason };
+}
+
+/**
+ * Ends a socket after what was written to it is flushed, then frees it: a
+ * refused client that never reads holds nothing of the proxy's.
+ *
+ * @param socket The socket, with a refusal (or nothing) written.
+ * @param text What to write last, if anything.
+ */
+export function endSoon(socket: Socket, text?: string): void {
+  if (socket.destroyed) return;
+  socket.once("finish", () => socket.destroy());
+  if (text === undefined) socket.end();
+  else socket.end(text);
 }
 
 interface Target {

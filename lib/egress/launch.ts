@@ -1,18 +1,21 @@
 /**
- * What a sandbox attached to egress gets, and the record of it: its
- * identity (decided from the whole config when the sandbox is opened), its
- * socket directory and the CA bundle (mounted read-only), the proxy
- * variables and its secrets' placeholders. The decision is recorded in the
- * sandbox's host-only state directory (`<root>/egress.json`), where the
+ * What a container attached to egress gets: its identity, its socket
+ * directory and the CA bundle (mounted read-only), the proxy variables and
+ * its secrets' placeholders. Two kinds of container attach. A sandbox's
+ * identity is decided from the whole config when it is opened and recorded
+ * in its host-only state directory (`<root>/egress.json`), where the
  * container spec reads it, so the warm path, a full ensure and `sweep`
  * compute the same posture (the attach decision, its socket and its
  * placeholders are part of it; the list of destinations is not: a change to
- * it applies without recycling). Light: no Node modules, so the warm path
- * of `exec` pays nothing for it.
+ * it applies without recycling). A restricted MCP server's session is an
+ * identity of its own, decided when the session opens and handed to its
+ * container's spec directly (the container lives as long as the session).
+ * Light: no Node modules, so the warm path of `exec` pays nothing for it.
  *
  * @module
  */
 import { sha256Hex } from "../digest.ts";
+import { UsageError } from "../errors.ts";
 import { join } from "../path.ts";
 import * as z from "../schema.ts";
 import type { WaffleConfig } from "../config/config.ts";
@@ -228,13 +231,21 @@ export interface RestrictedSubject {
  * @param config The whole config.
  * @param who The session's tenant, user, server and group or cron job.
  * @returns The attachment.
- * @throws {UsageError} On a bad id, an unknown server, group or cron job, or both a group and a cron job.
+ * @throws {UsageError} On a bad id, an unknown server, group or cron job, both a group and a
+ *   cron job, or a server whose authority is not "restricted".
  */
 export function restrictedAttachment(
   config: WaffleConfig,
   who: RestrictedSubject,
 ): EgressAttachment | undefined {
   const policy = egressPolicy(config, who);
+  const authority = config.policy.servers[who.server]!.authority;
+  if (authority !== "restricted") {
+    // A sandbox server's egress is its sandbox's identity, a host server's the host's network.
+    throw new UsageError(
+      `Server '${who.server}' has authority "${authority}": only a restricted server's session is an egress identity of its own`,
+    );
+  }
   if (policy === undefined) return undefined;
   // The scope as the policy resolved it: a cron job's group is the job's.
   const { group } = resolveSubject(config.policy, who);

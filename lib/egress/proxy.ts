@@ -13,7 +13,7 @@ import net, { type Server, type Socket } from "node:net";
 import tls from "node:tls";
 import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { EgressAudit } from "./audit.ts";
-import { type ConnectionContext, serveConnection } from "./connection.ts";
+import { type ConnectionContext, endSoon, serveConnection } from "./connection.ts";
 import { type EgressPaths, egressPaths, identityPaths } from "./paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { ByteBucket } from "./throttle.ts";
@@ -82,9 +82,8 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     const time = new Date().toISOString();
     const who = policy?.identity ?? { tenant: "", user: "", group: null, cron: null, server: null };
     const refuse = (reason: string): void => {
-      client.end(`HTTP/1.1 429 Refused by waffle egress\r\nConnection: close\r\n\r\n`);
-      setTimeout(() => client.destroy(), 1000);
-      audit.write(deniedLine({ time, who, reason }));
+      endSoon(client, `HTTP/1.1 429 Refused by waffle egress\r\nConnection: close\r\n\r\n`);
+      audit.writeFor(identity.id, deniedLine({ time, who, reason }));
     };
     if (policy === undefined) return refuse(identity.problem ?? "No policy");
     if (identity.active >= policy.maxConnections || total >= MAX_TOTAL_CONNECTIONS) {
@@ -96,7 +95,7 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     void serveConnection(client, context).then((line) => {
       identity.active--;
       total--;
-      audit.write({ time, ...who, ...line });
+      audit.writeFor(identity.id, { time, ...who, ...line });
     });
   };
   const sync = (): Promise<number> => syncIdentities(paths, { identities, accept });
