@@ -23,6 +23,7 @@ import { attackSection } from "./attack_bench.ts";
 import { cliSection } from "./cli_bench.ts";
 import { cpSection } from "./cp_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
+import { egressSection } from "./egress_bench.ts";
 import { fleetSection } from "./fleet_bench.ts";
 import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
@@ -42,6 +43,7 @@ export const SECTIONS: readonly Section[] = [
   snapshotSection,
   cpSection,
   imageSection,
+  egressSection,
 ];
 
 /** Parsed command line. */

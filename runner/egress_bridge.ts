@@ -37,6 +37,8 @@ export function startEgressBridge(
           continue;
         }
         open++;
+        // No Nagle: a TLS handshake's small writes must not wait for delayed ACKs.
+        client.setNoDelay(true);
         void bridge(client, socket).finally(() => open--);
       }
     } catch {

@@ -273,7 +273,8 @@ async function readHello(client: Socket, rest: Buffer, host: string): Promise<Bu
 
 function dial(address: string, port: number): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const socket = net.connect({ host: address, port });
+    // No Nagle: a TLS handshake's small writes must not wait for delayed ACKs.
+    const socket = net.connect({ host: address, port, noDelay: true });
     const timer = setTimeout(() => {
       socket.destroy();
       reject(
@@ -328,6 +329,7 @@ async function terminate(
       servername: isIpLiteral(target.host) ? undefined : target.host,
       ca: context.roots,
       ALPNProtocols: ["http/1.1"],
+      noDelay: true,
       checkServerIdentity: (_host, cert) => tls.checkServerIdentity(target.host, cert),
     });
     const timer = setTimeout(() => {
@@ -336,6 +338,7 @@ async function terminate(
     }, CONNECT_TIMEOUT_MS);
     socket.once("secureConnect", () => {
       clearTimeout(timer);
+      socket.setNoDelay(true);
       resolve(socket);
     });
     socket.once("error", (error) => {

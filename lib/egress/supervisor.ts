@@ -24,6 +24,8 @@ import { egressAuditFile, proxyContainerSpec, proxyUser } from "./proxy_containe
 import { controlCall, writeOwned, writePolicy } from "./policy_writer.ts";
 import { lexists } from "../fs.ts";
 
+/** The audit file's size past which the host starts a new one, keeping one old (`egress.jsonl.1`). */
+const MAX_AUDIT_BYTES = 64 * 1024 * 1024;
 /** How long the host waits for the proxy to answer its control socket after a start. */
 const PROXY_READY_MS = 30_000;
 
@@ -47,15 +49,17 @@ export async function ensureEgress(
 ): Promise<void> {
   const paths = homeEgress(options.home);
   await withLock(join(options.home, "locks", "egress.lock"), async () => {
-    await prepareHome(options.home, attachment.settings);
+    const rotated = await prepareHome(options.home, attachment.settings);
     writePolicy(options.home, attachment);
-    await ensureProxy(docker, options);
+    // Its bind mount holds the old audit file: a new one needs a new container.
+    await ensureProxy(docker, { ...options, recreate: rotated });
   });
   await controlCall(paths, "sync");
 }
 
-// The directories (see paths.ts for who may write which), the CA and the bundle.
-async function prepareHome(home: string, settings: EgressSettings): Promise<void> {
+// The directories (see paths.ts for who may write which), the CA, the
+// bundle and the audit file; true when the audit file was rotated.
+async function prepareHome(home: string, settings: EgressSettings): Promise<boolean> {
   const paths = homeEgress(home);
   const { uid, gid } = proxyUser();
   const dir = (path: string, mode: number, proxyGroup: boolean): void => {
@@ -82,7 +86,18 @@ async function prepareHome(home: string, settings: EgressSettings): Promise<void
   const bundle = [systemRoots(), Deno.readTextFileSync(paths.caCert), extra].join("\n");
   writeOwned(join(paths.root, "public", "bundle.pem"), bundle, { mode: 0o644 });
   const audit = egressAuditFile(home);
+  const rotated = auditSize(audit) > MAX_AUDIT_BYTES;
+  if (rotated) Deno.renameSync(audit, `${audit}.1`);
   if (!lexists(audit)) writeOwned(audit, "", { mode: 0o600, owner: { uid, gid } });
+  return rotated;
+}
+
+function auditSize(path: string): number {
+  try {
+    return Deno.lstatSync(path).size;
+  } catch {
+    return 0;
+  }
 }
 
 // The host's own trust store, else the roots Deno carries.
@@ -100,14 +115,15 @@ function systemRoots(): string {
 // The proxy container: created, recreated when its spec changed, started.
 async function ensureProxy(
   docker: DockerClient,
-  options: { home: string; config: SandboxConfig },
+  options: { home: string; config: SandboxConfig; recreate: boolean },
 ): Promise<void> {
   const image = await resolveImage(docker, options.config.image);
   const spec = proxyContainerSpec(options.home, { config: options.config, image });
   let found = await docker.inspectContainer(spec.name);
   if (
     found !== null &&
-    (found.Config.Labels[LABELS.posture] !== spec.postureHash || found.Image !== image.id)
+    (options.recreate || found.Config.Labels[LABELS.posture] !== spec.postureHash ||
+      found.Image !== image.id)
   ) {
     await docker.removeContainer(found.Id, { force: true });
     found = null;
