@@ -10,6 +10,7 @@
  */
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError, WaffleError } from "../errors.ts";
+import { type EgressAttachment, restrictedAttachment } from "../egress/launch.ts";
 import type { ServerConnection } from "../mcp/connection.ts";
 import { type HostServerConnection, openHostServer } from "../mcp/host_server.ts";
 import { fetchPackage, isCached, mcpCacheDir } from "../mcp/package_cache.ts";
@@ -142,6 +143,35 @@ export function openLaunch(launch: Launch, options: OpenLaunchOptions): Promise<
     env: options.env,
     config: launch.config.sandbox,
     onProgress: (line) => void options.io.stderr(`waffle: ${line}\n`),
+    egress: where === "restricted" ? launchEgress(launch) : undefined,
+  });
+}
+
+/**
+ * The egress identity of a restricted launch's session: its server's own
+ * `egress`, narrowed by the session's group or cron job (see
+ * `restrictedAttachment`); undefined when it has none.
+ *
+ * @example
+ * ```ts ignore
+ * const egress = launchEgress(resolveLaunch(parsed)); // { id: "r-…", identity: { server: "fetch", … }, … }
+ * ```
+ *
+ * @param launch A launch whose `where` is "restricted".
+ * @returns The attachment, or undefined.
+ * @throws {UsageError} When the launch is not restricted.
+ */
+export function launchEgress(launch: Launch): EgressAttachment | undefined {
+  const { context } = launch;
+  if (launch.where !== "restricted" || context.user === null) {
+    throw new UsageError(`Server '${launch.name}' is not a restricted server's session`);
+  }
+  return restrictedAttachment(launch.config, {
+    tenant: context.tenant,
+    user: context.user,
+    server: launch.name,
+    // A cron job names its own group.
+    ...(context.cron === null ? { group: context.group } : { cron: context.cron }),
   });
 }
 

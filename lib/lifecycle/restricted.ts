@@ -2,13 +2,17 @@
  * A restricted session's container: a separate container per session, from
  * the user's image, with no network, the user's workspace read-only, a tmpfs
  * home, and its own queue. It is removed when the session ends (and removes
- * itself when its runner idles out after a host died).
+ * itself when its runner idles out after a host died). When the session's
+ * server has egress of its own (`restrictedAttachment`), its network is
+ * still "none": its runner bridges the proxy port to the identity's socket,
+ * as a sandbox's does.
  *
  * @module
  */
 import { join } from "../path.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
+import { type EgressAttachment, type EgressLaunch, egressLaunch } from "../egress/launch.ts";
 import { RunnerError } from "../errors.ts";
 import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
@@ -38,14 +42,28 @@ export interface RestrictedOptions {
   docker?: DockerClient;
   /** How long to wait for the runner's first heartbeat; default 20 s. */
   readyTimeoutMs?: number;
+  /**
+   * The session's own egress identity (`restrictedAttachment`); undefined:
+   * none, the container reaches nothing.
+   */
+  egress?: EgressAttachment | undefined;
 }
 
 /**
  * Starts a restricted container for one session of a user.
  *
+ * @example
+ * ```ts ignore
+ * const egress = restrictedAttachment(whole, { tenant: "default", user: "alice", server: "fetch" });
+ * const session = await openRestricted("alice", { config: whole.sandbox, egress });
+ * try { await QueueSession.open(session, { argv: ["fetch-server"] }); } finally { await session.dispose(); }
+ * ```
+ *
  * @param user The user whose workspace it sees (read-only).
- * @param options Tenant, config and Docker client.
+ * @param options Tenant, config, Docker client and the session's egress identity.
  * @returns A backend serving the container's own queue.
+ * @throws {RunnerError} When the runner stops or sends no heartbeat in time.
+ * @throws {DockerError} When the container, or the egress proxy it needs, cannot be started.
  */
 export async function openRestricted(
   user: string,
@@ -69,12 +87,6 @@ export async function openRestricted(
   Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
   const queue = Queue.open(dir, { create: true });
   const image = await resolveImage(docker, config.image);
-  const spec = containerSpec(key, {
-    config,
-    image,
-    paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
-    restricted: { id },
-  });
   let containerId: string | undefined;
   const dispose = async (): Promise<void> => {
     queue.close();
@@ -84,7 +96,16 @@ export async function openRestricted(
     // The runner shaped its queue: never a recursive delete in this process.
     await removeTree(dir).catch(() => false);
   };
+  let name = "";
   try {
+    const spec = containerSpec(key, {
+      config,
+      image,
+      paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
+      restricted: { id },
+      egress: await attachEgress(docker, { attachment: options.egress, config }),
+    });
+    name = spec.name;
     containerId = await docker.createContainer(spec.name, spec.body);
     await docker.startContainer(containerId);
     await waitAlive(queue, docker, containerId, options.readyTimeoutMs ?? 20_000);
@@ -94,7 +115,7 @@ export async function openRestricted(
     throw error;
   }
   return {
-    name: spec.name,
+    name,
     queue,
     // A restricted runner is never restarted: its session ends with it.
     ensure: () => Promise.resolve(),
@@ -103,6 +124,19 @@ export async function openRestricted(
     channelDir: paths.channel,
     dispose,
   };
+}
+
+// The session's socket directory, policy file and the proxy serving them,
+// before its container is created (the socket directory is a mount of it).
+async function attachEgress(
+  docker: DockerClient,
+  options: { attachment: EgressAttachment | undefined; config: SandboxConfig },
+): Promise<EgressLaunch | undefined> {
+  const { attachment, config } = options;
+  if (attachment === undefined) return undefined;
+  const { ensureEgress } = await import("../egress/supervisor.ts");
+  await ensureEgress(docker, attachment, { home: config.home, config });
+  return egressLaunch(config.home, attachment);
 }
 
 /** Names the host process that owns a restricted session's directory. */

@@ -8,6 +8,7 @@
 import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
+import type { EgressAttachment } from "../egress/launch.ts";
 import { SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { ExecResult } from "../queue/protocol.ts";
@@ -29,6 +30,12 @@ export interface SandboxServerOptions {
   config: SandboxConfig;
   /** Progress lines for the user (on stderr). */
   onProgress?: ((line: string) => void) | undefined;
+  /**
+   * A restricted server's own egress identity (`restrictedAttachment` of
+   * the session's server, group or cron job); undefined: it reaches nothing.
+   * A sandbox server's is its sandbox's, never this.
+   */
+  egress?: EgressAttachment | undefined;
 }
 
 /** After the end of its input, how long a server's session may take to end by itself. */
@@ -44,7 +51,7 @@ const WRITE_WAIT_MS = 500;
  * Starts a planned server whose `where` is `sandbox` or `restricted`.
  *
  * @param planned The launch decision.
- * @param options User, environment and settings.
+ * @param options User, environment, settings and (restricted) the session's egress identity.
  * @returns The connection.
  * @throws {UsageError} When the plan is not for a sandbox, or the server cannot run in one.
  */
@@ -71,6 +78,7 @@ export async function openSandboxServer(
     const restricted = await openRestricted(options.user, {
       tenant: options.tenant,
       config: options.config,
+      egress: options.egress,
     });
     try {
       const session = await QueueSession.open(restricted, request);
