@@ -329,7 +329,6 @@ async function terminate(
       servername: isIpLiteral(target.host) ? undefined : target.host,
       ca: context.roots,
       ALPNProtocols: ["http/1.1"],
-      noDelay: true,
       checkServerIdentity: (_host, cert) => tls.checkServerIdentity(target.host, cert),
     });
     const timer = setTimeout(() => {
