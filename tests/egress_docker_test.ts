@@ -24,6 +24,10 @@ import {
 import { startGitServer, testCa } from "./_egress_upstreams.ts";
 import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
+import { removeSandbox } from "../lib/lifecycle/fleet.ts";
+import { homeEgress, recordedLaunch } from "../lib/egress/launch.ts";
+import { identityPaths } from "../lib/egress/paths.ts";
+import { lexists } from "../lib/fs.ts";
 
 const CURL = "curl -sS --max-time 20";
 const UPSTREAM_API = "api.test";
@@ -511,5 +515,23 @@ liveTest(
     );
     assert.ok(capped > 0, "the flood met the connection cap");
     assert.ok(during <= 2 * before, `p50 ${during} ms during the flood, ${before} ms before`);
+  },
+);
+
+liveTest(
+  "rm --purge forgets a sandbox's egress identity: its policy, its socket and the proxy's listener",
+  async (docker) => {
+    await using world = await egressHome(docker, { config: (w) => ({ egress: [w.entry("api")] }) });
+    const sandbox = world.home.open(uniqueUser("purged"));
+    assert.equal((await sh(sandbox, "true")).code, 0);
+    const id = recordedLaunch(sandbox.paths.root)!.id;
+    const own = identityPaths(homeEgress(world.home.home), id);
+    assert.ok(lexists(own.policy) && lexists(own.socket));
+    sandbox.close();
+    await removeSandbox(docker, sandbox.key, { config: sandbox.config, purge: true });
+    assert.equal(lexists(own.policy), false);
+    assert.equal(lexists(own.dir), false);
+    const status = await world.home.cli(["egress", "status", "--json"]);
+    assert.deepEqual(JSON.parse(status.stdout).identities, []);
   },
 );

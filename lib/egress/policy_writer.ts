@@ -134,6 +134,28 @@ export function writeOwned(
 }
 
 /**
+ * Forgets an identity (its sandbox was purged): its policy file goes, and
+ * with it the proxy's listener at the next sync; its socket directory goes
+ * too. Nothing happens for an identity without files.
+ *
+ * @param home The waffle home.
+ * @param id The identity's id.
+ */
+export async function forgetIdentity(home: string, id: string): Promise<void> {
+  const paths = homeEgress(home);
+  const own = identityPaths(paths, id);
+  try {
+    Deno.removeSync(own.policy);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+  await controlCall(paths, "sync").catch(() => {});
+  // The proxy writes in it: removed like any tree another party shaped.
+  const { removeTree } = await import("../lifecycle/remove_tree.ts");
+  await removeTree(own.dir).catch(() => false);
+}
+
+/**
  * Sends one command to the proxy's control socket and returns its answer.
  *
  * @param paths The egress directory.

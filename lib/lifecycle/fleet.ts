@@ -45,6 +45,8 @@ import { containerSpec, hostCanChown, type ImageFacts, LABELS, SANDBOX_UID } fro
 import { countSnapshots } from "./snapshot_store.ts";
 import { purgeState, stateExists } from "./state_dir.ts";
 import { writeWarm } from "./warm.ts";
+import { recordedLaunch } from "../egress/launch.ts";
+import { forgetIdentity } from "../egress/policy_writer.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
@@ -522,6 +524,8 @@ export async function removeSandbox(
       return removed;
     }
     await removeVolume(paths.root);
+    const egress = recordedLaunch(paths.root);
+    if (egress !== undefined) await forgetIdentity(options.config.home, egress.id);
     // Never a recursive delete in this process: the workspace and outbound/
     // are trees the sandbox shaped (see remove_tree.ts).
     await purgeState(paths);
