@@ -147,15 +147,23 @@ export async function serveConnection(
 }
 
 /**
- * Ends a socket after what was written to it is flushed, then frees it: a
- * refused client that never reads holds nothing of the proxy's.
+ * Ends a socket and frees it once the client has ended too (at most a
+ * second later): a refused client that never reads holds nothing of the
+ * proxy's for long.
  *
  * @param socket The socket, with a refusal (or nothing) written.
  * @param text What to write last, if anything.
  */
 export function endSoon(socket: Socket, text?: string): void {
   if (socket.destroyed) return;
-  socket.once("finish", () => socket.destroy());
+  // What the client sent and nobody read would make the close a reset,
+  // which can discard the refusal before the client reads it: read it away,
+  // and free the socket at the client's own end, or a second later.
+  socket.on("data", () => {});
+  socket.resume();
+  const timer = setTimeout(() => socket.destroy(), 1000);
+  socket.once("close", () => clearTimeout(timer));
+  socket.once("end", () => socket.destroy());
   if (text === undefined) socket.end();
   else socket.end(text);
 }
