@@ -5,6 +5,7 @@
  * @module
  */
 import { runProxy } from "../egress/proxy.ts";
+import { egressLog } from "../egress/log.ts";
 import { UsageError } from "../errors.ts";
 import { parse, stringFlag } from "./args.ts";
 
@@ -32,6 +33,16 @@ export async function egressProxyCommand(args: string[]): Promise<number> {
   const audit = stringFlag(parsed, "audit");
   if (dir === undefined) throw new UsageError("Missing --dir DIR");
   if (audit === undefined) throw new UsageError("Missing --audit FILE");
+  // One identity's connection hitting a bug must not end every identity's
+  // egress: what escapes a connection's handlers is logged, not fatal.
+  globalThis.addEventListener("error", (event) => {
+    event.preventDefault();
+    egressLog(`Uncaught: ${event.message}`);
+  });
+  globalThis.addEventListener("unhandledrejection", (event) => {
+    event.preventDefault();
+    egressLog(`Unhandled rejection: ${String(event.reason)}`);
+  });
   const stop = new AbortController();
   for (const signal of ["SIGTERM", "SIGINT"] as const) {
     Deno.addSignalListener(signal, () => stop.abort());
