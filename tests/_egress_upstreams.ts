@@ -20,6 +20,7 @@ import * as net from "node:net";
 import * as tls from "node:tls";
 import { join } from "node:path";
 import { settlesWithin } from "../lib/async.ts";
+import { concat } from "../lib/bytes.ts";
 import { type CertifiedKey, mintCa, mintLeaf } from "../lib/egress/ca.ts";
 
 export type { CertifiedKey };
@@ -1058,16 +1059,6 @@ function headEnd(bytes: Uint8Array): number {
 
 function latin1(bytes: Uint8Array): string {
   return new TextDecoder("latin1").decode(bytes);
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((sum, part) => sum + part.length, 0));
-  let offset = 0;
-  for (const part of parts) {
-    out.set(part, offset);
-    offset += part.length;
-  }
-  return out;
 }
 
 function reasonPhrase(status: number): string {
