@@ -107,7 +107,14 @@ export async function egressHome(
       );
     },
     audit(): EgressAuditLine[] {
-      const text = Deno.readTextFileSync(egressAuditFile(home.home));
+      let text: string;
+      try {
+        text = Deno.readTextFileSync(egressAuditFile(home.home));
+      } catch (error) {
+        // No proxy has written yet (the link is made with the first attached sandbox).
+        if (error instanceof Deno.errors.NotFound) return [];
+        throw error;
+      }
       return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
     },
     async [Symbol.asyncDispose](): Promise<void> {

@@ -279,7 +279,7 @@ Deno.test("addressKind() classifies IPv4, IPv6 and IPv6 forms of IPv4", () => {
     ["64:ff9b::10.0.0.1", "private"],
     ["64:ff9b::8.8.8.8", "public"],
     ["2606:4700:4700::1111", "public"],
-    ["2001:db8::1", "public"],
+    ["2001:4860::8888", "public"],
     ["100::1", "reserved"],
   ];
   for (const [ip, kind] of cases) assert.equal(addressKind(ip), kind, ip);
@@ -348,4 +348,16 @@ Deno.test("addressRefusal() passes public addresses and allowed CIDRs, and names
     "'fe80::1' is a link-local address (not in egress_addresses)",
   );
   assert.equal(addressRefusal("localhost", []), "'localhost' is not an IP address");
+});
+
+Deno.test("addressKind() judges 6to4 by the IPv4 address it carries and refuses Teredo and documentation ranges", () => {
+  assert.equal(addressKind("2002:7f00:1::"), "loopback");
+  assert.equal(addressKind("2002:a00:1::1"), "private");
+  assert.equal(addressKind("2002:101:101::1"), "public");
+  assert.equal(addressKind("2001:0:4136:e378::1"), "reserved");
+  assert.equal(addressKind("2001:db8::1"), "reserved");
+  for (const ip of ["192.0.2.1", "198.51.100.7", "203.0.113.9"]) {
+    assert.equal(addressKind(ip), "reserved");
+  }
+  assert.equal(addressKind("2606:4700::1111"), "public");
 });

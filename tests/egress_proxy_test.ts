@@ -9,6 +9,9 @@
  */
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
+import net from "node:net";
+import tls from "node:tls";
+import { Duplex } from "node:stream";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import type { HeldSecret } from "../lib/egress/inject.ts";
 import type { EgressIdentity } from "../lib/egress/types.ts";
@@ -967,4 +970,104 @@ Deno.test("egress proxy survives clients that hang up while it refuses them", as
   } finally {
     tryClose(held);
   }
+});
+
+// A TLS tunnel to the proxy through its bridge, the client side made by node:tls
+// over the tunnel's bytes (so the test can drop the raw socket mid-request).
+function secretTunnel(
+  port: number,
+  target: string,
+  ca: string,
+): Promise<{ raw: net.Socket; secure: tls.TLSSocket | undefined; status: string }> {
+  return new Promise((resolve, reject) => {
+    const raw = net.connect({ host: "127.0.0.1", port });
+    raw.on("error", () => {});
+    raw.once("connect", () => raw.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`));
+    raw.once("data", (head) => {
+      const status = String(head).split("\r\n")[0]!;
+      if (!status.includes(" 200 ")) return resolve({ raw, secure: undefined, status });
+      const duplex = new Duplex({
+        read() {},
+        write(chunk, _encoding, done) {
+          raw.write(chunk, done);
+        },
+      });
+      raw.on("data", (chunk) => duplex.push(chunk));
+      raw.on("end", () => duplex.push(null));
+      const secure = tls.connect({
+        socket: duplex as unknown as net.Socket,
+        servername: target.split(":")[0],
+        ca,
+      });
+      secure.on("error", () => {});
+      const timer = setTimeout(() => reject(new Error("No TLS within 5 s")), 5000);
+      secure.once("secureConnect", () => {
+        clearTimeout(timer);
+        resolve({ raw, secure, status });
+      });
+    });
+  });
+}
+
+Deno.test("egress proxy gives a connection's slot back when its client leaves while the upstream is still being reached", async () => {
+  const ca = await testCa();
+  await using secret = await startUpstream({ name: "secret.test", ca, hostname: "127.0.0.2" });
+  // The secret host 300 ms away, as a real one is tens to hundreds of ms away.
+  const relay = net.createServer((client) => {
+    client.on("error", () => {});
+    client.pause();
+    setTimeout(() => {
+      const upstream = net.connect({ host: secret.hostname, port: secret.port });
+      upstream.on("error", () => client.destroy());
+      client.on("close", () => upstream.destroy());
+      upstream.on("close", () => client.destroy());
+      client.pipe(upstream);
+      upstream.pipe(client);
+      client.resume();
+    }, 300);
+  });
+  await new Promise<void>((resolve) => relay.listen(0, "127.0.0.6", () => resolve()));
+  try {
+    const relayPort = (relay.address() as net.AddressInfo).port;
+    await using proxy = await startEgressProxy();
+    const max = 3;
+    await proxy.writePolicy("s-a", {
+      allow: [nameEntry("secret.test", relayPort)],
+      addresses: LOOPBACK,
+      hosts: { "secret.test": "127.0.0.6" },
+      maxConnections: max,
+      secrets: [SECRET],
+    });
+    await proxy.sync();
+    const port = portOf(await proxy.bridge("s-a"));
+    const target = `secret.test:${relayPort}`;
+    for (let i = 0; i < max; i++) {
+      const { raw, secure } = await secretTunnel(port, target, proxy.ca.cert);
+      secure?.write(`GET /left${i} HTTP/1.1\r\nHost: secret.test\r\n\r\n`);
+      await delay(50); // the proxy is now reaching the upstream
+      raw.destroy();
+    }
+    // Every one of them ends (and is audited) once the upstream answers.
+    await waitForCount(proxy, (line) => line.destination === "secret.test", max);
+    const fresh = await secretTunnel(port, target, proxy.ca.cert);
+    assert.equal(fresh.status, "HTTP/1.1 200 Connection established");
+    fresh.raw.destroy();
+  } finally {
+    relay.close();
+  }
+});
+
+Deno.test("egress proxy keeps refusals and audit lines short whatever the client sends", async () => {
+  await using proxy = await startEgressProxy();
+  await proxy.writePolicy("s-a", { allow: [nameEntry("api.test", 443)] });
+  await proxy.sync();
+  const url = await proxy.bridge("s-a");
+  const huge = "\x01".repeat(8000);
+  const response = await rawExchange(url, `CONNECT ${huge}:443 HTTP/1.1\r\nHost: x\r\n\r\n`);
+  assert.ok(response.length < 600, `a ${response.length}-byte refusal`);
+  assert.equal(statusOf(response), 400);
+  const lines = await waitForCount(proxy, (line) => line.method === "CONNECT", 1);
+  const text = JSON.stringify(lines.at(-1));
+  assert.ok(text.length < 1200, `a ${text.length}-byte audit line`);
+  assert.doesNotMatch(text, /\\u0001/);
 });

@@ -4,12 +4,14 @@
  * readers never see half a line. Bounded, so a sandbox cannot fill the
  * host's disk through it: past {@linkcode AUDIT_LINES_PER_SECOND} lines in a
  * second, an identity's further lines that second become one summary line
- * (`count` connections, the first one's fields).
+ * (`count` connections, the first one's fields); every string field is at
+ * most 512 characters; past {@linkcode MAX_AUDIT_BYTES} the file becomes
+ * `<file>.1` and a new one starts, so a home's audit takes at most twice that.
  *
  * @module
  */
 import { egressLog } from "./log.ts";
-import { appendFileSync } from "node:fs";
+import { appendFileSync, renameSync } from "node:fs";
 import type { EgressIdentity } from "./types.ts";
 
 /** One connection's audit line. */
@@ -41,7 +43,11 @@ export interface EgressAuditLine extends EgressIdentity {
 }
 
 /** Most lines one identity writes in a second; the rest of that second is summed up. */
-export const AUDIT_LINES_PER_SECOND = 50;
+export const AUDIT_LINES_PER_SECOND = 20;
+/** The audit file's size past which it becomes `<file>.1` (replacing the older one) and a new one starts. */
+export const MAX_AUDIT_BYTES = 64 * 1024 * 1024;
+/** The longest string field of an audit line, in characters. */
+const MAX_FIELD_CHARS = 512;
 
 /** Appends audit lines to one file. */
 export class EgressAudit {
@@ -57,7 +63,14 @@ export class EgressAudit {
    */
   constructor(path: string) {
     this.path = path;
+    try {
+      this.#bytes = Deno.statSync(path).size;
+    } catch {
+      this.#bytes = 0;
+    }
   }
+
+  #bytes: number;
 
   /**
    * Appends one line. A failed write is reported on stderr, never thrown:
@@ -102,10 +115,23 @@ export class EgressAudit {
   }
 
   #append(line: EgressAuditLine): void {
+    const text = `${JSON.stringify(line, capped)}\n`;
     try {
-      appendFileSync(this.path, `${JSON.stringify(line)}\n`, { mode: 0o600 });
+      if (this.#bytes + text.length > MAX_AUDIT_BYTES) {
+        renameSync(this.path, `${this.path}.1`);
+        this.#bytes = 0;
+      }
+      appendFileSync(this.path, text, { mode: 0o600 });
+      this.#bytes += text.length;
     } catch (error) {
       egressLog(`Cannot append to '${this.path}': ${String(error)}`);
     }
   }
+}
+
+// JSON.stringify's replacer: long strings cut, so no field makes a line long.
+function capped(_key: string, value: unknown): unknown {
+  return typeof value === "string" && value.length > MAX_FIELD_CHARS
+    ? `${value.slice(0, MAX_FIELD_CHARS)}…`
+    : value;
 }

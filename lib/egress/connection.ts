@@ -116,13 +116,13 @@ export async function serveConnection(
       if (secrets.length > 0) {
         line.secrets = await terminate(client, hello, { target, address, context, counters });
       } else {
-        const upstream = await dial(address, target.port);
+        const upstream = present(client, await dial(address, target.port));
         upstream.write(hello);
         counters.up(hello.length);
         await splice(client, upstream, { buckets: context.buckets, counters });
       }
     } else {
-      const upstream = await dial(address, target.port);
+      const upstream = present(client, await dial(address, target.port));
       const path = new URL(head.target);
       const sent = serializeHead(upstreamHead(head, `${path.pathname}${path.search}`));
       upstream.write(sent);
@@ -178,8 +178,8 @@ interface Target {
 function requestTarget(head: RequestHead): Target {
   if (head.method === "CONNECT") {
     const match = /^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+):(\d{1,5})$/.exec(head.target);
-    if (match === null) throw new Failed(400, `Malformed CONNECT target '${head.target}'`);
-    return { host: normalHost(match[1]!), port: port(match[2]!) };
+    if (match === null) throw new Failed(400, `Malformed CONNECT target '${shown(head.target)}'`);
+    return { host: checkedHost(match[1]!), port: port(match[2]!) };
   }
   let url: URL;
   try {
@@ -187,19 +187,43 @@ function requestTarget(head: RequestHead): Target {
   } catch {
     throw new Failed(
       400,
-      `Not a proxy request: '${head.target.slice(0, 200)}' is no absolute URL`,
+      `Not a proxy request: '${shown(head.target)}' is no absolute URL`,
     );
   }
   if (url.protocol !== "http:") {
     throw new Failed(400, `Only http:// is forwarded ('${url.protocol}'); use CONNECT for https`);
   }
-  const target = { host: normalHost(url.hostname), port: url.port === "" ? 80 : port(url.port) };
+  const target = { host: checkedHost(url.hostname), port: url.port === "" ? 80 : port(url.port) };
   const hosts = headerValues(head, "host");
   const named = hosts.length === 1 ? normalHost(hosts[0]!.replace(/:\d+$/, "")) : undefined;
   if (named !== target.host) {
-    throw new Refused(403, `Host header ${JSON.stringify(hosts)} does not match '${target.host}'`);
+    throw new Refused(
+      403,
+      `Host header '${shown(hosts.join(", "))}' does not match '${target.host}'`,
+    );
   }
   return target;
+}
+
+// A destination as the policy compares it: an IP literal, or a name of DNS
+// characters (anything else is refused before it reaches a message or the audit).
+function checkedHost(host: string): string {
+  const normal = normalHost(host);
+  if (isIpLiteral(normal) || /^[a-z0-9_.-]{1,253}$/.test(normal)) return normal;
+  throw new Failed(400, `Malformed host '${shown(host)}'`);
+}
+
+/**
+ * A value from the client as a message shows it: at most 100 characters,
+ * control characters as `?` (a refusal or an audit line stays one short line).
+ *
+ * @param text The value.
+ * @returns The shown form.
+ */
+export function shown(text: string): string {
+  // deno-lint-ignore no-control-regex
+  const clean = text.replace(/[\x00-\x1f\x7f]/g, "?");
+  return clean.length > 100 ? `${clean.slice(0, 100)}…` : clean;
 }
 
 function normalHost(host: string): string {
@@ -210,7 +234,7 @@ function normalHost(host: string): string {
 function port(text: string): number {
   const value = Number(text);
   if (!Number.isInteger(value) || value < 1 || value > 65535) {
-    throw new Failed(400, `Invalid port '${text}'`);
+    throw new Failed(400, `Invalid port '${shown(text)}'`);
   }
   return value;
 }
@@ -319,6 +343,7 @@ async function terminate(
     secureContext: await context.leafFor(target.host),
     ALPNProtocols: ["http/1.1"],
   });
+  secure.on("error", () => secure.destroy());
   const { head, rest } = await readHead(secure as unknown as Socket, {
     timeoutMs: HEAD_TIMEOUT_MS,
   });
@@ -353,6 +378,7 @@ async function terminate(
       reject(new Error(`TLS to '${target.host}' failed: ${error.message}`));
     });
   });
+  present(secure as unknown as Socket, upstream);
   const sent = serializeHead(injected);
   upstream.write(sent);
   // Deno's node:tls fails a zero-length write (EPERM), which left the
@@ -366,6 +392,13 @@ async function terminate(
   return names;
 }
 
+// The upstream, once the client is known to be still there; else both go.
+function present<T extends { destroy(): void }>(client: Socket, upstream: T): T {
+  if (!client.destroyed) return upstream;
+  upstream.destroy();
+  throw new Failed(499, "The client left while the upstream was connected");
+}
+
 // Both ways until both sides closed, each direction held to its bucket; an
 // error or a long silence on either side ends both.
 function splice(
@@ -376,6 +409,13 @@ function splice(
     counters: { up: (n: number) => void; down: (n: number) => void };
   },
 ): Promise<void> {
+  // A side that went while the upstream was dialled has emitted its close
+  // already (a listener added now would never hear it): both end here.
+  if (client.destroyed || upstream.destroyed) {
+    client.destroy();
+    upstream.destroy();
+    return Promise.resolve();
+  }
   return new Promise((resolve) => {
     let closed = 0;
     const fail = (): void => {

@@ -453,7 +453,10 @@ const V4_KINDS: [string, number, AddressKind][] = [
   ["100.64.0.0", 10, "private"],
   ["169.254.0.0", 16, "link-local"],
   ["192.0.0.0", 24, "reserved"],
+  ["192.0.2.0", 24, "reserved"],
   ["198.18.0.0", 15, "reserved"],
+  ["198.51.100.0", 24, "reserved"],
+  ["203.0.113.0", 24, "reserved"],
   ["224.0.0.0", 4, "multicast"],
   ["240.0.0.0", 4, "reserved"],
 ];
@@ -466,18 +469,23 @@ const V6_KINDS: [string, number, AddressKind][] = [
   ["fec0::", 10, "private"],
   ["fe80::", 10, "link-local"],
   ["ff00::", 8, "multicast"],
+  // Teredo and documentation: tunnels and examples, never a destination.
+  ["2001::", 32, "reserved"],
+  ["2001:db8::", 32, "reserved"],
 ];
 
 /**
  * Classifies an IP address. IPv4: 0.0.0.0/8 unspecified, 127/8 loopback,
  * 10/8, 172.16/12, 192.168/16 and 100.64/10 (CGNAT) private, 169.254/16
  * link-local but 169.254.169.254 metadata, 224/4 multicast, 240/4,
- * 255.255.255.255, 192.0.0.0/24 and 198.18/15 reserved. IPv6: `::`
+ * 255.255.255.255, 192.0.0.0/24, 198.18/15 and the documentation ranges
+ * (192.0.2/24, 198.51.100/24, 203.0.113/24) reserved. IPv6: `::`
  * unspecified, `::1` loopback, `fd00:ec2::254` metadata, fc00::/7 (and the
  * old site-local fec0::/10) private, fe80::/10 link-local, ff00::/8
  * multicast; an address that embeds an IPv4 one (IPv4-mapped
- * `::ffff:0:0/96`, IPv4-compatible `::/96`, NAT64 `64:ff9b::/96`) is
- * classified by it; anything else outside 2000::/3 is reserved. The rest is
+ * `::ffff:0:0/96`, IPv4-compatible `::/96`, NAT64 `64:ff9b::/96`, 6to4
+ * `2002::/16`) is classified by it; Teredo `2001::/32`, documentation
+ * `2001:db8::/32` and anything outside 2000::/3 are reserved. The rest is
  * public.
  *
  * @example
@@ -508,6 +516,10 @@ function kindOf(address: Address): AddressKind {
   const high = address.value >> 32n;
   const low = address.value & 0xffffffffn;
   if (high === 0n || high === 0x64ff9bn << 64n) return kindOf({ v6: false, value: low });
+  // 6to4 (2002::/16) carries an IPv4 address in bits 16-47: judged by it.
+  if (address.value >> 112n === 0x2002n) {
+    return kindOf({ v6: false, value: (address.value >> 80n) & 0xffffffffn });
+  }
   return address.value >> 125n === 1n ? "public" : "reserved";
 }
 

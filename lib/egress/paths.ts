@@ -7,7 +7,9 @@
  * - `policies/<id>.json`: each identity's policy and secrets (host and proxy only);
  * - `sockets/<id>/proxy.s`: the identity's socket, `sockets/<id>/ca.pem`: the
  *   bundle its sandbox trusts; the directory is what the sandbox mounts, read-only;
- * - `ctl/ctl.s`: the host's control socket to the proxy.
+ * - `ctl/ctl.s`: the host's control socket to the proxy;
+ * - `audit/egress.jsonl` (and `.1`): the audit, written and rotated by the
+ *   proxy; `$WAFFLE_HOME/egress.jsonl` is a link to it.
  *
  * @module
  */
@@ -15,8 +17,8 @@ import { join } from "../path.ts";
 
 /** Where the proxy's container sees the home's `egress/` directory. */
 export const PROXY_EGRESS_DIR = "/egress";
-/** Where the proxy's container sees `$WAFFLE_HOME/egress.jsonl`. */
-export const PROXY_AUDIT_FILE = "/audit/egress.jsonl";
+/** Where the proxy's container writes the audit (`$WAFFLE_HOME/egress.jsonl` links to it). */
+export const PROXY_AUDIT_FILE = "/egress/audit/egress.jsonl";
 /** Where a sandbox sees its identity's socket directory. */
 export const SANDBOX_EGRESS_DIR = "/opt/waffle/egress";
 /** The loopback port inside a sandbox that bridges to its socket (`HTTP(S)_PROXY`). */
@@ -44,6 +46,8 @@ export interface EgressPaths {
   sockets: string;
   /** The control socket. */
   control: string;
+  /** The audit file. */
+  audit: string;
 }
 
 /**
@@ -62,6 +66,7 @@ export function egressPaths(root: string): EgressPaths {
     policies: join(root, "policies"),
     sockets: join(root, "sockets"),
     control: join(root, "ctl", "ctl.s"),
+    audit: join(root, "audit", "egress.jsonl"),
   };
 }
 

@@ -91,10 +91,19 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     }
     identity.active++;
     total++;
-    const context: ConnectionContext = { policy, buckets: identity.buckets, leafFor, roots };
-    void serveConnection(client, context).then((line) => {
+    // The slot is the client socket's: it is given back when that socket
+    // closes, whatever step of the connection was waiting then.
+    let held = true;
+    const release = (): void => {
+      if (!held) return;
+      held = false;
       identity.active--;
       total--;
+    };
+    client.once("close", release);
+    const context: ConnectionContext = { policy, buckets: identity.buckets, leafFor, roots };
+    void serveConnection(client, context).then((line) => {
+      release();
       audit.writeFor(identity.id, { time, ...who, ...line });
     });
   };

@@ -52,7 +52,8 @@ export function proxyUser(): { uid: number; gid: number } {
 }
 
 /**
- * The audit file of a home.
+ * The audit file of a home, as users read it: a link to the file the proxy
+ * writes (`<home>/egress/audit/egress.jsonl`).
  *
  * @param home The waffle home.
  * @returns `<home>/egress.jsonl`.
@@ -130,7 +131,8 @@ export function proxyContainerSpec(
         bind(paths.policies, inside.policies, true, paths.root),
         bind(paths.sockets, inside.sockets, false, paths.root),
         bind(join(paths.root, "ctl"), join(inside.root, "ctl"), false, paths.root),
-        bind(egressAuditFile(home), PROXY_AUDIT_FILE, false),
+        // A directory, not the file: the proxy rotates the audit in it.
+        bind(join(paths.root, "audit"), join(inside.root, "audit"), false, paths.root),
       ],
       RestartPolicy: { Name: "on-failure", MaximumRetryCount: 5 },
       Privileged: false,

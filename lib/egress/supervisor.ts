@@ -24,8 +24,6 @@ import { egressAuditFile, proxyContainerSpec, proxyUser } from "./proxy_containe
 import { controlCall, writeOwned, writePolicy } from "./policy_writer.ts";
 import { lexists } from "../fs.ts";
 
-/** The audit file's size past which the host starts a new one, keeping one old (`egress.jsonl.1`). */
-const MAX_AUDIT_BYTES = 64 * 1024 * 1024;
 /** How long the host waits for the proxy to answer its control socket after a start. */
 const PROXY_READY_MS = 30_000;
 
@@ -49,17 +47,16 @@ export async function ensureEgress(
 ): Promise<void> {
   const paths = homeEgress(options.home);
   await withLock(join(options.home, "locks", "egress.lock"), async () => {
-    const rotated = await prepareHome(options.home, attachment.settings);
+    await prepareHome(options.home, attachment.settings);
     writePolicy(options.home, attachment);
-    // Its bind mount holds the old audit file: a new one needs a new container.
-    await ensureProxy(docker, { ...options, recreate: rotated });
+    await ensureProxy(docker, options);
   });
   await controlCall(paths, "sync");
 }
 
 // The directories (see paths.ts for who may write which), the CA, the
-// bundle and the audit file; true when the audit file was rotated.
-async function prepareHome(home: string, settings: EgressSettings): Promise<boolean> {
+// bundle and the audit's link.
+async function prepareHome(home: string, settings: EgressSettings): Promise<void> {
   const paths = homeEgress(home);
   const { uid, gid } = proxyUser();
   const dir = (path: string, mode: number, proxyGroup: boolean): void => {
@@ -85,18 +82,19 @@ async function prepareHome(home: string, settings: EgressSettings): Promise<bool
   writeOwned(paths.extraCa, extra, { mode: 0o644, owner: { uid, gid } });
   const bundle = [systemRoots(), Deno.readTextFileSync(paths.caCert), extra].join("\n");
   writeOwned(join(paths.root, "public", "bundle.pem"), bundle, { mode: 0o644 });
-  const audit = egressAuditFile(home);
-  const rotated = auditSize(audit) > MAX_AUDIT_BYTES;
-  if (rotated) Deno.renameSync(audit, `${audit}.1`);
-  if (!lexists(audit)) writeOwned(audit, "", { mode: 0o600, owner: { uid, gid } });
-  return rotated;
+  dir(join(paths.root, "audit"), 0o770, true);
+  const link = egressAuditFile(home);
+  const stat = lstatOrNull(link);
+  // An audit file of before the proxy rotated it itself moves in beside it.
+  if (stat?.isFile) Deno.renameSync(link, `${paths.audit}.before`);
+  if (stat === null || stat.isFile) Deno.symlinkSync("egress/audit/egress.jsonl", link);
 }
 
-function auditSize(path: string): number {
+function lstatOrNull(path: string): Deno.FileInfo | null {
   try {
-    return Deno.lstatSync(path).size;
+    return Deno.lstatSync(path);
   } catch {
-    return 0;
+    return null;
   }
 }
 
@@ -115,15 +113,14 @@ function systemRoots(): string {
 // The proxy container: created, recreated when its spec changed, started.
 async function ensureProxy(
   docker: DockerClient,
-  options: { home: string; config: SandboxConfig; recreate: boolean },
+  options: { home: string; config: SandboxConfig },
 ): Promise<void> {
   const image = await resolveImage(docker, options.config.image);
   const spec = proxyContainerSpec(options.home, { config: options.config, image });
   let found = await docker.inspectContainer(spec.name);
   if (
     found !== null &&
-    (options.recreate || found.Config.Labels[LABELS.posture] !== spec.postureHash ||
-      found.Image !== image.id)
+    (found.Config.Labels[LABELS.posture] !== spec.postureHash || found.Image !== image.id)
   ) {
     await docker.removeContainer(found.Id, { force: true });
     found = null;
