@@ -60,9 +60,11 @@ export class EgressAudit {
 
   /**
    * @param path The audit file (created when missing).
+   * @param options `maxBytes`: where it rotates (default {@linkcode MAX_AUDIT_BYTES}).
    */
-  constructor(path: string) {
+  constructor(path: string, options: { maxBytes?: number } = {}) {
     this.path = path;
+    this.#maxBytes = options.maxBytes ?? MAX_AUDIT_BYTES;
     try {
       this.#bytes = Deno.statSync(path).size;
     } catch {
@@ -71,6 +73,7 @@ export class EgressAudit {
   }
 
   #bytes: number;
+  #maxBytes: number;
 
   /**
    * Appends one line. A failed write is reported on stderr, never thrown:
@@ -117,7 +120,7 @@ export class EgressAudit {
   #append(line: EgressAuditLine): void {
     const text = `${JSON.stringify(line, capped)}\n`;
     try {
-      if (this.#bytes + text.length > MAX_AUDIT_BYTES) {
+      if (this.#bytes + text.length > this.#maxBytes) {
         renameSync(this.path, `${this.path}.1`);
         this.#bytes = 0;
       }
