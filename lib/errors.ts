@@ -162,6 +162,19 @@ export class FilesError extends WaffleError {
 }
 
 /**
+ * A `waffle doctor --deep` check could not run to its end: a wait timed
+ * out, or a helper (the lock holder, a probe) failed. The check reports it
+ * as a failure of the harness, never as a pass.
+ */
+export class CertifyError extends WaffleError {
+  /** Takes the same arguments as the {@linkcode WaffleError} constructor. */
+  constructor(message: string, options: WaffleErrorOptions = {}) {
+    super(message, options);
+    this.name = "CertifyError";
+  }
+}
+
+/**
  * A thrown value's message as one line of at most 300 characters, for a
  * note or a reason that reaches a terminal or a log.
  *

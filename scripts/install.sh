@@ -88,7 +88,9 @@ if [[ "${WAFFLE_INSTALL_BUNDLE:-0}" != 1 ]] &&
   (cd "$REPO" && deno eval --quiet \
     "import { writeArtefactDigest } from './lib/config/self.ts'; writeArtefactDigest('$LIB/waffle');")
   ln -sfn "$LIB/waffle" "$PREFIX/bin/waffle"
-  say "done: $("$PREFIX/bin/waffle" --help | head -1)"
+  # The default home's egress CA, made once (its key readable by the proxy alone).
+if ca=$("$PREFIX/bin/waffle" egress ca 2>&1); then say "egress CA: $ca"; else say "egress CA not made: $ca"; fi
+say "done: $("$PREFIX/bin/waffle" --help | head -1)"
   exit 0
 fi
 plain="$(sed 's/\x1b\[[0-9;]*m//g' "$build/compile.err" 2>/dev/null || echo "WAFFLE_INSTALL_BUNDLE=1")"
@@ -115,4 +117,6 @@ cat >"$build/launcher" <<EOF
 DENO_NO_UPDATE_CHECK=1 exec "$LIB/deno" run --allow-all --quiet --no-prompt --no-config "$LIB/waffle.js" "\$@"
 EOF
 if place "$build/launcher" "$PREFIX/bin/waffle" 0755; then say "installed $PREFIX/bin/waffle"; fi
+# The default home's egress CA, made once (its key readable by the proxy alone).
+if ca=$("$PREFIX/bin/waffle" egress ca 2>&1); then say "egress CA: $ca"; else say "egress CA not made: $ca"; fi
 say "done: $("$PREFIX/bin/waffle" --help | head -1)"

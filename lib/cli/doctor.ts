@@ -5,14 +5,16 @@
  * @module
  */
 import { join } from "../path.ts";
-import { EXIT_FAILURE } from "../exit_codes.ts";
+import { EXIT_FAILURE, EXIT_WAFFLE } from "../exit_codes.ts";
+import { UsageError } from "../errors.ts";
 import { messageOf } from "../queue/connection.ts";
 import { openHostBackend } from "../host_backend.ts";
 import { dockerChecks } from "./doctor_docker.ts";
 import { mcpChecks } from "./doctor_mcp.ts";
 import { sandboxChecks } from "./doctor_sandboxes.ts";
 import { egressChecks } from "./doctor_egress.ts";
-import { parse, stringFlag } from "./args.ts";
+import { noPositionals, numberFlag, parse, type Parsed, stringFlag } from "./args.ts";
+import { DEFAULT_STRESS_SECONDS } from "../certify/stress.ts";
 import { loadConfig } from "../config/config.ts";
 import { quotaSupport } from "../lifecycle/quota.ts";
 import type { CliIo } from "./io.ts";
@@ -41,11 +43,15 @@ export type CheckOutcome = string | { detail: string; warning: true };
  */
 export type DoctorCheck = { name: string; run: () => Promise<CheckOutcome>; timeoutMs?: number };
 
+/** The longest `--deep --seconds` accepted: an hour. */
+export const MAX_DEEP_SECONDS = 3600;
+
 /** How long a check may take before doctor reports it as failed and goes on: 2 minutes. */
 export const CHECK_TIMEOUT_MS = 120_000;
 
 /** Help text of `waffle doctor`. */
 export const DOCTOR_HELP = `Usage: waffle doctor [--json] [--no-docker] [--config FILE]
+       waffle doctor --deep [--seconds N] [--volume] [--json]
 
 Checks the queue round trip on the host filesystem, reports the host's
 fs.protected_* sysctls (waffle relies on none of them), whether each
@@ -61,6 +67,19 @@ home). An "egress proxy" row: this home's proxy container, whether it
 answers, how many identities it serves and its CA's fingerprint. A check
 that has not answered in 2 minutes fails; the next one runs.
 Exit status 0 when every check passes, ${EXIT_FAILURE} otherwise.
+
+--deep certifies this installation's Docker for the queue, with this waffle
+and the configured image (a throwaway sandbox, removed afterwards, also on
+Ctrl-C): N seconds (default ${DEFAULT_STRESS_SECONDS}) of 8 host clients against a runner in a
+network-less container over the bind-mounted queue, a docker kill while the
+runner's result write waits on a lock (then PRAGMA integrity_check of both
+files), and a fork bomb in a disposable container capped at 32 pids. With
+--volume the queue checks run again with the files on Docker named volumes.
+stdout: a header (Docker version, API, OS, architecture, drivers, kernel,
+the queue's mount, waffle's version and artefact digest), a row per check,
+and a verdict: supported, not supported (naming the failing mode) or not
+certified (a check was skipped: a skip never passes). Progress on stderr.
+Exit status 0 when supported, ${EXIT_FAILURE} otherwise, ${EXIT_WAFFLE} without a Docker daemon.
 `;
 
 /**
@@ -75,7 +94,16 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
     json: { type: "boolean" },
     "no-docker": { type: "boolean" },
     config: { type: "string" },
+    deep: { type: "boolean" },
+    seconds: { type: "string" },
+    volume: { type: "boolean" },
   });
+  if (parsed.values.deep) return await deep(parsed, io);
+  for (const flag of ["seconds", "volume"]) {
+    if (parsed.values[flag] !== undefined) {
+      throw new UsageError(`Option '--${flag}' needs '--deep'`);
+    }
+  }
   const docker = !parsed.values["no-docker"];
   const configPath = stringFlag(parsed, "config");
   // Each group is built on its own: a config or home one of them cannot
@@ -122,6 +150,23 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
   const ok = rows.every((row) => row.ok);
   if (parsed.values.json) await io.stdout(`${JSON.stringify({ ok, checks: rows })}\n`);
   return ok ? 0 : EXIT_FAILURE;
+}
+
+// `doctor --deep`, loaded only when asked for.
+async function deep(parsed: Parsed, io: CliIo): Promise<number> {
+  noPositionals(parsed.positionals);
+  if (parsed.values["no-docker"]) {
+    throw new UsageError("Option '--deep' needs Docker: drop '--no-docker'");
+  }
+  const seconds = numberFlag(parsed, "seconds", { integer: true, max: MAX_DEEP_SECONDS }) ??
+    DEFAULT_STRESS_SECONDS;
+  const { deepDoctor } = await import("./doctor_deep.ts");
+  return await deepDoctor({
+    seconds,
+    volume: parsed.values.volume === true,
+    json: parsed.values.json === true,
+    configPath: stringFlag(parsed, "config"),
+  }, io);
 }
 
 // The checks a builder makes, or one failing row named after the group.

@@ -7,7 +7,7 @@
  */
 import { join } from "../path.ts";
 import { loadConfig } from "../config/config.ts";
-import { DockerClient } from "../docker/mod.ts";
+import { daemonFacts, describeDaemon, DockerClient } from "../docker/mod.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
 import { removeSandbox } from "../lifecycle/fleet.ts";
 import { artefactCommand, runtimeKitOf, selfCommand } from "../config/self.ts";
@@ -29,12 +29,7 @@ export function dockerChecks(): DoctorCheck[] {
   return [
     {
       name: "docker daemon",
-      run: async () => {
-        const [version, info] = await Promise.all([docker.version(), docker.info()]);
-        return `server ${version.Version} (API ${version.ApiVersion}), ${info.Architecture}, ${info.Driver}, cgroup ${info.CgroupDriver} v${
-          info.CgroupVersion || "?"
-        }`;
-      },
+      run: async () => describeDaemon(await daemonFacts(docker)),
     },
     {
       name: "runner image",

@@ -15,6 +15,7 @@ Commands:
   plan       show what a sandbox (or a restricted server) may reach, and its secrets
   status     show this home's proxy, its CA and the identities it serves
   reload     write every identity's policy from today's config at once
+  ca         make this home's CA if needed; print its file and fingerprint
 
 Run 'waffle egress <command> --help' for its options.
 `;
@@ -29,6 +30,10 @@ const SUBCOMMANDS: Record<string, () => Promise<Loaded>> = {
   status: async () => {
     const m = await import("./egress_status.ts");
     return { help: m.EGRESS_STATUS_HELP, run: m.egressStatusCommand };
+  },
+  ca: async () => {
+    const m = await import("./egress_status.ts");
+    return { help: m.EGRESS_CA_HELP, run: m.egressCaCommand };
   },
   reload: async () => {
     const m = await import("./egress_status.ts");

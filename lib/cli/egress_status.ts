@@ -34,6 +34,38 @@ waffle call does the same for its own sandbox.) An identity the config no
 longer attaches gets an empty list until its next call recycles it.
 `;
 
+/** Help of `waffle egress ca`. */
+export const EGRESS_CA_HELP = `Usage: waffle egress ca [--json] [--config FILE]
+
+Makes this home's waffle CA if it has none yet (install.sh runs this for the
+default home) and prints its certificate file and SHA-256 fingerprint. The
+proxy presents certificates of this CA for the hosts a secret is injected
+for; sandboxes trust it through their CA bundle. Its private key is readable
+by the proxy alone.
+`;
+
+/**
+ * Runs `waffle egress ca`.
+ *
+ * @param args Arguments after `ca`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function egressCaCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { json: { type: "boolean" }, config: { type: "string" } });
+  noPositionals(parsed.positionals);
+  const config = loadWaffleConfig({ configPath: stringFlag(parsed, "config") });
+  const { prepareEgressHome } = await import("../egress/supervisor.ts");
+  const { fingerprint } = await import("../egress/ca.ts");
+  await prepareEgressHome(config.sandbox.home, config.egress);
+  const path = homeEgress(config.sandbox.home).caCert;
+  const sha256 = await fingerprint(Deno.readTextFileSync(path));
+  await io.stdout(
+    parsed.values.json ? `${JSON.stringify({ path, sha256 })}\n` : `${path} SHA-256 ${sha256}\n`,
+  );
+  return 0;
+}
+
 /**
  * Runs `waffle egress status`.
  *

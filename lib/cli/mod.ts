@@ -103,6 +103,13 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.EGRESS_PROXY_HELP, run: m.egressProxyCommand }),
     ),
   }],
+  ["certify-lock", {
+    summary: "(internal) hold a queue file's lock for 'doctor --deep'",
+    load: lazy(
+      () => import("./certify_lock.ts"),
+      (m) => ({ help: m.CERTIFY_LOCK_HELP, run: m.certifyLockCommand }),
+    ),
+  }],
   ["runner", {
     summary: "serve a queue (runs inside the sandbox)",
     load: lazy(

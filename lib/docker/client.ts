@@ -43,6 +43,7 @@ import {
   createResponseSchema,
   type DockerInfo,
   type DockerVersion,
+  type DockerVolume,
   execCreateSchema,
   execInspectSchema,
   type ExecResult,
@@ -52,6 +53,8 @@ import {
   statsSchema,
   topSchema,
   versionSchema,
+  volumeListSchema,
+  volumeSchema,
   waitResponseSchema,
 } from "./types.ts";
 
@@ -503,6 +506,75 @@ export class DockerClient {
       timeoutMs: options.timeoutMs,
     }).catch((err) => this.#rethrowForContainer(err, id));
     return this.#parse(statsSchema, data, "GET /containers/{id}/stats");
+  }
+
+  /** Creates a named volume of the `local` driver (`POST /volumes/create`). */
+  async createVolume(
+    name: string,
+    options: RequestOptions & { labels?: Record<string, string> } = {},
+  ): Promise<DockerVolume> {
+    const data = await this.#request({
+      method: "POST",
+      path: "/volumes/create",
+      body: { Name: name, Driver: "local", Labels: options.labels ?? {} },
+      ok: [201],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(volumeSchema, data, "POST /volumes/create");
+  }
+
+  /** A named volume, or `null` when it does not exist. */
+  async inspectVolume(name: string, options: RequestOptions = {}): Promise<DockerVolume | null> {
+    try {
+      const data = await this.#request({
+        method: "GET",
+        path: `/volumes/${encodeURIComponent(name)}`,
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+      return this.#parse(volumeSchema, data, "GET /volumes/{name}");
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return null;
+      throw err;
+    }
+  }
+
+  /** Lists named volumes, filtered by labels (`key` or `key=value`, all must match). */
+  async listVolumes(
+    options: RequestOptions & { labels?: string[] } = {},
+  ): Promise<DockerVolume[]> {
+    const query: Record<string, unknown> = {};
+    if (options.labels !== undefined && options.labels.length > 0) {
+      query.filters = { label: options.labels };
+    }
+    const data = await this.#request({
+      method: "GET",
+      path: "/volumes",
+      query,
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(volumeListSchema, data, "GET /volumes");
+  }
+
+  /**
+   * Removes a named volume. Resolves `false` when it did not exist (404).
+   *
+   * @throws {DockerConflictError} When a container still uses it.
+   */
+  async removeVolume(name: string, options: RequestOptions = {}): Promise<boolean> {
+    try {
+      await this.#request({
+        method: "DELETE",
+        path: `/volumes/${encodeURIComponent(name)}`,
+        ok: [204],
+        timeoutMs: options.timeoutMs,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return false;
+      throw err;
+    }
   }
 
   /** POST /containers/{id}/{action}; `false` on 304 (already in that state). */

@@ -24,6 +24,7 @@ export {
   type WaitOptions,
 } from "./client.ts";
 export { DockerConflictError, DockerNotFoundError } from "./errors.ts";
+export { type DaemonFacts, daemonFacts, describeDaemon } from "./facts.ts";
 // The base class, so callers can catch any Docker failure from this module alone.
 export { DockerError } from "../errors.ts";
 export { demuxDockerStream, type DemuxedOutput } from "./stream.ts";
@@ -41,6 +42,7 @@ export type {
   ContainerTop,
   DockerInfo,
   DockerVersion,
+  DockerVolume,
   ExecResult,
   HostConfigMount,
   ImageSummary,

@@ -40,6 +40,8 @@ export interface DockerInfo {
   Architecture: string;
   /** `linux` or `windows`. */
   OSType: string;
+  /** The daemon's operating system as it names it, e.g. `Docker Desktop` or `Debian GNU/Linux 12 (bookworm)`; empty when not reported. */
+  OperatingSystem: string;
   /** CPUs visible to the daemon. */
   NCPU: number;
   /** Memory visible to the daemon, in bytes. */
@@ -74,6 +76,8 @@ export interface HostConfigMount {
   ReadOnly?: boolean;
   /** Bind-specific options. */
   BindOptions?: { Propagation?: string; NonRecursive?: boolean };
+  /** Volume-specific options: `NoCopy` keeps the image's files at the target out of a new volume. */
+  VolumeOptions?: { NoCopy?: boolean };
   /** tmpfs-specific options. */
   TmpfsOptions?: { SizeBytes?: number; Mode?: number };
 }
@@ -310,6 +314,18 @@ export interface ContainerStats {
   cpuTotalNs: number;
 }
 
+/** A named volume (`GET /volumes/{name}`), reduced. */
+export interface DockerVolume {
+  /** The volume's name. */
+  Name: string;
+  /** Its driver, e.g. `local`. */
+  Driver: string;
+  /** Where its data lives on the daemon's host (not necessarily this machine). */
+  Mountpoint: string;
+  /** Labels; `{}` when it has none. */
+  Labels: Record<string, string>;
+}
+
 /** The outcome of {@linkcode DockerClient.exec}. */
 export interface ExecResult {
   /** Exit code of the command. */
@@ -348,6 +364,7 @@ export const infoSchema: z.ZodMiniType<DockerInfo> = z.object({
   CgroupVersion: text,
   Architecture: z.string(),
   OSType: text,
+  OperatingSystem: text,
   NCPU: count,
   MemTotal: count,
   SecurityOptions: strings,
@@ -524,4 +541,18 @@ export const statsSchema: z.ZodMiniType<ContainerStats> = z.pipe(
     pids: v.pids_stats?.current ?? 0,
     cpuTotalNs: v.cpu_stats?.cpu_usage?.total_usage ?? 0,
   })),
+);
+
+/** @internal */
+export const volumeSchema: z.ZodMiniType<DockerVolume> = z.object({
+  Name: z.string(),
+  Driver: text,
+  Mountpoint: text,
+  Labels: labels,
+});
+
+/** @internal */
+export const volumeListSchema: z.ZodMiniType<DockerVolume[]> = z.pipe(
+  z.object({ Volumes: z.nullish(z.array(volumeSchema)) }),
+  z.transform((v): DockerVolume[] => v.Volumes ?? []),
 );

@@ -47,16 +47,22 @@ export async function ensureEgress(
 ): Promise<void> {
   const paths = homeEgress(options.home);
   await withLock(join(options.home, "locks", "egress.lock"), async () => {
-    await prepareHome(options.home, attachment.settings);
+    await prepareEgressHome(options.home, attachment.settings);
     writePolicy(options.home, attachment);
     await ensureProxy(docker, options);
   });
   await controlCall(paths, "sync");
 }
 
-// The directories (see paths.ts for who may write which), the CA, the
-// bundle and the audit's link.
-async function prepareHome(home: string, settings: EgressSettings): Promise<void> {
+/**
+ * Makes a home's egress directory (see paths.ts for who may write which),
+ * its CA (once: `install.sh` makes it for the default home through
+ * `waffle egress ca`), the sandboxes' CA bundle and the audit's link.
+ *
+ * @param home The waffle home.
+ * @param settings The `[egress]` settings (`extra_ca` joins the bundle).
+ */
+export async function prepareEgressHome(home: string, settings: EgressSettings): Promise<void> {
   const paths = homeEgress(home);
   const { uid, gid } = proxyUser();
   const dir = (path: string, mode: number, proxyGroup: boolean): void => {
