@@ -6,6 +6,8 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { liveTest } from "./_docker_gate.ts";
+import { startUpstream, testCa, writeCaFile } from "./_egress_upstreams.ts";
+import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 
 const INSTALL = fileURLToPath(new URL("../scripts/install.sh", import.meta.url));
@@ -125,6 +127,36 @@ liveTest(
       await library.ensure();
       assert.equal(library.lastEnsure?.action, "warm");
       assert.equal(library.lastEnsure?.containerId, second.Id);
+
+      // Egress from the installed binary: its proxy runs the same artefact (the
+      // CA minting and TLS termination included) and a sandbox reaches a name
+      // through it.
+      const ca = await testCa();
+      await using upstream = await startUpstream({ name: "api.test", ca, hostname: "127.0.0.1" });
+      const caFile = await writeCaFile(ca, home.home);
+      await Deno.writeTextFile(
+        `${home.home}/waffle.toml`,
+        `[sandbox]\negress = ["api.test:${upstream.port}"]\negress_addresses = ["127.0.0.1"]\n` +
+          `[egress]\nextra_ca = "${caFile}"\n[egress.hosts]\n"api.test" = "127.0.0.1"\n`,
+      );
+      const egress = await sh([
+        "waffle",
+        "exec",
+        "--user",
+        uniqueUser("install-egress"),
+        "--",
+        "/opt/waffle/rt/ld.so",
+        "--library-path",
+        "/opt/waffle/rt",
+        "/opt/waffle/deno",
+        "eval",
+        `const r = await fetch("https://api.test:${upstream.port}/x"); console.log(r.status)`,
+      ], { cwd: "/", env: callEnv });
+      assert.equal(egress.code, 0, egress.stderr);
+      assert.equal(egress.stdout, "200\n");
+      assert.equal(upstream.connections, 1);
+      const proxy = await docker.inspectContainer(proxyContainerName(home.home));
+      assert.ok(proxy?.Config.Cmd.includes("/opt/waffle/waffle.js"), proxy?.Config.Cmd.join(" "));
     } finally {
       await Deno.remove(prefix, { recursive: true }).catch(() => {});
     }
