@@ -7,7 +7,6 @@ import { join } from "node:path";
 import { runnerArgs, selfCommand } from "../lib/config/self.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { RunnerQueue } from "../lib/queue/runner_queue.ts";
-import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 
 /** A temporary directory holding `queue/` and `workspace/`. */
 export interface TempQueue {
@@ -156,8 +155,8 @@ export function alive(pid: number): boolean {
   }
 }
 
-/** Heartbeats are declared stale after this gap. */
-export const MAX_HEARTBEAT_GAP_MS = 2 * HEARTBEAT_INTERVAL_MS;
+/** Heartbeats are declared stale after this gap (the library's, which doctor --deep applies). */
+export { MAX_HEARTBEAT_GAP_MS } from "../lib/certify/heartbeat_observer.ts";
 
 /** Text of bytes. */
 export function text(bytes: Uint8Array): string {

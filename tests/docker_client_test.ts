@@ -166,6 +166,27 @@ liveTest("docker: ping, version and info", async (docker) => {
 });
 
 liveTest(
+  "docker: a named volume is created with labels, listed by them, inspected and removed",
+  async (docker) => {
+    const name = `waffle-test-volume-${crypto.randomUUID().slice(0, 8)}`;
+    const run = crypto.randomUUID();
+    try {
+      const created = await docker.createVolume(name, { labels: { [TEST_LABEL]: run } });
+      assertEquals(created.Name, name, "Name");
+      assertEquals(created.Driver, "local", "Driver");
+      assert(created.Mountpoint.startsWith("/"), `odd Mountpoint '${created.Mountpoint}'`);
+      const listed = await docker.listVolumes({ labels: [`${TEST_LABEL}=${run}`] });
+      assertEquals(listed.map((v) => v.Name), [name], "listed by label");
+      assertEquals((await docker.inspectVolume(name))?.Labels[TEST_LABEL], run, "label");
+    } finally {
+      assertEquals(await docker.removeVolume(name), true, "removed");
+    }
+    assertEquals(await docker.inspectVolume(name), null, "inspect after removal");
+    assertEquals(await docker.removeVolume(name), false, "a second removal");
+  },
+);
+
+liveTest(
   "docker: inspectImage finds the runner image and returns null for a missing one",
   async (docker) => {
     const image = await docker.inspectImage(IMAGE);

@@ -4,9 +4,11 @@
  * container (no network, read-only rootfs, pids limit): concurrent load from
  * several host handles, a SIGKILL of the container while its result write is
  * blocked on a lock, a lock held past the busy timeout, and a fork bomb
- * against the pids limit. Asserts
- * behaviour, never latency. Each test uses its own temporary WAFFLE_HOME and
- * force-removes its own container, whatever happens.
+ * against the pids limit. Asserts behaviour, never latency. Each test uses
+ * its own temporary WAFFLE_HOME and force-removes its own container,
+ * whatever happens. The load and the kill are the library's harness
+ * (`lib/certify/`), the one `waffle doctor --deep` runs on a user's Docker:
+ * these tests assert on the figures it returns.
  *
  * `WAFFLE_SANDBOX_DOCKER_SECONDS` sets the load duration (default 5), counted
  * from the runner's first heartbeat.
@@ -15,34 +17,30 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import {
+  type ExclusiveLock,
+  findPidsCgroup,
+  HeartbeatObserver,
+  integrityOfQueue,
+  killCheck,
+  lockExclusive,
+  MAX_HEARTBEAT_GAP_MS,
+  type PidsCgroup,
+  readPidsCgroup,
+  sandboxRig,
+  stressCheck,
+  waitForCommandExit,
+} from "../lib/certify/mod.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
 import { BUSY_TIMEOUT_MS } from "../lib/queue/connection.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 import { Queue } from "../lib/queue/queue.ts";
 import { liveTest } from "./_docker_gate.ts";
-import {
-  type ExclusiveLock,
-  findPidsCgroup,
-  linesOf,
-  lockExclusive,
-  type PidsCgroup,
-  readPidsCgroup,
-  sizeOf,
-  withSandbox,
-} from "./_docker_queue_helpers.ts";
-import { delay, MAX_HEARTBEAT_GAP_MS, text, waitFor } from "./_helpers.ts";
-import {
-  envNumber,
-  HeartbeatObserver,
-  integrityCheck,
-  integrityOfQueue,
-  newSummary,
-  queueCounts,
-  recoveredIntegrity,
-  stressLoop,
-  type StressSummary,
-} from "./_stress_client.ts";
+import { within } from "../lib/certify/_poll.ts";
+import { linesOf, withSandbox } from "./_docker_queue_helpers.ts";
+import { delay, text, waitFor } from "./_helpers.ts";
+import { envNumber } from "./_stress_client.ts";
 
 const OK = { inbound: "ok", outbound: "ok" };
 /** Concurrent submitters, each with its own `Queue` handle on the bind-mounted directory. */
@@ -58,79 +56,43 @@ liveTest(
       const containerId = sandbox.lastEnsure?.containerId ?? "";
       const inspected = await docker.inspectContainer(containerId);
       assert.equal(inspected?.HostConfig.NetworkMode, "none", "the sandbox must have no network");
-      const first = sandbox.queue.heartbeat();
-      assert.equal(first?.state, "running", "no heartbeat after ensure");
+      assert.equal(sandbox.queue.heartbeat()?.state, "running", "no heartbeat after ensure");
 
-      // Counted from the first heartbeat: ensure returned once it was seen.
-      const started = Date.now();
-      const deadline = started + seconds * 1000;
-      const observerQueue = Queue.open(sandbox.paths.queue, {
-        outboundDir: sandbox.paths.outbound,
+      // The harness `waffle doctor --deep` runs, counted from the first
+      // heartbeat (ensure returned once it was seen).
+      const check = await stressCheck(sandboxRig(sandbox, docker), {
+        seconds,
+        submitters: SUBMITTERS,
       });
-      const observer = new HeartbeatObserver(observerQueue);
-      observer.start(100);
-      const queues = Array.from(
-        { length: SUBMITTERS },
-        () => Queue.open(sandbox.paths.queue, { outboundDir: sandbox.paths.outbound }),
-      );
-      const summaries: StressSummary[] = queues.map(() => newSummary());
-      let beats: ReturnType<HeartbeatObserver["stop"]>;
-      let elapsed: number;
-      try {
-        await Promise.all(
-          queues.map((queue, i) => stressLoop(queue, `d${i}`, deadline, summaries[i]!)),
-        );
-        elapsed = Date.now() - started;
-        // Everything was acknowledged: the runner and the host collect the rows.
-        const gcQueue = queues[0]!;
-        await waitFor(async () => {
-          await gcQueue.gc();
-          const counts = queueCounts(sandbox.queue.paths);
-          return counts.requests === 0 && counts.results === 0;
-        }, { timeoutMs: 30_000, what: "acknowledged rows to be collected" });
-      } finally {
-        beats = observer.stop();
-        for (const queue of queues) queue.close();
-        observerQueue.close();
-      }
-      const integrity = integrityOfQueue(sandbox.queue.paths);
-      const still = await docker.inspectContainer(containerId);
-
-      const sum = (pick: (s: StressSummary) => number): number =>
-        summaries.reduce((n, s) => n + pick(s), 0);
-      const requests = sum((s) => s.requests);
-      const results = sum((s) => s.results);
-      const distinct = new Set(summaries.flatMap((s) => s.toolUseIds)).size;
-      const errors = summaries.flatMap((s) => s.errors);
-      const busy = sum((s) => s.busyErrors);
-      const mismatches = summaries.flatMap((s) => s.mismatches);
-      const throughput = (results / (elapsed / 1000)).toFixed(0);
-      const sameRunner = sandbox.queue.heartbeat()?.bootId === first?.bootId;
+      const f = check.figures;
+      assert.ok(f !== undefined, check.summary);
       console.log(
-        `docker stress: ${(elapsed / 1000).toFixed(1)} s (${seconds} s asked), ` +
-          `${SUBMITTERS} host handles, ${requests} requests, ${distinct} distinct tool-use ids, ` +
-          `${results} results, ${throughput} req/s, max heartbeat gap ${beats.maxGapMs} ms ` +
-          `(seq step ${beats.maxSeqStep}, ${beats.beats} beats, observer max sample interval ` +
-          `${beats.maxSampleIntervalMs} ms), ${errors.length} errors (${busy} busy), same runner ` +
-          `${sameRunner}, integrity ${
-            JSON.stringify(integrity)
-          }, docker server ${server.Version} ` +
-          `(API ${server.ApiVersion})`,
+        `docker stress: ${check.summary} (${seconds} s asked; heartbeat seq step ` +
+          `${f.heartbeat.maxSeqStep}, observer max sample interval ` +
+          `${f.heartbeat.maxSampleIntervalMs} ms; same runner ${f.sameRunner}); docker server ` +
+          `${server.Version} (API ${server.ApiVersion})`,
       );
 
-      assert.deepEqual(errors, [], `${errors.length} errors (${busy} busy)`);
-      assert.equal(busy, 0, "lock timeouts");
-      assert.deepEqual(mismatches, [], "outputs that do not match their request");
-      assert.ok(results > 0, "nothing completed");
-      assert.equal(distinct, requests, "tool-use ids were not unique");
-      assert.equal(results, requests, "a request got no result");
-      assert.equal(beats.unreadable, 0, "the heartbeat was unreadable");
-      assert.ok(beats.beats > 0, "no heartbeat seen during the load");
-      assert.ok(beats.maxGapMs < MAX_HEARTBEAT_GAP_MS, `heartbeat gap ${beats.maxGapMs} ms`);
-      assert.deepEqual(integrity, OK);
-      assert.equal(still?.State.Running, true, "the container stopped during the load");
-      assert.equal(still?.RestartCount, 0);
-      assert.ok(sameRunner, "the runner restarted during the load");
+      assert.deepEqual(f.firstErrors, [], `${f.errors} errors (${f.busyErrors} busy)`);
+      assert.equal(f.errors, 0);
+      assert.equal(f.busyErrors, 0, "lock timeouts");
+      assert.deepEqual(f.firstMismatches, [], "outputs that do not match their request");
+      assert.equal(f.mismatches, 0);
+      assert.ok(f.results > 0, "nothing completed");
+      assert.equal(f.distinctToolUseIds, f.requests, "tool-use ids were not unique");
+      assert.equal(f.results, f.requests, "a request got no result");
+      assert.ok(f.rowsCollected, "acknowledged rows were not collected");
+      assert.equal(f.heartbeat.unreadable, 0, "the heartbeat was unreadable");
+      assert.ok(f.heartbeat.beats > 0, "no heartbeat seen during the load");
+      assert.ok(
+        f.heartbeat.maxGapMs < MAX_HEARTBEAT_GAP_MS,
+        `heartbeat gap ${f.heartbeat.maxGapMs} ms`,
+      );
+      assert.deepEqual(f.integrity, OK);
+      assert.equal(f.containerRunning, true, "the container stopped during the load");
+      assert.equal(f.restartCount, 0);
+      assert.ok(f.sameRunner, "the runner restarted during the load");
+      assert.equal(check.status, "passed", JSON.stringify(check.failures));
     });
   },
 );
@@ -141,100 +103,49 @@ liveTest(
     await withSandbox(docker, "kill", {}, async (sandbox) => {
       await sandbox.ensure();
       const containerId = sandbox.lastEnsure?.containerId ?? "";
-      const paths = sandbox.queue.paths;
-      const go = join(sandbox.paths.workspace, "go");
-      const marker = join(sandbox.paths.workspace, "marker.log");
-      // Waits for the host's go, appends one line, prints. Never re-run: one line, always.
-      const id = await sandbox.submit({
-        shell: "while [ ! -e go ]; do sleep 0.02; done; echo ran >> marker.log; echo after-marker",
-        timeoutMs: 120_000,
-      });
-      await waitFor(() => sandbox.queue.state(id).state === "started", {
-        timeoutMs: 30_000,
-        what: "the request to start",
-      });
-
-      const lock = await lockExclusive(paths.outbound);
-      let resultsUnderLock: number;
-      let commandGone: string;
-      let blocked: RunnerThread;
-      try {
-        await Deno.writeTextFile(go, "");
-        await waitFor(async () => (await linesOf(marker)).length > 0, {
-          timeoutMs: 30_000,
-          what: "the marker (the command to run)",
-        });
-        // The command exits right after its marker; the runner then blocks on
-        // our lock with its chunks and result. Show that the command is done.
-        commandGone = await waitForCommandExit(docker, containerId, "after-marker");
-        // Where the runner's main thread is: SQLite's busy handler sleeps
-        // (clock_nanosleep) while an idle or working runner waits in epoll.
-        blocked = await waitForBlockedRunner(docker, containerId);
-        resultsUnderLock = await countResults(lock, id);
-        await docker.killContainer(containerId, { signal: "SIGKILL" });
-        await docker.waitContainer(containerId, { timeoutMs: 30_000 });
-      } finally {
-        await lock.release();
-      }
-      const killed = await docker.inspectContainer(containerId);
-      const journals = {
-        inbound: sizeOf(`${paths.inbound}-journal`),
-        outbound: sizeOf(`${paths.outbound}-journal`),
-      };
-      const journalAfterKill = Deno.readFileSync(`${paths.outbound}-journal`);
-      // Both files as their owners will recover them (on copies: the host
-      // never rolls back the runner's journal).
-      const integrityAfterKill = {
-        inbound: integrityCheck(paths.inbound),
-        outbound: recoveredIntegrity(paths.outbound),
-      };
-      // Before any restart the host sees a started request without a result,
-      // reading around the hot journal without touching it.
-      const stateAfterKill = sandbox.queue.state(id).state;
-      const journalUntouched = equalBytes(
-        Deno.readFileSync(`${paths.outbound}-journal`),
-        journalAfterKill,
-      );
+      // The harness `waffle doctor --deep` runs: lock, marker, no result, kill.
+      const check = await killCheck(sandboxRig(sandbox, docker));
+      const f = check.figures;
+      assert.ok(f !== undefined, check.summary);
+      const marker = join(sandbox.paths.workspace, f.marker);
 
       await sandbox.ensure();
       const ensured = sandbox.lastEnsure;
-      const after = sandbox.queue.state(id);
-      const collected = await sandbox.queue.collect(id);
+      const after = sandbox.queue.state(f.requestId);
+      const collected = await sandbox.queue.collect(f.requestId);
       // The next request runs after recovery: the interrupted one was not re-run.
-      const next = await sandbox.submit({ shell: "wc -l < marker.log" });
+      const next = await sandbox.submit({ shell: `wc -l < ${f.marker}` });
       const nextResult = await sandbox.queue.collect(next);
       const lines = await linesOf(marker);
       const integrityAtEnd = integrityOfQueue(sandbox.queue.paths);
       console.log(
-        `docker kill mid-write: command ${commandGone}; runner main thread ${blocked.describe}; ` +
-          `results under our lock ${resultsUnderLock}; ` +
-          `container ${killed?.State.Status} (exit ${killed?.State.ExitCode}, OOMKilled ${killed?.State.OOMKilled}); ` +
-          `journal sizes after kill ${JSON.stringify(journals)}; integrity after kill ` +
-          `${JSON.stringify(integrityAfterKill)}; state before restart '${stateAfterKill}'; ` +
-          `ensure ${ensured?.action}; result ${
+        `docker kill mid-write: ${check.summary}; command ${f.command}; runner main thread ` +
+          `${f.runnerThread.describe}; container ${f.container.status} (OOMKilled ` +
+          `${f.container.oomKilled}); ensure ${ensured?.action}; result ${
             JSON.stringify(after.result)
           }; marker lines ${lines.length}`,
       );
 
       assert.equal(
-        resultsUnderLock,
+        f.resultsUnderLock,
         0,
         "a result was committed although the runner could not write",
       );
-      if (blocked.inBusyWait === undefined) {
-        await unverifiable(t, "the runner waits in SQLite's busy handler", blocked.describe);
+      if (f.runnerThread.inBusyWait === undefined) {
+        await unverifiable(t, "the runner waits in SQLite's busy handler", f.runnerThread.describe);
       } else {
         assert.equal(
-          blocked.inBusyWait,
+          f.runnerThread.inBusyWait,
           true,
-          `runner not blocked on the lock: ${blocked.describe}`,
+          `runner not blocked on the lock: ${f.runnerThread.describe}`,
         );
       }
-      assert.equal(killed?.State.Running, false);
-      assert.equal(killed?.State.ExitCode, 137, "not killed by SIGKILL");
-      assert.deepEqual(integrityAfterKill, OK);
-      assert.equal(stateAfterKill, "started");
-      assert.ok(journalUntouched, "the host touched the runner's journal");
+      assert.equal(f.container.running, false);
+      assert.equal(f.container.exitCode, 137, "not killed by SIGKILL");
+      assert.deepEqual(f.integrityAfterKill, OK);
+      assert.equal(f.stateAfterKill, "started");
+      assert.ok(f.journalUntouched, "the host touched the runner's journal");
+      assert.equal(check.status, "passed", JSON.stringify(check.failures));
       assert.equal(ensured?.action, "started", "ensure should restart the same container");
       assert.equal(ensured?.containerId, containerId);
       assert.equal(after.state, "done");
@@ -274,7 +185,7 @@ liveTest(
       let resultsUnderLock: number;
       try {
         await Deno.writeTextFile(go, "");
-        await waitForCommandExit(docker, containerOf(sandbox), "line-$i");
+        await waitForCommandExit(docker, { containerId: containerOf(sandbox), needle: "line-$i" });
         // Past the runner's busy timeout: its first writes fail, it must not give up.
         await delay(holdMs);
         resultsUnderLock = await countResults(lock, id);
@@ -286,7 +197,7 @@ liveTest(
         const beat = sandbox.queue.heartbeat();
         return beat !== undefined && Date.now() - beat.time < HEARTBEAT_INTERVAL_MS;
       }, { timeoutMs: 30_000, what: "a fresh heartbeat" });
-      const collected = await withTimeout(sandbox.queue.collect(id), 60_000, "the result");
+      const collected = await within(sandbox.queue.collect(id), { ms: 60_000, what: "the result" });
       const beat = sandbox.queue.heartbeat();
       const lines = await linesOf(marker);
       const integrity = integrityOfQueue(sandbox.queue.paths);
@@ -450,7 +361,10 @@ async function runAndReport(
 ): Promise<Reported> {
   const id = await sandbox.submit({ shell, timeoutMs });
   // Bounded: a runner that cannot finish the request must not hang the test.
-  const collected = await withTimeout(sandbox.queue.collect(id), 60_000, "the request's result");
+  const collected = await within(sandbox.queue.collect(id), {
+    ms: 60_000,
+    what: "the request's result",
+  });
   const { result } = collected;
   const stderr = text(collected.stderr);
   const firstError = stderr.split("\n").find((line) => line !== "") ?? "";
@@ -471,7 +385,10 @@ async function aliveReport(sandbox: Sandbox): Promise<string> {
   const id = await sandbox.submit({
     shell: "echo alive $$ $PPID; ps -o pid,pgid,stat,comm | tail -n +2",
   });
-  const { result, stdout } = await withTimeout(sandbox.queue.collect(id), 60_000, "the follow-up");
+  const { result, stdout } = await within(sandbox.queue.collect(id), {
+    ms: 60_000,
+    what: "the follow-up",
+  });
   assert.equal(result.exitCode, 0, `follow-up request: ${JSON.stringify(result)}`);
   const [first = "", ...rest] = text(stdout).trim().split("\n");
   const [word, self, runner] = first.split(" ");
@@ -538,81 +455,6 @@ class PidsSampler {
   }
 }
 
-// Waits until no live process of the container runs a command line
-// containing `needle`; describes what was seen (a zombie is an exited process
-// its parent, the blocked runner, has not reaped yet).
-async function waitForCommandExit(
-  docker: DockerClient,
-  containerId: string,
-  needle: string,
-): Promise<string> {
-  let seen = false;
-  let zombies = 0;
-  await waitFor(async () => {
-    const top = await docker.top(containerId, { psArgs: "-eo pid,stat,args" });
-    const live = top.Processes.filter((row) =>
-      (row.at(-1) ?? "").includes(needle) && !(row[1] ?? "").startsWith("Z")
-    );
-    seen ||= live.length > 0;
-    zombies = top.Processes.filter((row) => (row[1] ?? "").startsWith("Z")).length;
-    return live.length === 0;
-  }, { timeoutMs: 30_000, what: "the command to exit" });
-  return `exited (${seen ? "seen running first" : "already gone at the first look"}, ` +
-    `${zombies} unreaped zombie(s) in the container)`;
-}
-
-interface RunnerThread {
-  /** True or false when the host can see the runner's main thread; undefined otherwise. */
-  inBusyWait: boolean | undefined;
-  describe: string;
-}
-
-// The runner's main thread as the host kernel shows it (`docker top` gives
-// host pids), checked to be the runner by its command line; undefined when
-// this host does not see the container's processes (Docker Desktop, a remote
-// daemon, a host in another pid namespace).
-async function runnerThread(docker: DockerClient, containerId: string): Promise<RunnerThread> {
-  const top = await docker.top(containerId, { psArgs: "-eo pid,args" });
-  const row = top.Processes.find((r) =>
-    (r[1] ?? "").includes(" runner --queue ") && !(r[1] ?? "").includes("docker-init")
-  );
-  const pid = Number(row?.[0]);
-  const read = (file: string): string | undefined => {
-    try {
-      return Deno.readTextFileSync(`/proc/${pid}/${file}`).trim();
-    } catch {
-      return undefined;
-    }
-  };
-  const cmdline = read("cmdline")?.replaceAll("\0", " ") ?? "";
-  const wchan = read("wchan");
-  const syscall = read("syscall")?.split(" ")[0];
-  if (!Number.isSafeInteger(pid) || !cmdline.includes("runner") || wchan === undefined) {
-    return { inBusyWait: undefined, describe: "not visible from this host" };
-  }
-  // 230 clock_nanosleep, 35 nanosleep (x86-64); 101, 115 on arm64.
-  const sleeping = /nanosleep/.test(wchan) ||
-    (Deno.build.arch === "x86_64" ? ["230", "35"] : ["101", "115"]).includes(syscall ?? "");
-  return {
-    inBusyWait: sleeping,
-    describe: `pid ${pid} in ${wchan || "?"} (syscall ${syscall ?? "?"})`,
-  };
-}
-
-// Waits (within SQLite's busy timeout) until the runner's main thread sleeps in
-// the busy handler; returns the last look when it never does or is not visible.
-async function waitForBlockedRunner(
-  docker: DockerClient,
-  containerId: string,
-): Promise<RunnerThread> {
-  const deadline = Date.now() + BUSY_TIMEOUT_MS / 2;
-  for (;;) {
-    const seen = await runnerThread(docker, containerId);
-    if (seen.inBusyWait !== false || Date.now() > deadline) return seen;
-    await delay(20);
-  }
-}
-
 // A check this host cannot make (the daemon's processes or cgroups are not
 // visible here): with WAFFLE_REQUIRE_DOCKER=1 the test fails, as the gate in
 // _docker_gate.ts does; otherwise the check shows as an ignored step with the
@@ -633,25 +475,4 @@ function containerOf(sandbox: Sandbox): string {
   const id = sandbox.lastEnsure?.containerId;
   assert.ok(id !== undefined, "ensure has not run");
   return id;
-}
-
-async function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  try {
-    return await Promise.race([
-      promise,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(
-          () => reject(new Error(`Timed out after ${ms} ms waiting for ${what}`)),
-          ms,
-        );
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-function equalBytes(a: Uint8Array, b: Uint8Array): boolean {
-  return a.byteLength === b.byteLength && a.every((byte, i) => byte === b[i]);
 }

@@ -987,8 +987,8 @@ function secretTunnel(
       const status = String(head).split("\r\n")[0]!;
       if (!status.includes(" 200 ")) return resolve({ raw, secure: undefined, status });
       const duplex = new Duplex({
-        read() {},
-        write(chunk, _encoding, done) {
+        read(): void {},
+        write(chunk, _encoding, done): void {
           raw.write(chunk, done);
         },
       });

@@ -68,7 +68,7 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
     queues.flatMap((queue, i) =>
       Array.from(
         { length: LOOPS_PER_QUEUE },
-        (_, w) => stressLoop(queue, `p${i}w${w}`, deadline, local[i]!),
+        (_, w) => stressLoop(queue, { prefix: `p${i}w${w}`, deadline, summary: local[i]! }),
       )
     ),
   );

@@ -47,8 +47,9 @@ export interface CertifyOptions {
  * Runs every check and returns the evidence. Never throws for what the
  * installation does: a failing or unrunnable check is a row of the report.
  *
- * @param options Duration, volume, image, client, cleanup, progress.
+ * @param options Duration, volume, config file, image, client, cleanup, progress.
  * @returns Header, checks, verdict and what was cleaned up.
+ * @throws {UsageError} When the config is invalid or names a runner artefact that is not installed.
  *
  * @example
  * ```ts ignore
@@ -57,7 +58,7 @@ export interface CertifyOptions {
  * ```
  */
 export async function certify(options: CertifyOptions = {}): Promise<CertifyReport> {
-  const runId = crypto.randomUUID().slice(0, 12);
+  const runId = crypto.randomUUID().replaceAll("-", "").slice(0, 12);
   const config = loadConfig(
     options.configPath === undefined ? {} : { configPath: options.configPath },
   );
@@ -118,27 +119,33 @@ async function runChecks(docker: DockerClient, ctx: RunContext): Promise<void> {
     `run ${runId} (label ${CERTIFY_LABEL}=${runId}): starting a sandbox of '${ctx.image}' ` +
       "(queue on bind mounts)",
   );
-  await queueChecks("bind mount", async () => (await openBindRig(docker, ctx)).rig, ctx);
+  await queueChecks(ctx, {
+    mount: "bind mount",
+    open: async () => (await openBindRig(docker, ctx)).rig,
+  });
   if (ctx.cleanup.interrupted) return;
   ctx.checks.push(
-    await guarded("fork bomb", undefined, () => forkBombCheck(docker, { ...ctx, runId })),
+    await guarded("fork bomb", { run: () => forkBombCheck(docker, { ...ctx, runId }) }),
   );
   if (!ctx.volume || ctx.cleanup.interrupted) return;
   ctx.onProgress?.("starting the same container with the queue on Docker named volumes");
-  await queueChecks("volume", async () => {
-    const opened = await openVolumeRig(docker, { ...ctx, runId });
-    return "skipped" in opened ? opened.skipped : opened.rig;
-  }, ctx);
+  await queueChecks(ctx, {
+    mount: "volume",
+    open: async () => {
+      const opened = await openVolumeRig(docker, { ...ctx, runId });
+      return "skipped" in opened ? opened.skipped : opened.rig;
+    },
+  });
 }
 
 // The stress and the kill check on one rig (the kill check last: it kills
 // the container). A rig that cannot be made here skips both; one that fails
 // to start fails both.
 async function queueChecks(
-  mount: QueueMount,
-  open: () => Promise<QueueRig | string>,
   ctx: RunContext,
+  options: { mount: QueueMount; open: () => Promise<QueueRig | string> },
 ): Promise<void> {
+  const { mount, open } = options;
   const started = performance.now();
   let rig: QueueRig | string;
   try {
@@ -166,11 +173,14 @@ async function queueChecks(
   const seconds = ctx.seconds ?? DEFAULT_STRESS_SECONDS;
   const onProgress = ctx.onProgress;
   ctx.checks.push(
-    await guarded("stress", mount, () => stressCheck(ready, { seconds, ...progress(onProgress) })),
+    await guarded("stress", {
+      mount,
+      run: () => stressCheck(ready, { seconds, ...progress(onProgress) }),
+    }),
   );
   if (ctx.cleanup.interrupted) return;
   ctx.checks.push(
-    await guarded("kill mid-write", mount, () => killCheck(ready, progress(onProgress))),
+    await guarded("kill mid-write", { mount, run: () => killCheck(ready, progress(onProgress)) }),
   );
 }
 
@@ -194,12 +204,12 @@ async function shellProblem(rig: QueueRig): Promise<string | undefined> {
 // A check's result, or a failed one (mode `harness`) when it broke off.
 async function guarded(
   name: string,
-  mount: QueueMount | undefined,
-  run: () => Promise<AnyCheck>,
+  options: { mount?: QueueMount; run: () => Promise<AnyCheck> },
 ): Promise<AnyCheck> {
+  const { mount } = options;
   const started = performance.now();
   try {
-    return await run();
+    return await options.run();
   } catch (error) {
     return brokenCheck(name, { mount, started, message: messageOf(error) });
   }

@@ -78,19 +78,15 @@ export const FAILURE_MODE_NAMES: Readonly<Record<FailureMode, string>> = {
  *
  * @example
  * ```ts ignore
- * verdictOf(report.checks, report.header).line; // "supported: every check passed (bind mount)"
+ * verdictOf(report.checks, report.header).line; // "supported: every check passed on this installation (bind mount)"
  * ```
  */
 export function verdictOf(checks: AnyCheck[], header: EvidenceHeader): Verdict {
-  const failing: Verdict["failing"] = checks.flatMap((check) =>
-    check.failures.map((failure) => ({
-      check: checkLabel(check),
-      mode: failure.mode,
-      detail: failure.detail,
-    }))
+  const failing = checks.flatMap((check) =>
+    check.failures.map((failure) => ({ check: checkLabel(check), ...failure }))
   );
   if (failing.length > 0) {
-    const named = failing.map((f) => `${FAILURE_MODE_NAMES[f.mode as FailureMode]} in ${f.check}`);
+    const named = failing.map((f) => `${FAILURE_MODE_NAMES[f.mode]} in ${f.check}`);
     return {
       status: "not supported",
       line: `not supported: ${[...new Set(named)].join("; ")} (${failing[0]!.detail})`,

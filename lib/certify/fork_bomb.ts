@@ -146,17 +146,18 @@ function peakOf(p: PidsPeak): number {
 }
 
 function describeBomb(f: ForkBombFigures): string {
-  const cgroup = (p: PidsPeak): string =>
-    p.cgroupCurrent === undefined
-      ? ""
-      : `, cgroup ${p.cgroupPeak ?? p.cgroupCurrent}, ${p.refused ?? "?"} forks refused`;
-  const bomb = f.bomb === undefined
-    ? "bomb not run"
-    : `bomb peak ${f.bomb.tasks} tasks/${f.bomb.processes} processes${cgroup(f.bomb)}`;
+  const sources = (p: PidsPeak): string =>
+    `peak ${peakOf(p)} (docker stats ${p.tasks}, docker top ${p.processes}${
+      p.cgroupCurrent === undefined
+        ? ""
+        : `, cgroup ${p.cgroupPeak ?? p.cgroupCurrent}, ${p.refused ?? "?"} forks refused`
+    })`;
+  const loop = `bounded loop ${f.loop.exitCode === 0 ? "not stopped" : "stopped"} ` +
+    `(exit ${f.loop.exitCode}) at ${sources(f.loop)}`;
+  const bomb = f.bomb === undefined ? "bomb not run" : `bomb ${sources(f.bomb)}`;
   return `limit ${f.limit} (read back ${f.readBack}${
     f.cgroupMax === undefined ? "" : `, pids.max ${f.cgroupMax}`
-  }), peak observed ${f.peak}; loop exit ${f.loop.exitCode}, peak ${f.loop.tasks} tasks/` +
-    `${f.loop.processes} processes${cgroup(f.loop)}; ${bomb}`;
+  }); ${loop}; ${bomb}; peak observed ${f.peak}`;
 }
 
 // A disposable, locked-down container running `script` under the pids limit.
