@@ -6,7 +6,7 @@
  * @module
  */
 import { mark } from "../trace.ts";
-import { loadWaffleConfig, type SandboxConfig } from "../config/config.ts";
+import { loadWaffleConfig, type SandboxConfig, type WaffleConfig } from "../config/config.ts";
 import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
@@ -78,20 +78,11 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
-  // Whether (and as whom) it reaches the egress proxy: part of its posture.
-  // Its lists apply live: each call reads the config file again when it
-  // changed, so an edited waffle.toml governs the next connection.
-  let egress = sandboxAttachment(whole, key);
-  recordAttachment(paths.root, { home: config.home, attachment: egress });
-  let configSeen = fileStamp(whole.path);
-  const currentEgress = (): EgressAttachment | undefined => {
-    const stamp = fileStamp(whole.path);
-    if (stamp === configSeen) return egress;
-    configSeen = stamp;
-    egress = sandboxAttachment(loadWaffleConfig({ overrides: options.config ?? {} }), key);
-    recordAttachment(paths.root, { home: config.home, attachment: egress });
-    return egress;
-  };
+  const currentEgress = egressTracker(whole, {
+    key,
+    root: paths.root,
+    reload: () => loadWaffleConfig({ overrides: options.config ?? {} }),
+  });
   // Before any session: a host listens there while its container is made.
   makeChannelDir(paths.channel);
   // Mounted read-only into every sandbox (npm MCP servers): it must exist.
@@ -203,6 +194,27 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     },
   };
   return Object.assign(sandbox, processesOf(sandbox));
+}
+
+// Whether (and as whom) a sandbox reaches the egress proxy, recorded for its
+// posture. Its lists apply live: each call reads the config file again when
+// it changed, so an edited waffle.toml governs the next connection.
+function egressTracker(
+  whole: WaffleConfig,
+  options: { key: SandboxKey; root: string; reload: () => WaffleConfig },
+): () => EgressAttachment | undefined {
+  const home = whole.sandbox.home;
+  let egress = sandboxAttachment(whole, options.key);
+  recordAttachment(options.root, { home, attachment: egress });
+  let seen = fileStamp(whole.path);
+  return () => {
+    const stamp = fileStamp(whole.path);
+    if (stamp === seen) return egress;
+    seen = stamp;
+    egress = sandboxAttachment(options.reload(), options.key);
+    recordAttachment(options.root, { home, attachment: egress });
+    return egress;
+  };
 }
 
 // A file's modification time and size, to notice an edit; "" when absent.
