@@ -137,7 +137,9 @@ export async function serveConnection(
       const body = `${reason}\n`;
       const verdict = error instanceof Refused ? "Refused" : "Failed";
       refusal = `HTTP/1.1 ${error.status} ${verdict} by waffle egress\r\n` +
-        `Content-Type: text/plain\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`;
+        `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${
+          new TextEncoder().encode(body).length
+        }\r\nConnection: close\r\n\r\n${body}`;
     }
   } finally {
     endSoon(client, refusal);
