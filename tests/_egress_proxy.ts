@@ -17,10 +17,24 @@ import { runProxy } from "../lib/egress/proxy.ts";
 import { type EgressPaths, egressPaths, identityPaths } from "../lib/egress/paths.ts";
 import type { PolicyFile } from "../lib/egress/policy_file.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
+import type { HeldSecret } from "../lib/egress/inject.ts";
 import { controlCall } from "../lib/egress/policy_writer.ts";
 import { startEgressBridge } from "../runner/egress_bridge.ts";
 import { settlesWithin } from "../lib/async.ts";
 import { testCa } from "./_egress_upstreams.ts";
+
+/** The placeholder of {@linkcode TEST_SECRET}. */
+export const TEST_PLACEHOLDER = "waffle_gh_0123456789abcdef01234567";
+
+/** A secret for `secret.test`, written into `Authorization` as `Bearer {}`. */
+export const TEST_SECRET: HeldSecret = Object.freeze({
+  name: "gh",
+  hosts: ["secret.test"],
+  header: "Authorization",
+  format: "Bearer {}",
+  placeholder: TEST_PLACEHOLDER,
+  value: "s3cret-value",
+});
 
 /** How long {@linkcode EgressProxy.waitForAudit} waits by default. */
 export const AUDIT_WAIT_MS = 10_000;

@@ -164,22 +164,24 @@ export function text(bytes: Uint8Array): string {
 }
 
 /**
- * Runs the CLI from source as a child process.
+ * Runs a program as a child process, stdin from `options.stdin` (else none).
  *
- * @param args CLI arguments.
- * @param options stdin bytes and extra env.
+ * @param command The program.
+ * @param args Its arguments.
+ * @param options stdin bytes, extra env, and a time bound (none by default).
  * @returns Exit code and output.
  */
-export async function runCliProcess(
+export async function runProcess(
+  command: string,
   args: string[],
-  options: { stdin?: Uint8Array; env?: Record<string, string> } = {},
+  options: { stdin?: Uint8Array; env?: Record<string, string>; timeoutMs?: number } = {},
 ): Promise<{ code: number; stdout: string; stderr: string }> {
-  const self = selfCommand();
-  const child = new Deno.Command(self.executable, {
-    args: [...self.prefix, ...args],
+  const child = new Deno.Command(command, {
+    args,
     stdin: options.stdin === undefined ? "null" : "piped",
     stdout: "piped",
     stderr: "piped",
+    ...(options.timeoutMs === undefined ? {} : { signal: AbortSignal.timeout(options.timeoutMs) }),
     ...(options.env === undefined ? {} : { env: options.env }),
   }).spawn();
   if (options.stdin !== undefined) {
@@ -189,4 +191,19 @@ export async function runCliProcess(
   }
   const out = await child.output();
   return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+/**
+ * Runs the CLI from source as a child process.
+ *
+ * @param args CLI arguments.
+ * @param options stdin bytes and extra env.
+ * @returns Exit code and output.
+ */
+export function runCliProcess(
+  args: string[],
+  options: { stdin?: Uint8Array; env?: Record<string, string> } = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const self = selfCommand();
+  return runProcess(self.executable, [...self.prefix, ...args], options);
 }

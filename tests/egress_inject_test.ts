@@ -9,16 +9,10 @@ import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { type HeldSecret, injectSecrets } from "../lib/egress/inject.ts";
 import type { RequestHead } from "../lib/egress/http_head.ts";
+import { TEST_PLACEHOLDER, TEST_SECRET } from "./_egress_proxy.ts";
 
-const PLACEHOLDER = "waffle_gh_0123456789abcdef01234567";
-const GH: HeldSecret = {
-  name: "gh",
-  hosts: ["secret.test"],
-  header: "Authorization",
-  format: "Bearer {}",
-  placeholder: PLACEHOLDER,
-  value: "s3cret-value",
-};
+const PLACEHOLDER = TEST_PLACEHOLDER;
+const GH: HeldSecret = TEST_SECRET;
 const NPM: HeldSecret = {
   name: "npm",
   hosts: ["secret.test", "npm.test"],

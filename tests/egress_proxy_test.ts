@@ -15,7 +15,13 @@ import { Duplex } from "node:stream";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import type { HeldSecret } from "../lib/egress/inject.ts";
 import type { EgressIdentity } from "../lib/egress/types.ts";
-import { type EgressProxy, nameEntry, startEgressProxy } from "./_egress_proxy.ts";
+import {
+  type EgressProxy,
+  nameEntry,
+  startEgressProxy,
+  TEST_PLACEHOLDER,
+  TEST_SECRET,
+} from "./_egress_proxy.ts";
 import { startUpstream, testCa, type Upstream } from "./_egress_upstreams.ts";
 
 const CURL = "/usr/bin/curl";
@@ -23,15 +29,8 @@ const CURL = "/usr/bin/curl";
 const CLIENT_TIMEOUT_MS = 20_000;
 const LOOPBACK = ["127.0.0.0/8"];
 
-const PLACEHOLDER = "waffle_gh_0123456789abcdef01234567";
-const SECRET: HeldSecret = {
-  name: "gh",
-  hosts: ["secret.test"],
-  header: "Authorization",
-  format: "Bearer {}",
-  placeholder: PLACEHOLDER,
-  value: "s3cret-value",
-};
+const PLACEHOLDER = TEST_PLACEHOLDER;
+const SECRET: HeldSecret = TEST_SECRET;
 
 interface CurlResult {
   code: number;

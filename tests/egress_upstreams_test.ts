@@ -15,35 +15,17 @@ import {
   writeCaFile,
 } from "./_egress_upstreams.ts";
 
+import { runProcess } from "./_helpers.ts";
+
 const CURL = "/usr/bin/curl";
 
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function run(
+// Every program run here is bounded by a minute.
+function run(
   command: string,
   args: string[],
   options: { env?: Record<string, string>; stdin?: Uint8Array } = {},
-): Promise<Run> {
-  const child = new Deno.Command(command, {
-    args,
-    stdin: options.stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-    signal: AbortSignal.timeout(60_000),
-    ...(options.env === undefined ? {} : { env: options.env }),
-  }).spawn();
-  if (options.stdin !== undefined) {
-    const writer = child.stdin.getWriter();
-    await writer.write(options.stdin);
-    await writer.close();
-  }
-  const out = await child.output();
-  const decoder = new TextDecoder();
-  return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
+): ReturnType<typeof runProcess> {
+  return runProcess(command, args, { ...options, timeoutMs: 60_000 });
 }
 
 async function tempDir(): Promise<{ path: string } & AsyncDisposable> {
@@ -238,7 +220,7 @@ Deno.test("startGitServer() takes gzip'd and chunked upload-pack requests", asyn
     await new Response(new Blob([request]).stream().pipeThrough(new CompressionStream("gzip")))
       .arrayBuffer(),
   );
-  const post = (extra: string[], body: Uint8Array): Promise<Run> =>
+  const post = (extra: string[], body: Uint8Array): ReturnType<typeof runProcess> =>
     run(CURL, [
       "-sS",
       "--fail",

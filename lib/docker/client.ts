@@ -394,11 +394,7 @@ export class DockerClient {
 
   /** Lists containers, optionally stopped ones too, filtered by labels. */
   async listContainers(options: ListOptions = {}): Promise<ContainerSummary[]> {
-    const query: Record<string, unknown> = { all: options.all ?? false };
-    // docker-modem JSON-encodes object query values, which is what `filters` expects.
-    if (options.labels !== undefined && options.labels.length > 0) {
-      query.filters = { label: options.labels };
-    }
+    const query = { all: options.all ?? false, ...labelFilter(options.labels) };
     const data = await this.#request({
       method: "GET",
       path: "/containers/json",
@@ -543,10 +539,7 @@ export class DockerClient {
   async listVolumes(
     options: RequestOptions & { labels?: string[] } = {},
   ): Promise<DockerVolume[]> {
-    const query: Record<string, unknown> = {};
-    if (options.labels !== undefined && options.labels.length > 0) {
-      query.filters = { label: options.labels };
-    }
+    const query = labelFilter(options.labels);
     const data = await this.#request({
       method: "GET",
       path: "/volumes",
@@ -769,4 +762,11 @@ function oneLine(text: string): string {
 
 function remaining(deadline: number): number {
   return Math.max(1, deadline - Date.now());
+}
+
+// A list's label filter (`key` or `key=value`, all must match); none when
+// no labels. docker-modem JSON-encodes object query values, which is what
+// `filters` expects.
+function labelFilter(labels: string[] | undefined): { filters?: { label: string[] } } {
+  return labels !== undefined && labels.length > 0 ? { filters: { label: labels } } : {};
 }
