@@ -91,11 +91,11 @@ export async function certify(options: CertifyOptions = {}): Promise<CertifyRepo
   const checks: AnyCheck[] = [];
   let cleaned: CleanupReport;
   try {
+    await removeLeftovers(docker, { cleanup, onProgress: options.onProgress });
     const found = await resolveImage(docker, image).catch((error) => messageOf(error));
     if (typeof found === "string") checks.push(...allSkipped(options, found));
     else {
       header.image.id = found.id;
-      await removeLeftovers(docker, { cleanup, onProgress: options.onProgress });
       const { runner, tmpBytes } = config;
       await runChecks(docker, {
         ...options,
