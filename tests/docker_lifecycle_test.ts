@@ -614,6 +614,36 @@ liveTest("waffle ps --json, stop and rm --purge", async (docker) => {
 });
 
 liveTest(
+  "rm: the anonymous volume of a VOLUME no tmpfs may cover (/etc) goes with the container",
+  async (docker) => {
+    const tag = `waffle-test-etc-volume-${crypto.randomUUID().slice(0, 8)}:1`;
+    const built = await dockerCli(
+      ["build", "-q", "-t", tag, "-"],
+      "FROM waffle-musl:latest\nVOLUME /etc\n",
+    );
+    assert.equal(built.code, 0, built.stderr);
+    const volumes: string[] = [];
+    try {
+      await using home = await tempHome(docker, { idleSeconds: 120, image: tag });
+      const user = uniqueUser("etc-volume");
+      const sandbox = home.open(user);
+      await runOk(sandbox, "true");
+      const mounts = (await docker.inspectContainer(sandbox.lastEnsure!.containerId))!.Mounts;
+      volumes.push(
+        ...mounts.filter((m) => m.Type === "volume").map((m) => m.Source.split("/").at(-2) ?? ""),
+      );
+      assert.equal(volumes.length, 1, JSON.stringify(mounts));
+      const rm = await home.cli(["rm", "--user", user]);
+      assert.equal(rm.code, 0, rm.stderr);
+      assert.equal(await docker.inspectVolume(volumes[0]!), null, `volume ${volumes[0]} was left`);
+    } finally {
+      for (const name of volumes) await docker.removeVolume(name).catch(() => false);
+      await dockerCli(["image", "rm", "-f", tag]);
+    }
+  },
+);
+
+liveTest(
   "setsid and double-forked descendants die with their request; the container stays usable",
   async (docker) => {
     await using home = await tempHome(docker, { idleSeconds: 120 });

@@ -20,6 +20,7 @@ import { CERTIFY_LABEL, Cleanup, type CleanupReport } from "./cleanup.ts";
 import { type CertifyReport, type EvidenceHeader, verdictOf } from "./evidence.ts";
 import { forkBombCheck } from "./fork_bomb.ts";
 import { killCheck } from "./kill_check.ts";
+import { registerLeftovers } from "./leftovers.ts";
 import { queueMountFacts } from "./mounts.ts";
 import { openBindRig, type QueueRig } from "./rig.ts";
 import { DEFAULT_STRESS_SECONDS, stressCheck } from "./stress.ts";
@@ -90,12 +91,22 @@ export async function certify(options: CertifyOptions = {}): Promise<CertifyRepo
   const checks: AnyCheck[] = [];
   let cleaned: CleanupReport;
   try {
+    await removeLeftovers(docker, { cleanup, onProgress: options.onProgress });
     const found = await resolveImage(docker, image).catch((error) => messageOf(error));
     if (typeof found === "string") checks.push(...allSkipped(options, found));
     else {
       header.image.id = found.id;
-      const runner = config.runner;
-      await runChecks(docker, { ...options, runId, image, runner, cleanup, header, checks });
+      const { runner, tmpBytes } = config;
+      await runChecks(docker, {
+        ...options,
+        runId,
+        image,
+        runner,
+        tmpBytes,
+        cleanup,
+        header,
+        checks,
+      });
     }
   } finally {
     // Whatever happens (every check catches its own failures).
@@ -108,6 +119,8 @@ interface RunContext extends CertifyOptions {
   runId: string;
   image: string;
   runner: string | undefined;
+  /** The size of each tmpfs over the image's VOLUMEs, as in a sandbox. */
+  tmpBytes: number;
   cleanup: Cleanup;
   header: EvidenceHeader;
   checks: AnyCheck[];
@@ -136,6 +149,28 @@ async function runChecks(docker: DockerClient, ctx: RunContext): Promise<void> {
       return "skipped" in opened ? opened.skipped : opened.rig;
     },
   });
+}
+
+// What runs that died left (a kill -9, a crash), removed before this one
+// makes anything; a failure to is a line of progress, not of the verdict.
+async function removeLeftovers(
+  docker: DockerClient,
+  options: { cleanup: Cleanup; onProgress: ((line: string) => void) | undefined },
+): Promise<void> {
+  const { cleanup, onProgress } = options;
+  try {
+    const runs = await registerLeftovers(docker, cleanup);
+    const removed = await cleanup.run();
+    if (removed.containers.length + removed.volumes.length + removed.dirs.length > 0) {
+      onProgress?.(
+        `removed what runs that died left${runs.length === 0 ? "" : ` (${runs.join(", ")})`}: ` +
+          `${removed.containers.length} containers, ${removed.volumes.length} volumes, ` +
+          `${removed.dirs.length} directories`,
+      );
+    }
+  } catch (error) {
+    onProgress?.(`what runs that died left was not looked at: ${messageOf(error)}`);
+  }
 }
 
 // The stress and the kill check on one rig (the kill check last: it kills

@@ -183,7 +183,7 @@ export function containerSpec(
           [RESTRICTED_HOME]:
             `rw,noexec,nosuid,nodev,size=64m,uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
         }),
-        ...imageVolumes(image, config),
+        ...imageVolumeMasks(image, { sizeBytes: config.tmpBytes, mounted: SANDBOX_MOUNTS }),
       },
       CapDrop: ["ALL"],
       CapAdd: [...RUNNER_CAPS],
@@ -321,36 +321,72 @@ export function maskImageEnv(own: string[], image: ImageFacts): string[] {
   return [...own, ...[...new Set(masked)].map((name) => `${name}=${value(name)}`)];
 }
 
-// An image's VOLUMEs would be anonymous volumes outside the quota that
-// outlive the container: each is a tmpfs instead, sized like /tmp.
-function imageVolumes(image: ImageFacts, config: SandboxConfig): Record<string, string> {
-  // What waffle mounts, and system directories a tmpfs must not hide.
-  const reserved = ["/workspace", "/queue", "/tmp", PROGRAM_DIR, RUNNER_DIR, RESTRICTED_HOME];
-  const system = [
-    "/",
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/dev",
-    "/proc",
-    "/sys",
-  ];
+/**
+ * What a sandbox mounts itself: an image's VOLUME at, under or over one of
+ * these is left to that mount (see {@linkcode imageVolumeMasks}).
+ */
+export const SANDBOX_MOUNTS: readonly string[] = [
+  "/workspace",
+  "/queue",
+  "/tmp",
+  PROGRAM_DIR,
+  RUNNER_DIR,
+  RESTRICTED_HOME,
+];
+
+// System directories a tmpfs must not hide: the image would not run.
+const SYSTEM_DIRS = [
+  "/",
+  "/etc",
+  "/usr",
+  "/bin",
+  "/sbin",
+  "/lib",
+  "/lib32",
+  "/lib64",
+  "/dev",
+  "/proc",
+  "/sys",
+];
+
+/**
+ * The tmpfs masks over an image's VOLUMEs, for every container waffle runs
+ * the image in. Docker would make each VOLUME an anonymous volume: outside
+ * the sandbox's quota, on the host's disk, and left behind when its
+ * container is removed without `v`. Each is a tmpfs instead, of `sizeBytes`,
+ * owned by the commands' uid (not world-writable: a VOLUME under a root-only
+ * path stays theirs alone). Not covered: system directories, and paths at,
+ * under or over one of the container's own `mounted` targets.
+ *
+ * @param image The image (its `volumes`).
+ * @param options `sizeBytes`: each tmpfs's cap; `mounted`: the container's own mount targets.
+ * @returns `HostConfig.Tmpfs` entries: path → mount options.
+ *
+ * @example
+ * ```ts
+ * const masks = imageVolumeMasks(
+ *   { id: "sha256:aa", env: [], workingDir: "", volumes: ["/data"] },
+ *   { sizeBytes: 1024 * 1024, mounted: [] },
+ * );
+ * masks["/data"]; // "rw,nosuid,nodev,size=1048576,uid=10001,gid=10001,mode=0755"
+ * ```
+ */
+export function imageVolumeMasks(
+  image: Pick<ImageFacts, "volumes">,
+  options: { sizeBytes: number; mounted: readonly string[] },
+): Record<string, string> {
+  const { mounted } = options;
   // As Docker cleans it: `/opt/./waffle` is `/opt/waffle`.
   const covered = image.volumes
     .filter((path) => path.startsWith("/") && !/[\0,]/.test(path))
     .map((path) => normalize(path).replace(/\/+$/, "") || "/")
     .filter((path) =>
-      !system.includes(path) &&
-      !reserved.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
+      !SYSTEM_DIRS.includes(path) &&
+      !mounted.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
     );
-  // The commands' own, not world-writable: a VOLUME under a root-only path stays theirs alone.
-  const options =
-    `rw,nosuid,nodev,size=${config.tmpBytes},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0755`;
-  return Object.fromEntries([...new Set(covered)].map((path) => [path, options]));
+  const mask =
+    `rw,nosuid,nodev,size=${options.sizeBytes},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0755`;
+  return Object.fromEntries([...new Set(covered)].map((path) => [path, mask]));
 }
 
 // The runner's command line and mounts: the host's inbound directory
