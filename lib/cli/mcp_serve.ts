@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { UsageError } from "../errors.ts";
 import { EXIT_WAFFLE, exitCodeOfSignal } from "../exit_codes.ts";
 import { openAuditLog } from "../mcp/audit.ts";
@@ -107,7 +108,7 @@ export async function mcpServeCommand(args: string[], io: CliIo): Promise<number
   const tokenFile = stringFlag(parsed, "token-file");
   const token = tokenFile === undefined ? newBearerToken() : await readBearerToken(tokenFile);
   const audit = openAuditLog(launch.config.sandbox.home, {
-    onError: (message) => void io.stderr(`waffle: ${message}\n`),
+    onError: (message) => void io.stderr(`waffle: ${escapeControls(message)}\n`),
   });
   // Signals are caught from here on: one ends every session cleanly.
   let stopListening = (): void => {};
@@ -128,7 +129,7 @@ export async function mcpServeCommand(args: string[], io: CliIo): Promise<number
       maxBodyBytes: maxMessageBytes(launch),
       open: () => openTracked(launch, { io, env, connections }),
       relay: relayOptions(launch, { audit, stderr: (data) => io.stderr(data) }),
-      onEvent: (line) => void io.stderr(`waffle: ${line}\n`),
+      onEvent: (line) => void io.stderr(`waffle: ${escapeControls(line)}\n`),
     });
     await announce(server, {
       io,
