@@ -5,8 +5,10 @@
  * the run, no temporary directory), a Ctrl-C in the middle that still cleans
  * up and exits 130, the skip without a daemon, and the same run from the
  * installed artefact (`scripts/install.sh`). An image whose `/bin/sh` fills
- * its VOLUME gets a tmpfs there, never a volume on the host's disk, and a
- * run killed outright is swept, with its containers' volumes, by the next.
+ * its VOLUME gets a tmpfs there, never a volume on the host's disk; one
+ * that declares a VOLUME no tmpfs may cover (`/etc`) is not supported, with
+ * the reason, before anything is made; and a run killed outright is swept,
+ * with its containers' volumes, by the next.
  *
  * Each child gets its own TMPDIR (where the run makes its throwaway homes)
  * and WAFFLE_HOME, so "nothing left" is checked on what this test owns.
@@ -18,6 +20,7 @@ import { fileURLToPath } from "node:url";
 import {
   CERTIFY_LABEL,
   type CertifyReport,
+  checkLabel,
   describeMount,
   formatReport,
   hostMountOf,
@@ -25,10 +28,11 @@ import {
   verdictOf,
 } from "../lib/certify/mod.ts";
 import { skippedCheck } from "../lib/certify/check.ts";
+import { CERTIFY_OWNER_LABEL } from "../lib/certify/owner.ts";
 import { stressFailures, type StressFigures } from "../lib/certify/stress.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
-import { EXIT_CANCELLED, EXIT_WAFFLE } from "../lib/exit_codes.ts";
+import { EXIT_CANCELLED, EXIT_FAILURE, EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { recordDockerEvents, type VolumeMount, volumesMountedInto } from "./_docker_events.ts";
@@ -263,6 +267,25 @@ async function fillingImage(volumes: string[]): Promise<TestImage> {
   };
 }
 
+// The musl image declaring VOLUME /etc, which no capped tmpfs may cover:
+// waffle refuses it, an older waffle gave each container an anonymous volume.
+async function etcVolumeImage(): Promise<TestImage> {
+  const tag = `waffle-test-etc-${crypto.randomUUID().slice(0, 8)}:latest`;
+  const built = await dockerCli(["build", "-q", "-t", tag, "-"], `FROM ${MUSL}\nVOLUME /etc\n`);
+  assert.equal(built.code, 0, built.stderr);
+  return {
+    tag,
+    [Symbol.asyncDispose]: async () => void await dockerCli(["image", "rm", "-f", tag]),
+  };
+}
+
+// The anonymous volumes mounted into a container.
+async function anonymousVolumesOf(id: string): Promise<string[]> {
+  const mounts = await dockerCli(["inspect", "--format", "{{json .Mounts}}", id]);
+  const list = JSON.parse(mounts.stdout) as { Type: string; Name?: string }[];
+  return list.filter((m) => m.Type === "volume").map((m) => m.Name ?? "?");
+}
+
 // Which containers are the run's: its label, or a state root under the child's TMPDIR.
 function ofRun(
   options: { tmp: string; runId: string },
@@ -359,10 +382,10 @@ liveTest(
 );
 
 liveTest(
-  "doctor --deep killed outright: the next run removes its containers, their volumes and its sandbox",
+  "doctor --deep killed outright: the next run removes its containers and sandbox, and an older run's container with its volume",
   async (docker) => {
-    // /etc is a VOLUME no tmpfs may hide: Docker gives each container an anonymous volume there.
-    await using image = await fillingImage(["/data", "/etc"]);
+    await using image = await fillingImage(["/data"]);
+    await using legacy = await etcVolumeImage();
     await using dirs = await scratch();
     await Deno.writeTextFile(`${dirs.home}/waffle.toml`, `[sandbox]\nimage = "${image.tag}"\n`);
     const child = spawn([...sourceWaffle(), "doctor", "--deep", "--seconds", "1"], dirs.env);
@@ -386,14 +409,32 @@ liveTest(
       stop(child);
       await child.status;
       const dead = await leftovers(docker, { tmp: dirs.tmp, runId });
+      let owner: string | undefined;
+      const killed: string[] = [];
       for (const container of await docker.listContainers({ all: true })) {
         if (!ofRun({ tmp: dirs.tmp, runId })(container.Labels)) continue;
-        const mounts = await dockerCli(["inspect", "--format", "{{json .Mounts}}", container.Id]);
-        const list = JSON.parse(mounts.stdout) as { Type: string; Name?: string }[];
-        volumes.push(...list.filter((m) => m.Type === "volume").map((m) => m.Name ?? "?"));
+        owner ??= container.Labels[CERTIFY_OWNER_LABEL];
+        killed.push(...await anonymousVolumesOf(container.Id));
       }
+      volumes.push(...killed);
       assert.ok(dead.some((line) => line.startsWith("container ")), dead.join("\n"));
-      assert.ok(volumes.length > 0, "the killed run's containers have no volume");
+      // Its VOLUME was a tmpfs: the killed run's containers hold no volume.
+      assert.deepEqual(killed, [], "volumes of the killed run's containers");
+      // What a run of an older waffle, which gave an image's /etc an
+      // anonymous volume, left under the same dead owner.
+      assert.ok(owner !== undefined, "the killed run's containers name no owner");
+      const planted = await dockerCli([
+        "create",
+        "--label",
+        label,
+        "--label",
+        `${CERTIFY_OWNER_LABEL}=${owner}`,
+        legacy.tag,
+        "true",
+      ]);
+      assert.equal(planted.code, 0, planted.stderr);
+      volumes.push(...await anonymousVolumesOf(planted.stdout.trim()));
+      assert.equal(volumes.length, 1, "the older run's container has no volume");
 
       const events = recordDockerEvents();
       const next = await run(
@@ -402,14 +443,13 @@ liveTest(
       );
       const record = await events.stop();
       const report = parseReport(next.stdout);
-      // The next run's own containers got /etc volumes too: they went with them.
       const own = volumesMountedInto(record, ofRun({ tmp: dirs.tmp, runId: report.runId }));
       volumes.push(...own.map((m) => m.volume));
       assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId }), []);
       const kept: string[] = [];
       for (const name of volumes) if (await docker.inspectVolume(name) !== null) kept.push(name);
-      assert.deepEqual(kept, [], "volumes of the killed run's containers and of the next run's");
-      assert.ok(own.length > 0, "the next run's containers had no volume");
+      assert.deepEqual(kept, [], "the older run's volume, or one of the next run's");
+      assert.deepEqual(own, [], "the next run's containers got volumes");
       assert.match(next.stderr, new RegExp(`removed what runs that died left \\(.*${runId}`));
       assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId: report.runId }), []);
     } finally {
@@ -418,6 +458,61 @@ liveTest(
       await stderr.cancel();
       await child.stdout.cancel();
       await removeRun(docker, { ...dirs, runId, volumes });
+    }
+  },
+);
+
+liveTest(
+  "doctor --deep with an image that declares VOLUME /etc: not supported, the reason named, no container made; doctor names it too",
+  async (docker) => {
+    await using image = await etcVolumeImage();
+    await using dirs = await scratch();
+    await Deno.writeTextFile(`${dirs.home}/waffle.toml`, `[sandbox]\nimage = "${image.tag}"\n`);
+    const events = recordDockerEvents();
+    const out = await run(
+      [...sourceWaffle(), "doctor", "--deep", "--seconds", "1", "--json"],
+      dirs.env,
+    );
+    const plain = await run([...sourceWaffle(), "doctor"], dirs.env);
+    const record = await events.stop();
+    const report = parseReport(out.stdout);
+    const ours = ofRun({ tmp: dirs.tmp, runId: report.runId });
+    const mounts = volumesMountedInto(record, ours);
+    const reason = `Image '${image.tag}' declares VOLUME '/etc', which waffle cannot cover ` +
+      "with a capped tmpfs (a system directory): rebuild the image without it";
+    try {
+      assert.equal(
+        report.verdict.status,
+        "not supported",
+        `${report.verdict.line}; ${(await describeVolumes(docker, mounts)).join("; ")}`,
+      );
+      assert.equal(out.code, EXIT_FAILURE, out.stderr);
+      assert.ok(report.verdict.line.includes(reason), report.verdict.line);
+      assert.deepEqual(report.checks.map(checkLabel), [
+        "stress (bind mount)",
+        "kill mid-write (bind mount)",
+        "fork bomb",
+      ]);
+      for (const check of report.checks) {
+        assert.equal(check.status, "failed", check.name);
+        assert.deepEqual(check.failures, [{ mode: "image", detail: reason }]);
+      }
+      const created = record.filter((e) =>
+        e.Type === "container" && e.Action === "create" && ours(e.Actor.Attributes)
+      );
+      assert.deepEqual(created.map((e) => e.Actor.Attributes.name), []);
+      assert.deepEqual(mounts, []);
+      // `waffle doctor`'s image row fails with the same line.
+      assert.equal(plain.code, EXIT_FAILURE, plain.stdout);
+      const row = plain.stdout.split("\n").find((line) => /^FAIL\s+runner image\s/.test(line));
+      assert.ok(row?.endsWith(` ${reason}`), plain.stdout);
+      assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId: report.runId }), []);
+    } finally {
+      await removeRun(docker, {
+        ...dirs,
+        runId: report.runId,
+        volumes: mounts.map((m) => m.volume),
+      });
     }
   },
 );

@@ -15,7 +15,8 @@ import { DockerClient } from "../docker/client.ts";
 import { type DaemonFacts, daemonFacts } from "../docker/facts.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
 import { messageOf } from "../queue/connection.ts";
-import { type AnyCheck, brokenCheck, type QueueMount, skippedCheck } from "./check.ts";
+import { UncoverableVolumeError } from "../errors.ts";
+import { type AnyCheck, brokenCheck, judged, type QueueMount, skippedCheck } from "./check.ts";
 import { CERTIFY_LABEL, Cleanup, type CleanupReport } from "./cleanup.ts";
 import { type CertifyReport, type EvidenceHeader, verdictOf } from "./evidence.ts";
 import { forkBombCheck } from "./fork_bomb.ts";
@@ -92,8 +93,11 @@ export async function certify(options: CertifyOptions = {}): Promise<CertifyRepo
   let cleaned: CleanupReport;
   try {
     await removeLeftovers(docker, { cleanup, onProgress: options.onProgress });
-    const found = await resolveImage(docker, image).catch((error) => messageOf(error));
+    const found = await resolveImage(docker, image).catch((error: unknown) =>
+      error instanceof UncoverableVolumeError ? error : messageOf(error)
+    );
     if (typeof found === "string") checks.push(...allSkipped(options, found));
+    else if (found instanceof UncoverableVolumeError) checks.push(...allRefused(options, found));
     else {
       header.image.id = found.id;
       const { runner, tmpBytes } = config;
@@ -251,13 +255,38 @@ async function guarded(
 }
 
 function allSkipped(options: CertifyOptions, reason: string): AnyCheck[] {
+  return everyCheck(options, (name, mount) => skippedCheck(name, { mount, reason }));
+}
+
+// An image waffle refuses to run fails every check (never a skip: no other
+// installation runs it either), each naming why.
+function allRefused(options: CertifyOptions, error: UncoverableVolumeError): AnyCheck[] {
+  const started = performance.now();
+  const failures = [{ mode: "image" as const, detail: error.message }];
+  return everyCheck(
+    options,
+    (name, mount) =>
+      judged(name, {
+        mount,
+        started,
+        summary: `not run: ${error.message}`,
+        figures: undefined,
+        failures,
+      }),
+  );
+}
+
+function everyCheck(
+  options: CertifyOptions,
+  check: (name: string, mount: QueueMount | undefined) => AnyCheck,
+): AnyCheck[] {
   const queue = (mount: QueueMount): AnyCheck[] => [
-    skippedCheck("stress", { mount, reason }),
-    skippedCheck("kill mid-write", { mount, reason }),
+    check("stress", mount),
+    check("kill mid-write", mount),
   ];
   return [
     ...queue("bind mount"),
-    skippedCheck("fork bomb", { reason }),
+    check("fork bomb", undefined),
     ...(options.volume ? queue("volume") : []),
   ];
 }

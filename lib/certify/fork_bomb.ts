@@ -8,7 +8,8 @@
  * too. The peak task and process counts observed (`docker stats`, `docker
  * top`, and the pids cgroup when this host sees it) must stay within the
  * limit read back from Docker. Both containers are removed, with any
- * anonymous volume Docker gave them.
+ * anonymous volume Docker gave them (none: an image with a VOLUME no tmpfs
+ * can cover is refused before either is made).
  *
  * @module
  */
@@ -79,6 +80,7 @@ export type ForkBombCheck = CheckResult<ForkBombFigures>;
  * sandbox's), the run's id and cleanup, progress.
  * @returns The result with its figures.
  * @throws {DockerError} When the image is missing or a container cannot be created.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  *
  * @example
  * ```ts ignore
@@ -176,8 +178,8 @@ function describeBomb(f: ForkBombFigures): string {
 }
 
 // A disposable, locked-down container running `script` under the pids limit.
-// It mounts nothing of its own: every VOLUME a tmpfs can cover gets one, and
-// what none can (a system directory) goes with the container.
+// It mounts nothing of its own: every VOLUME gets a capped tmpfs (an image
+// with one no tmpfs can cover never gets here: resolveImage refuses it).
 function disposableBody(
   image: ImageFacts,
   options: { runId: string; tmpBytes: number; script: string },

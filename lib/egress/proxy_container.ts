@@ -79,6 +79,7 @@ export function proxyContainerName(home: string): string {
  * @param home The waffle home.
  * @param options The config (image, artefact) and the resolved image.
  * @returns The spec.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  */
 export function proxyContainerSpec(
   home: string,
@@ -105,7 +106,8 @@ export function proxyContainerSpec(
     // A directory, not the file: the proxy rotates the audit in it.
     bind(join(paths.root, "audit"), join(inside.root, "audit"), false, paths.root),
   ];
-  // The image's VOLUMEs as in a sandbox: never anonymous volumes on the host's disk.
+  // The image's VOLUMEs as in a sandbox: never anonymous volumes on the
+  // host's disk (one no tmpfs can cover refuses the image).
   const volumes = imageVolumeMasks(options.image, {
     sizeBytes: options.config.tmpBytes,
     mounted: ["/tmp", ...mounts.map((mount) => mount.Target)],

@@ -43,7 +43,15 @@ import {
 } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
-import { containerSpec, hostCanChown, type ImageFacts, LABELS, SANDBOX_UID } from "./posture.ts";
+import {
+  containerSpec,
+  findUncoverableVolume,
+  hostCanChown,
+  type ImageFacts,
+  LABELS,
+  SANDBOX_UID,
+} from "./posture.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
 import { purgeState, stateExists } from "./state_dir.ts";
 import { writeWarm } from "./warm.ts";
@@ -276,7 +284,8 @@ interface Placed {
 /**
  * Reconciles this home's labelled containers (with `all`, every home's on
  * the daemon): removes paused, dead, restarting and incompatible ones (image
- * or posture changed; judged for this home's only) and those whose state
+ * or posture changed, or an image waffle refuses for a VOLUME no capped
+ * tmpfs can cover; judged for this home's only) and those whose state
  * directory is gone; stops those whose runner is dead (by the one liveness
  * judgement, whatever its files say) and idle ones; enforces the running cap
  * by stopping the least recently used. Each container is judged under its
@@ -388,10 +397,14 @@ async function sweepOne(
       (judged.state === "none" && !(now - started < STALE_AFTER_MS));
     const busy = container.State.Running && !dead && await inFlight(paths.root) > 0;
     const image = context.image;
+    const refused = image === null ? undefined : findUncoverableVolume(image);
     const reason = !judgePosture
       ? unusableState(container.State)
       : image === null
       ? "image missing"
+      : refused !== undefined
+      // Made by a waffle that let Docker give it an uncapped volume.
+      ? `image refused: VOLUME '${escapeControls(refused.volume)}' is ${refused.reason}`
       : incompatibility(container, {
         imageId: image.id,
         postureHash: containerSpec(ownKey, { config, image, paths: ownPaths }).postureHash,
