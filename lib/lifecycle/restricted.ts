@@ -18,11 +18,12 @@ import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
 import { Queue } from "../queue/queue.ts";
 import { resolveImage } from "./ensure.ts";
-import { sandboxKey, statePaths } from "./identity.ts";
+import { restrictedChannelDir, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec } from "./posture.ts";
 import { removeTree } from "./remove_tree.ts";
 import { prepareState } from "./state_dir.ts";
+import { makeChannelDir, removeChannelDir } from "../queue/channel.ts";
 
 /** A restricted container: a backend whose `close` removes it and its queue. */
 export interface RestrictedSandbox extends Backend {
@@ -79,12 +80,15 @@ export async function openRestricted(
   await withLock(paths.lock, () => prepareState(paths, { quotaBytes: config.quotaBytes }));
   // On the user's quota volume: a compromised runner fills that, not the host's disk.
   const parent = join(paths.volume, "restricted");
-  await removeLeftovers(docker, parent, key.containerName);
+  await removeLeftovers(docker, { parent, prefix: key.containerName, paths });
   const id = crypto.randomUUID().slice(0, 12);
   const dir = join(parent, id);
   Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
   // Which host process owns it: a leftover is one whose owner is gone.
   Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
+  // Its own: the user's sandbox's sockets are never in its reach, nor the reverse.
+  const channel = restrictedChannelDir(paths, id);
+  makeChannelDir(channel);
   const queue = Queue.open(dir, { create: true });
   const image = await resolveImage(docker, config.image);
   let containerId: string | undefined;
@@ -93,6 +97,7 @@ export async function openRestricted(
     if (containerId !== undefined) {
       await docker.removeContainer(containerId, { force: true }).catch(() => {});
     }
+    removeChannelDir(channel);
     // The runner shaped its queue: never a recursive delete in this process.
     await removeTree(dir).catch(() => false);
   };
@@ -101,7 +106,7 @@ export async function openRestricted(
     const spec = containerSpec(key, {
       config,
       image,
-      paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
+      paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir, channel },
       restricted: { id },
       egress: await attachEgress(docker, { attachment: options.egress, config }),
     });
@@ -121,7 +126,7 @@ export async function openRestricted(
     ensure: () => Promise.resolve(),
     submit: (request) => queue.submit(request),
     close: () => queue.close(),
-    channelDir: paths.channel,
+    channelDir: channel,
     dispose,
   };
 }
@@ -146,9 +151,9 @@ const OWNER_FILE = "owner";
 // hostile runner may keep alive past its lease) and their directory go.
 async function removeLeftovers(
   docker: DockerClient,
-  parent: string,
-  prefix: string,
+  options: { parent: string; prefix: string; paths: StatePaths },
 ): Promise<void> {
+  const { parent, prefix, paths } = options;
   let entries: Deno.DirEntry[];
   try {
     entries = [...Deno.readDirSync(parent)];
@@ -167,6 +172,7 @@ async function removeLeftovers(
     const pid = Number(owner.split(" ")[0]);
     if (Number.isSafeInteger(pid) && pid > 0 && processMark(pid) === owner) continue;
     await docker.removeContainer(`${prefix}-r-${entry.name}`, { force: true }).catch(() => false);
+    removeChannelDir(restrictedChannelDir(paths, entry.name));
     removeTree(join(parent, entry.name), { background: true }).catch(() => false);
   }
 }
