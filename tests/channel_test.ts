@@ -353,13 +353,14 @@ bothWays(
 );
 
 // ---------------------------------------------------------------------------
-// Live: a hog on the channel directory (issue 22, F2). It holds 8 silent
-// connections on every session socket it can find, reopened as the host
-// closes them: the handshakes the host serves at once. It finds them by
-// listing `/opt/waffle/chan` and in `inbound.db`'s session requests (which
-// its own container's runner can read), for `seconds` at most.
+// Live: a hog on the channel directory (issue 22, F2). It finds every session
+// socket it can, by listing `/opt/waffle/chan` and in `inbound.db`'s session
+// requests (which its own container's runner can read), and for `seconds` at
+// most either holds 8 silent connections on each, reopened as the host closes
+// them (the handshakes the host serves at once), or floods it with
+// connections closed at once.
 
-function hogScript(seconds: number): string {
+function hogScript(seconds: number, mode: "silent" | "flood" = "silent"): string {
   return `
 import { DatabaseSync } from "node:sqlite";
 const deadline = Date.now() + ${seconds * 1000};
@@ -380,8 +381,8 @@ const hold = async (path) => {
     } catch {
       return; // the socket is gone: the host took its runner or gave up
     }
-    // Silent until the host closes it, then again.
-    await conn.read(new Uint8Array(64)).catch(() => null);
+    // Silent until the host closes it (or at once), then again.
+    if (${mode === "silent"}) await conn.read(new Uint8Array(64)).catch(() => null);
     try { conn.close(); } catch { /* closed */ }
   }
 };
@@ -404,7 +405,7 @@ while (Date.now() < deadline) {
     if (seen.has(name)) continue;
     seen.add(name);
     console.log("hog " + name);
-    for (let i = 0; i < 8; i++) void hold(dir + "/" + name);
+    for (let i = 0; i < ${mode === "silent" ? 8 : 4}; i++) void hold(dir + "/" + name);
   }
   await new Promise((r) => setTimeout(r, 3));
 }
@@ -414,7 +415,10 @@ Deno.exit(0);
 
 const IMPORTANT = "important data\n";
 
-/** How one `exec -i` or `cp` of the user's went: a problem, or undefined when it held. */
+/**
+ * The user writes IMPORTANT into a workspace file, by `exec -i … cat > name`
+ * or by `cp`: how the CLI ended, and what the file holds afterwards.
+ */
 async function userWrites(
   home: { home: string },
   user: string,
@@ -544,5 +548,25 @@ liveTest(
     }
     // The hog did find the sockets: the attack was mounted.
     assert.match(hog.output(), /^hog /m);
+  },
+);
+
+liveTest(
+  "a flood of connections on its own sandbox's session sockets never makes exec -i or cp exit 0 with the data lost: they fail loudly or succeed [as the runner]",
+  async (docker) => {
+    await using home = await tempHome(docker, { idleSeconds: 600 });
+    const user = uniqueUser("hogf");
+    const sandbox = home.open(user);
+    await runOk(sandbox, "true");
+    await using hog = await spawnAsRunner(containerOf(sandbox), hogScript(180, "flood"), "ready");
+    for (let i = 0; i < 4; i++) {
+      const cp = i === 3;
+      const name = `f${i}.txt`;
+      const ran = await userWrites(home, user, { workspace: sandbox.paths.workspace, name, cp });
+      assertWroteOrFailedLoudly(`${cp ? "cp" : "exec -i"} of ${name}`, ran, hog.output());
+    }
+    assert.match(hog.output(), /^hog /m);
+    // The user's plain commands are untouched by it.
+    assert.equal(await runOk(sandbox, "echo fine"), "fine\n");
   },
 );

@@ -1,7 +1,8 @@
 /**
  * A restricted session's container: a separate container per session, from
  * the user's image, with no network, the user's workspace read-only, a tmpfs
- * home, and its own queue. It is removed when the session ends (and removes
+ * home, and its own queue and channel directory (it never sees the user's
+ * sandbox's session sockets). It is removed when the session ends (and removes
  * itself when its runner idles out after a host died). When the session's
  * server has egress of its own (`restrictedAttachment`), its network is
  * still "none": its runner bridges the proxy port to the identity's socket,

@@ -254,9 +254,15 @@ export class QueueSession {
       while (!next.done) next = await rows.next();
       return next.value;
     })();
+    // Why the host gave up the channel (a flood of connections), if it did:
+    // the root of a runner's "cannot connect".
+    let refused: unknown;
     try {
       const first = await Promise.race([
-        channel.connection().then((conn) => ({ conn }), () => ({ conn: undefined })),
+        channel.connection().then((conn) => ({ conn }), (error) => {
+          refused = error;
+          return { conn: undefined };
+        }),
         result.then(() => ({ conn: undefined })),
       ]);
       let conn = first.conn;
@@ -267,6 +273,7 @@ export class QueueSession {
         if (done.startedAt !== null) await settlesWithin(channel.connection(), LATE_CONNECT_MS);
         conn = channel.connected;
         if (conn === undefined) {
+          if (refused !== undefined) throw refused;
           if (done.startedAt === null) return done;
           throw new ProtocolError(
             `Session '${this.id}' started but its runner never connected to its channel`,
