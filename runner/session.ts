@@ -92,7 +92,17 @@ export class SessionFeed {
     const reader = channel.stdin.getReader();
     this.#channelStdin = new ReadableStream<Uint8Array>({
       pull: async (controller) => {
-        const { value, done } = await reader.read();
+        let next: ReadableStreamReadResult<Uint8Array>;
+        try {
+          next = await reader.read();
+        } catch (error) {
+          // Input cut short is no end of input: the session ends (its tree
+          // killed, its result saying why) and its stdin never does, so the
+          // process cannot take what it got for the whole.
+          this.#end(`its input was cut short: ${messageOf(error)}`);
+          return new Promise<void>(() => {});
+        }
+        const { value, done } = next;
         if (done) {
           this.#inputEnded = true;
           this.#endedAt = Date.now();

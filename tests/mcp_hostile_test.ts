@@ -382,6 +382,9 @@ try {
   const channel = JSON.parse(request.payload).session.channel;
   conn = await Deno.connect({ transport: "unix", path: "/opt/waffle/chan/" + channel.socket });
   await conn.write(new TextEncoder().encode(channel.token + "\\n"));
+  // The host's acknowledgement (one byte) comes before the server's input.
+  const ack = new Uint8Array(1);
+  if (await conn.read(ack) !== 1 || ack[0] !== 0x06) throw new Error("no acknowledgement");
 } finally {
   Deno.kill(Number(runner), "SIGCONT");
 }
@@ -439,6 +442,8 @@ const answerInit = () => forge({ jsonrpc: "2.0", id: init.id, result: {
 } });
 ${body}
 await writing;
+// The end frame: the output is whole.
+await writeAll(new Uint8Array(5)).catch(() => {});
 conn.close();
 `;
 }

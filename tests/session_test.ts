@@ -4,9 +4,12 @@
  */
 import assert from "node:assert/strict";
 import { Queue } from "../lib/queue/queue.ts";
-import { SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
+import { notRunResult, SESSION_WINDOW_BYTES } from "../lib/queue/protocol.ts";
 import { QueueSession, type SessionTarget } from "../lib/queue/session.ts";
 import { UsageError } from "../lib/errors.ts";
+import { RunnerQueue } from "../lib/queue/runner_queue.ts";
+import { connectChannel, HostChannel } from "../lib/queue/channel.ts";
+import { SessionFeed } from "../runner/session.ts";
 import { alive, startRunner, tempQueue, text, waitFor } from "./_helpers.ts";
 
 const encode = (value: string): Uint8Array => new TextEncoder().encode(value);
@@ -158,4 +161,75 @@ Deno.test("session with no input and no output for its idle limit ends", async (
   assert.ok(Date.now() - quiet < 4000);
   await session.close();
   queue.close();
+});
+
+Deno.test("a session reported started whose runner never connected to its channel is an error, never its result", async () => {
+  await using q = await tempQueue();
+  const channelDir = await Deno.makeTempDir({ prefix: "waffle-ch-" });
+  const queue = Queue.open(q.queueDir);
+  const runner = RunnerQueue.open(q.queueDir);
+  try {
+    const session = await QueueSession.open(
+      { ...target(queue), channelDir },
+      { argv: ["sh", "-c", "cat > f.txt"] },
+    );
+    assert.ok(session.channelSocket !== undefined);
+    // Waits for a connection that never comes; fails once the output gave up.
+    const writing = session.write(encode("important data\n")).then(() => "written", String);
+    // A runner that says it ran the session (exit 0) and never connected:
+    // before the fix, the host reported that result, the input lost.
+    const [request] = runner.newRequests();
+    assert.equal(request?.id, session.id);
+    await runner.accept([session.id], "boot");
+    await runner.start(session.id, "boot", request!.seq);
+    const now = Date.now();
+    await runner.finish(notRunResult(session.id, { startedAt: now, endedAt: now, exitCode: 0 }));
+    await assert.rejects(async () => {
+      const output = session.output();
+      let next = await output.next();
+      while (!next.done) next = await output.next();
+    }, /started but its runner never connected to its channel/);
+    assert.match(await writing, /The channel closed before the runner connected/);
+    await session.close();
+  } finally {
+    runner.close();
+    queue.close();
+    await Deno.remove(channelDir, { recursive: true });
+  }
+});
+
+Deno.test("a reset of its channel ends the runner's session with the reason, never the process's input", async () => {
+  await using q = await tempQueue();
+  const channelDir = await Deno.makeTempDir({ prefix: "waffle-ch-" });
+  const runner = RunnerQueue.open(q.queueDir);
+  const abort = new AbortController();
+  const feed = new SessionFeed(runner, {
+    id: "s",
+    spec: { leaseMs: 600_000, idleMs: 600_000 },
+    abort,
+  });
+  try {
+    const host = HostChannel.open(channelDir)!;
+    const channel = await connectChannel(channelDir, host.spec);
+    feed.useChannel(channel);
+    const conn = await host.connection();
+    await conn.write(encode("half of it"));
+    const stdin = feed.stdin.getReader();
+    assert.equal(text((await stdin.read()).value!), "half of it");
+    // The host goes with the runner's output unread: a reset.
+    await channel.write("stdout", encode("unread"));
+    host.close();
+    let settled = false;
+    stdin.read().then(() => (settled = true), () => (settled = true));
+    // Before the fix the reset was the end of input (the process took half
+    // for the whole) and the session went on.
+    await waitFor(() => abort.signal.aborted || settled);
+    assert.equal(settled, false, "the process's stdin ended");
+    assert.match(feed.endedBecause ?? "", /^Session ended: its input was cut short: /);
+    channel.close();
+  } finally {
+    feed.stop();
+    runner.close();
+    await Deno.remove(channelDir, { recursive: true });
+  }
 });

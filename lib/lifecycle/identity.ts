@@ -92,6 +92,19 @@ export function statePaths(home: string, key: SandboxKey): StatePaths {
 }
 
 /**
+ * The channel directory of one restricted container of a sandbox (see
+ * `restricted.ts`): its own, beside the sandbox's, so neither container
+ * sees the other's session sockets.
+ *
+ * @param paths The sandbox's state paths.
+ * @param id The restricted session's id (`[0-9a-f-]{12}`).
+ * @returns The host directory mounted at the container's channel directory.
+ */
+export function restrictedChannelDir(paths: Pick<StatePaths, "channel">, id: string): string {
+  return `${paths.channel}-r-${id}`;
+}
+
+/**
  * The layout of a sandbox's state directory (all but the lock and the channel
  * directory, which live in the home), e.g. for a root found in a container's label.
  *

@@ -1,7 +1,8 @@
 /**
  * A restricted session's container: a separate container per session, from
  * the user's image, with no network, the user's workspace read-only, a tmpfs
- * home, and its own queue. It is removed when the session ends (and removes
+ * home, and its own queue and channel directory (it never sees the user's
+ * sandbox's session sockets). It is removed when the session ends (and removes
  * itself when its runner idles out after a host died). When the session's
  * server has egress of its own (`restrictedAttachment`), its network is
  * still "none": its runner bridges the proxy port to the identity's socket,
@@ -18,11 +19,12 @@ import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
 import { Queue } from "../queue/queue.ts";
 import { resolveImage } from "./ensure.ts";
-import { sandboxKey, statePaths } from "./identity.ts";
+import { restrictedChannelDir, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
 import { withLock } from "./lock.ts";
 import { containerSpec } from "./posture.ts";
 import { removeTree } from "./remove_tree.ts";
 import { prepareState } from "./state_dir.ts";
+import { makeChannelDir, removeChannelDir } from "../queue/channel.ts";
 
 /** A restricted container: a backend whose `close` removes it and its queue. */
 export interface RestrictedSandbox extends Backend {
@@ -82,12 +84,15 @@ export async function openRestricted(
   await withLock(paths.lock, () => prepareState(paths, { quotaBytes: config.quotaBytes }));
   // On the user's quota volume: a compromised runner fills that, not the host's disk.
   const parent = join(paths.volume, "restricted");
-  await removeLeftovers(docker, parent, key.containerName);
+  await removeLeftovers(docker, { parent, prefix: key.containerName, paths });
   const id = crypto.randomUUID().slice(0, 12);
   const dir = join(parent, id);
   Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
   // Which host process owns it: a leftover is one whose owner is gone.
   Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
+  // Its own: the user's sandbox's sockets are never in its reach, nor the reverse.
+  const channel = restrictedChannelDir(paths, id);
+  makeChannelDir(channel);
   const queue = Queue.open(dir, { create: true });
   let containerId: string | undefined;
   const dispose = async (): Promise<void> => {
@@ -95,6 +100,7 @@ export async function openRestricted(
     if (containerId !== undefined) {
       await docker.removeContainer(containerId, { force: true }).catch(() => {});
     }
+    removeChannelDir(channel);
     // The runner shaped its queue: never a recursive delete in this process.
     await removeTree(dir).catch(() => false);
   };
@@ -103,7 +109,7 @@ export async function openRestricted(
     const spec = containerSpec(key, {
       config,
       image,
-      paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir },
+      paths: { ...paths, queue: dir, outbound: queue.paths.outboundDir, channel },
       restricted: { id },
       egress: await attachEgress(docker, { attachment: options.egress, config }),
     });
@@ -123,7 +129,7 @@ export async function openRestricted(
     ensure: () => Promise.resolve(),
     submit: (request) => queue.submit(request),
     close: () => queue.close(),
-    channelDir: paths.channel,
+    channelDir: channel,
     dispose,
   };
 }
@@ -148,9 +154,9 @@ const OWNER_FILE = "owner";
 // hostile runner may keep alive past its lease) and their directory go.
 async function removeLeftovers(
   docker: DockerClient,
-  parent: string,
-  prefix: string,
+  options: { parent: string; prefix: string; paths: StatePaths },
 ): Promise<void> {
+  const { parent, prefix, paths } = options;
   let entries: Deno.DirEntry[];
   try {
     entries = [...Deno.readDirSync(parent)];
@@ -169,6 +175,7 @@ async function removeLeftovers(
     const pid = Number(owner.split(" ")[0]);
     if (Number.isSafeInteger(pid) && pid > 0 && processMark(pid) === owner) continue;
     await docker.removeContainer(`${prefix}-r-${entry.name}`, { force: true }).catch(() => false);
+    removeChannelDir(restrictedChannelDir(paths, entry.name));
     removeTree(join(parent, entry.name), { background: true }).catch(() => false);
   }
 }

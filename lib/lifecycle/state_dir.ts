@@ -29,7 +29,7 @@ import { hostCanChown, SANDBOX_UID } from "./posture.ts";
 import { ensureVolume, type VolumeStatus } from "./quota.ts";
 import { markOutboundReplaced, outboundReplaced } from "./outbound_in_place.ts";
 import { removeTree } from "./remove_tree.ts";
-import { makeChannelDir } from "../queue/channel.ts";
+import { makeChannelDir, removeChannelDir } from "../queue/channel.ts";
 import { writeWarm } from "./warm.ts";
 import { errno, libc, O_CLOEXEC, O_DIRECTORY, O_NOFOLLOW, O_RDONLY } from "../libc.ts";
 
@@ -294,12 +294,7 @@ export async function purgeState(
 ): Promise<void> {
   const parent = dirname(paths.root);
   const prefix = `.purged-${basename(paths.root)}-`;
-  try {
-    // Only sockets of hosts that were using it (nothing of the sandbox's).
-    Deno.removeSync(paths.channel, { recursive: true });
-  } catch {
-    // Never made, or gone.
-  }
+  removeChannelDir(paths.channel);
   try {
     Deno.renameSync(paths.root, join(parent, `${prefix}${Date.now()}`));
   } catch (error) {

@@ -5,17 +5,24 @@
  * the bytes between them take the socket.
  *
  * The host listens and the runner connects, never the other way round: the
- * socket lives in a host directory mounted read-only into the sandbox, so
- * nothing in the sandbox can replace it, and the host never connects to a
- * path the sandbox could point elsewhere. Whoever connects must first send
- * the session's token (which only inbound.db carries); the host accepts one
- * such connection and removes the socket. What the runner sends is
- * untrusted: framed, each frame capped at {@linkcode MAX_CHUNK_BYTES}, read
- * only as fast as the host's reader takes it.
+ * socket lives in a host directory of its container's own, mounted
+ * read-only into it, so nothing in the sandbox can replace it, no other
+ * container sees it, and the host never connects to a path the sandbox
+ * could point elsewhere. Whoever connects must first send the session's
+ * token (which only inbound.db carries); the host takes one such
+ * connection, acknowledges it and removes the socket. A silent peer holds
+ * no handshake slot the runner needs: at the cap the newest connection
+ * replaces the oldest. What the runner sends is untrusted: framed, each
+ * frame capped at {@linkcode MAX_CHUNK_BYTES}, read only as fast as the
+ * host's reader takes it.
  *
  * Wire: runner → host, the token line, then frames `[stream u8][length
- * u32 BE][bytes]` (1 stdout, 2 stderr); host → runner, raw stdin bytes, the
- * end of input being the end of the host's writing half.
+ * u32 BE][bytes]` (1 stdout, 2 stderr), then the end frame `[0][0]`; host →
+ * runner, the acknowledgement byte {@linkcode ACK_BYTE}, then raw stdin
+ * bytes, the end of input being the end of the host's writing half. Both
+ * sides move data only once acknowledged, and a connection that ends any
+ * other way (a reset, a close before the end frame) is an error, never an
+ * end: a session never passes for having moved data it did not.
  *
  * @module
  */
@@ -29,6 +36,7 @@ import {
 } from "./protocol.ts";
 import { ProtocolError } from "../errors.ts";
 import { writeAll } from "../bytes.ts";
+import { messageOf } from "./connection.ts";
 
 /** The channel's part of a session request: the socket's name and the token to show. */
 export type ChannelSpec = NonNullable<SessionSpec["channel"]>;
@@ -37,14 +45,22 @@ export type ChannelSpec = NonNullable<SessionSpec["channel"]>;
 const MAX_SOCKET_PATH = 107;
 /** How long a connection may take to show its token. */
 const HANDSHAKE_MS = 2000;
-/** Connections showing their token at once; more are closed unread. */
+/** Connections showing their token at once; a newer one replaces the oldest. */
 const MAX_HANDSHAKES = 8;
+/** What the host sends a connection that showed the token, before any stdin. */
+export const ACK_BYTE = 0x06;
+/** How long the runner waits for the host's acknowledgement, by default. */
+export const ACK_MS = 10_000;
+/** Connections the runner makes before it gives up on a host that closed them unacknowledged. */
+const CONNECT_ATTEMPTS = 3;
 /** Connections with a wrong token before the host gives up the channel. */
 const MAX_BAD_CONNECTIONS = 64;
 /** A socket older than this with nobody accepting on it is a dead host's: removed. */
 const STALE_SOCKET_MS = 10 * 60_000;
 const HEADER_BYTES = 5;
 const STREAM_CODES: Record<StreamName, number> = { stdout: 1, stderr: 2 };
+/** The runner's last frame: stream 0, length 0 (no data frame is empty). */
+const END_FRAME = new Uint8Array(HEADER_BYTES);
 
 /**
  * The host's end: a listener that takes the one connection showing the
@@ -56,6 +72,8 @@ export class HostChannel {
   #listener: Deno.UnixListener;
   #path: string;
   #connected: Promise<Deno.UnixConn>;
+  // The connection that showed the token; #conn once it is acknowledged.
+  #claimed: Deno.UnixConn | undefined;
   #conn: Deno.UnixConn | undefined;
   #closed = false;
 
@@ -69,8 +87,8 @@ export class HostChannel {
   }
 
   /**
-   * Listens on a new socket in `dir` (made by the sandbox's state, mounted
-   * read-only into its container).
+   * Listens on a new socket in `dir` (its container's own channel
+   * directory, mounted read-only into it).
    *
    * @param dir The host's channel directory.
    * @returns The channel, or undefined when `dir`'s path is too long for a socket.
@@ -87,12 +105,12 @@ export class HostChannel {
     return new HostChannel(listener, path, { socket: name, token: hex(32) });
   }
 
-  /** Resolves with the runner's connection once it showed the token. */
+  /** Resolves with the runner's connection once it showed the token and was acknowledged. */
   connection(): Promise<Deno.UnixConn> {
     return this.#connected;
   }
 
-  /** The connection if the runner has made it. */
+  /** The connection if the runner has made it (and it was acknowledged). */
   get connected(): Deno.UnixConn | undefined {
     return this.#conn;
   }
@@ -102,7 +120,7 @@ export class HostChannel {
     if (this.#closed) return;
     this.#closed = true;
     this.#stopListening();
-    if (this.#conn !== undefined) closeQuietly(this.#conn);
+    if (this.#claimed !== undefined) closeQuietly(this.#claimed);
   }
 
   #stopListening(): void {
@@ -120,45 +138,68 @@ export class HostChannel {
 
   async #accept(): Promise<Deno.UnixConn> {
     const expected = new TextEncoder().encode(`${this.spec.token}\n`);
-    let handshakes = 0;
+    // Handshakes in progress, oldest first.
+    const pending: Deno.UnixConn[] = [];
     let bad = 0;
-    try {
-      return await new Promise<Deno.UnixConn>((resolve, reject) => {
-        void (async () => {
-          try {
-            const giveUp = (): void => {
-              if (++bad < MAX_BAD_CONNECTIONS) return;
-              reject(new ProtocolError(`The channel had ${bad} connections without its token`));
-              this.#stopListening();
-            };
-            for await (const conn of this.#listener) {
-              if (this.#conn !== undefined || handshakes >= MAX_HANDSHAKES) {
-                // Counted: a connect loop cannot keep the host accepting forever.
-                closeQuietly(conn);
-                giveUp();
-                continue;
-              }
-              handshakes++;
-              void showsToken(conn, expected).then((ok) => {
-                handshakes--;
-                if (ok && this.#conn === undefined && !this.#closed) {
-                  this.#conn = conn;
-                  this.#stopListening();
-                  resolve(conn);
-                  return;
-                }
-                closeQuietly(conn);
-                if (!ok) giveUp();
-              }).catch(() => closeQuietly(conn));
-            }
-          } catch (error) {
-            reject(error);
+    const { promise, resolve, reject } = Promise.withResolvers<Deno.UnixConn>();
+    const failed = (): void => {
+      if (++bad < MAX_BAD_CONNECTIONS) return;
+      reject(new ProtocolError(`The channel had ${bad} connections without its token`));
+      this.#stopListening();
+    };
+    const settle = async (conn: Deno.UnixConn, ok: boolean): Promise<void> => {
+      const at = pending.indexOf(conn);
+      if (at >= 0) pending.splice(at, 1);
+      if (!ok) {
+        closeQuietly(conn);
+        // Those closed once the runner's was taken are no one's failure.
+        if (this.#claimed === undefined) failed();
+        return;
+      }
+      if (this.#claimed !== undefined || this.#closed) return closeQuietly(conn);
+      this.#claimed = conn;
+      this.#stopListening();
+      for (const other of pending.splice(0)) closeQuietly(other);
+      try {
+        // Before any stdin: the runner moves nothing until it has this.
+        await writeAll(conn, new Uint8Array([ACK_BYTE]));
+      } catch (cause) {
+        closeQuietly(conn);
+        return reject(
+          new ProtocolError("The channel's runner left before its acknowledgement", { cause }),
+        );
+      }
+      this.#conn = conn;
+      resolve(conn);
+    };
+    void (async () => {
+      try {
+        for await (const conn of this.#listener) {
+          if (this.#claimed !== undefined) {
+            closeQuietly(conn);
+            continue;
           }
-          reject(new ProtocolError("The channel closed before the runner connected"));
-        })();
-      });
+          // The oldest has had longest to show a token it already had: a
+          // silent peer never holds the slot the runner needs. Its end
+          // counts against the channel, so a connect loop cannot go on.
+          if (pending.length >= MAX_HANDSHAKES) closeQuietly(pending.shift()!);
+          pending.push(conn);
+          void showsToken(conn, expected).then((ok) => settle(conn, ok));
+        }
+      } catch (error) {
+        reject(error);
+      }
+      if (this.#claimed === undefined) {
+        reject(new ProtocolError("The channel closed before the runner connected"));
+      }
+    })();
+    try {
+      return await promise;
     } finally {
-      if (this.#conn === undefined) this.#stopListening();
+      if (this.#conn === undefined) {
+        this.#stopListening();
+        for (const other of pending.splice(0)) closeQuietly(other);
+      }
     }
   }
 }
@@ -186,7 +227,7 @@ async function showsToken(conn: Deno.UnixConn, expected: Uint8Array): Promise<bo
 
 /**
  * Reads the runner's frames: stdout and stderr chunks in the order sent,
- * until the runner ends its writing half.
+ * until the runner's end frame.
  *
  * @param conn The accepted connection.
  * @param options `borrowed`: each chunk's data is a view of the reader's one
@@ -194,7 +235,9 @@ async function showsToken(conn: Deno.UnixConn, expected: Uint8Array): Promise<bo
  *   copies what it keeps then reads a flood with no allocation per frame
  *   (every copy is garbage V8 frees late, later still under CPU load).
  * @returns The chunks.
- * @throws {ProtocolError} On a frame of an unknown stream or over {@linkcode MAX_CHUNK_BYTES}.
+ * @throws {ProtocolError} On a frame of an unknown stream or over
+ * {@linkcode MAX_CHUNK_BYTES}, and when the connection ends (a reset, a
+ * close) before the end frame: the output may be cut, so it is not an end.
  */
 export async function* readFrames(
   conn: Deno.UnixConn,
@@ -206,25 +249,29 @@ export async function* readFrames(
   let start = 0;
   let end = 0;
   const seq = { stdout: 0, stderr: 0 };
-  const fill = async (want: number): Promise<boolean> => {
+  const fill = async (want: number): Promise<void> => {
     if (start + want > buffer.byteLength) {
       buffer.copyWithin(0, start, end);
       end -= start;
       start = 0;
     }
     while (end - start < want) {
-      const n = await readOrEnd(conn, buffer.subarray(end));
+      const n = await readOrFail(conn, buffer.subarray(end));
       if (n === null) {
-        if (end === start) return false;
-        throw new ProtocolError(`The channel ended inside a frame (${end - start} bytes of it)`);
+        throw new ProtocolError(
+          end === start
+            ? "The session's channel closed before the end of its output"
+            : `The session's channel closed inside a frame (${end - start} bytes of it)`,
+        );
       }
       end += n;
     }
-    return true;
   };
-  while (await fill(HEADER_BYTES)) {
+  while (true) {
+    await fill(HEADER_BYTES);
     const code = buffer[start]!;
     const length = new DataView(buffer.buffer).getUint32(start + 1);
+    if (code === 0 && length === 0) return;
     const stream = code === 1 ? "stdout" : code === 2 ? "stderr" : undefined;
     if (stream === undefined) {
       throw new ProtocolError(`The channel sent a frame of stream '${code}'`);
@@ -245,45 +292,107 @@ export async function* readFrames(
   }
 }
 
-// A runner closing with input unread resets the socket: after the data it
-// sent, which is read first, that is its end.
-async function readOrEnd(conn: Deno.UnixConn, into: Uint8Array): Promise<number | null> {
+// A reset comes after the data sent before it, which is read first: once
+// that is read, it means the other side left without its end.
+async function readOrFail(conn: Deno.UnixConn, into: Uint8Array): Promise<number | null> {
   try {
     return await conn.read(into);
-  } catch (error) {
-    if (error instanceof Deno.errors.ConnectionReset) return null;
-    throw error;
+  } catch (cause) {
+    throw new ProtocolError(`The session's channel failed: ${messageOf(cause)}`, { cause });
   }
 }
 
+/** Options for {@linkcode connectChannel}. */
+export interface ConnectChannelOptions {
+  /** How long to wait for the host's acknowledgement; default {@linkcode ACK_MS}. */
+  ackMs?: number;
+}
+
 /**
- * The runner's end: connects to the host's socket and shows the token.
+ * The runner's end: connects to the host's socket, shows the token and
+ * waits for the host's acknowledgement. A connection the host closes
+ * unacknowledged (it had too many handshakes at once) is made again, a few
+ * times.
+ *
+ * @example
+ * ```ts ignore
+ * const channel = await connectChannel(SANDBOX_CHANNEL_DIR, payload.session.channel);
+ * await channel.write("stdout", new TextEncoder().encode("hi\n"));
+ * await channel.end();
+ * ```
  *
  * @param dir The channel directory inside the sandbox.
  * @param spec The request's channel.
- * @returns The connection, with a framed writer for output.
- * @throws {ProtocolError} When the spec is malformed.
+ * @param options The acknowledgement's time bound.
+ * @returns The acknowledged connection, with a framed writer for output.
+ * @throws {ProtocolError} When the spec is malformed, or the host does not acknowledge the token.
  * @throws {Deno.errors.NotFound} When nobody listens there.
  */
-export async function connectChannel(dir: string, spec: ChannelSpec): Promise<RunnerChannel> {
+export async function connectChannel(
+  dir: string,
+  spec: ChannelSpec,
+  options: ConnectChannelOptions = {},
+): Promise<RunnerChannel> {
   if (!CHANNEL_SOCKET_PATTERN.test(spec.socket) || !CHANNEL_TOKEN_PATTERN.test(spec.token)) {
     throw new ProtocolError(`Invalid channel '${spec.socket}'`);
   }
-  const conn = await Deno.connect({ transport: "unix", path: `${dir}/${spec.socket}` });
-  const channel = new RunnerChannel(conn);
-  await channel.writeRaw([new TextEncoder().encode(`${spec.token}\n`)]);
-  return channel;
+  const deadline = Date.now() + (options.ackMs ?? ACK_MS);
+  const token = new TextEncoder().encode(`${spec.token}\n`);
+  for (let attempt = 1;; attempt++) {
+    const conn = await Deno.connect({ transport: "unix", path: `${dir}/${spec.socket}` });
+    const answer = await acknowledged(conn, { token, deadline });
+    if (answer === "ack") return new RunnerChannel(conn);
+    closeQuietly(conn);
+    if (answer !== "closed" || attempt >= CONNECT_ATTEMPTS || Date.now() >= deadline) {
+      throw new ProtocolError(
+        answer === "timeout"
+          ? `The host did not acknowledge the channel's token within ${options.ackMs ?? ACK_MS} ms`
+          : answer === "closed"
+          ? `The host closed the channel unacknowledged ${attempt} times`
+          : `The host answered the channel's token with byte '${answer}'`,
+      );
+    }
+  }
+}
+
+// Shows the token and reads exactly one byte (what follows is stdin).
+async function acknowledged(
+  conn: Deno.UnixConn,
+  options: { token: Uint8Array; deadline: number },
+): Promise<"ack" | "closed" | "timeout" | number> {
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    closeQuietly(conn);
+  }, Math.max(0, options.deadline - Date.now()));
+  try {
+    await writeAll(conn, options.token);
+    const byte = new Uint8Array(1);
+    const n = await conn.read(byte);
+    if (n === null) return "closed";
+    return byte[0] === ACK_BYTE ? "ack" : byte[0]!;
+  } catch {
+    return timedOut ? "timeout" : "closed";
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** The runner's side of a connected channel. */
 export class RunnerChannel {
-  /** The session's stdin: what the host writes, pulled as the process reads. */
+  /**
+   * The session's stdin: what the host writes, pulled as the process reads.
+   * It ends at the end of the host's writing half; a reset errors it.
+   */
   readonly stdin: ReadableStream<Uint8Array>;
   #conn: Deno.UnixConn;
   #writing: Promise<void> = Promise.resolve();
+  #closed = false;
+  // A frame was cut: nothing more goes, the end frame least of all.
+  #failed = false;
 
   /**
-   * Wraps a connection.
+   * Wraps an acknowledged connection.
    *
    * @param conn The connected socket.
    */
@@ -293,7 +402,19 @@ export class RunnerChannel {
     this.stdin = new ReadableStream<Uint8Array>({
       pull: async (controller) => {
         const chunk = new Uint8Array(MAX_CHUNK_BYTES);
-        const n = await conn.read(chunk).catch(() => null);
+        let n: number | null;
+        try {
+          n = await conn.read(chunk);
+        } catch (cause) {
+          // Our own close (the session is over) ends it; anything else is
+          // the host's input cut short, which the process must not take for its end.
+          if (this.#closed) n = null;
+          else {
+            return controller.error(
+              new ProtocolError(`The host's channel failed: ${messageOf(cause)}`, { cause }),
+            );
+          }
+        }
         if (n === null) controller.close();
         else controller.enqueue(chunk.subarray(0, n));
       },
@@ -315,33 +436,37 @@ export class RunnerChannel {
   }
 
   /**
-   * Writes bytes as they are (the token), after what is already queued.
+   * Writes bytes as they are, after what is already queued.
    *
    * @param pieces The bytes, in order.
    */
   writeRaw(pieces: Uint8Array[]): Promise<void> {
     const conn = this.#conn;
     const written = this.#writing.then(async () => {
-      for (const piece of pieces) await writeAll(conn, piece);
+      if (this.#failed) throw new ProtocolError("The channel failed an earlier write");
+      try {
+        for (const piece of pieces) await writeAll(conn, piece);
+      } catch (error) {
+        this.#failed = true;
+        throw error;
+      }
     });
     // A failed write fails its caller; the chain goes on for the close.
     this.#writing = written.catch(() => {});
     return written;
   }
 
-  /** Sends what is queued, then closes the socket. */
+  /** Sends what is queued and the end frame, then closes the socket. */
   async end(): Promise<void> {
-    await this.#writing;
+    // After a failed write no end goes: the host sees none, and says so.
+    await this.writeRaw([END_FRAME]).catch(() => {});
     this.close();
   }
 
   /** Closes the socket at once (the session was cancelled). Idempotent. */
   close(): void {
-    try {
-      this.#conn.close();
-    } catch {
-      // Closed already.
-    }
+    this.#closed = true;
+    closeQuietly(this.#conn);
   }
 }
 
@@ -355,6 +480,21 @@ export class RunnerChannel {
 export function makeChannelDir(dir: string): void {
   Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
   Deno.chmodSync(dir, Deno.uid() === 0 ? 0o700 : 0o750);
+}
+
+/**
+ * Removes a channel directory and the sockets of hosts that used it (the
+ * sandbox cannot have made anything there: it is mounted read-only).
+ * Quiet when it is gone already.
+ *
+ * @param dir The host directory.
+ */
+export function removeChannelDir(dir: string): void {
+  try {
+    Deno.removeSync(dir, { recursive: true });
+  } catch {
+    // Never made, or gone.
+  }
 }
 
 function closeQuietly(conn: Deno.Conn): void {

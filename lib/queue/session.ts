@@ -10,6 +10,7 @@ import type { Queue, SubmitOptions, WaitOptions } from "./queue.ts";
 import { concat, writeAll } from "../bytes.ts";
 import { HostChannel, readFrames } from "./channel.ts";
 import { settlesWithin } from "../async.ts";
+import { ProtocolError } from "../errors.ts";
 
 /** Default lease: the runner ends a session whose host stops renewing for this long. */
 export const SESSION_LEASE_MS = 10_000;
@@ -244,7 +245,11 @@ export class QueueSession {
   }
 
   // The output comes over the socket, the result (and nothing else: a runner
-  // writing rows anyway is ignored) over the queue.
+  // writing rows anyway is ignored) over the queue. A session reports its
+  // result only when its output came whole, up to the runner's end frame;
+  // a channel that never connected, broke or did not end is an error unless
+  // the result is already a failure (cancelled or interrupted, whose
+  // channel the runner closes at once, or not run).
   async *#channelOutput(
     channel: HostChannel,
     borrowed: boolean,
@@ -255,44 +260,102 @@ export class QueueSession {
       while (!next.done) next = await rows.next();
       return next.value;
     })();
-    const first = await Promise.race([
-      channel.connection().then((conn) => ({ conn }), () => ({ conn: undefined })),
-      result.then(() => ({ conn: undefined })),
-    ]);
-    let conn = first.conn;
-    if (conn === undefined) {
-      // A result first: if the process started, the runner had connected
-      // before, and this host has not taken the connection yet.
-      const ended = await result;
-      if (ended.startedAt !== null) await settlesWithin(channel.connection(), LATE_CONNECT_MS);
-      conn = channel.connected;
-    }
-    if (conn !== undefined) {
-      // After the result, the output has LATE_CONNECT_MS to end: a runner
-      // holding its socket open and silent cannot keep the session alive.
-      let cut = false;
-      let drained = false;
-      void result.then(() => {
-        // Not once the output ended, or the session was closed (a reader
-        // that stopped early never resumes this generator).
-        if (drained || this.#closed) return;
-        this.#drainTimer = setTimeout(() => {
-          cut = true;
-          channel.close();
-        }, LATE_CONNECT_MS);
-      }, () => {});
-      try {
-        yield* readFrames(conn, { borrowed });
-      } catch (error) {
-        if (!cut) throw error;
-      } finally {
-        drained = true;
-        clearTimeout(this.#drainTimer);
-        channel.close();
+    // Why the host gave up the channel (a flood of connections), if it did:
+    // the root of a runner's "cannot connect".
+    let refused: unknown;
+    try {
+      const first = await Promise.race([
+        channel.connection().then((conn) => ({ conn }), (error) => {
+          refused = error;
+          return { conn: undefined };
+        }),
+        result.then(() => ({ conn: undefined })),
+      ]);
+      let conn = first.conn;
+      if (conn === undefined) {
+        // A result first: if the process started, the runner had connected
+        // before, and this host has not taken the connection yet.
+        const done = await result;
+        if (done.startedAt !== null) await settlesWithin(channel.connection(), LATE_CONNECT_MS);
+        conn = channel.connected;
+        if (conn === undefined) {
+          if (refused !== undefined) throw refused;
+          if (done.startedAt === null) return done;
+          throw new ProtocolError(
+            `Session '${this.id}' started but its runner never connected to its channel`,
+          );
+        }
       }
+      let failure: unknown;
+      try {
+        yield* this.#framesUntilCut(channel, conn, { result, borrowed });
+      } catch (error) {
+        failure = error;
+      }
+      channel.close();
+      const done = await result;
+      // A result that is a failure already says why; any other is no
+      // success without the whole output.
+      const failed = done.cancelled || done.interrupted || done.startedAt === null;
+      if (failure !== undefined && !failed) throw failure;
+      return done;
+    } finally {
+      channel.close();
     }
-    channel.close();
-    return await result;
+  }
+
+  // The frames; once the result is in, the reads may wait LATE_CONNECT_MS
+  // in all (not the reader's own time between chunks): a runner holding its
+  // socket open and silent cannot keep the session alive, and a slow reader
+  // loses nothing.
+  async *#framesUntilCut(
+    channel: HostChannel,
+    conn: Deno.UnixConn,
+    options: { result: Promise<unknown>; borrowed: boolean },
+  ): AsyncGenerator<OutputChunk, void> {
+    const { result, borrowed } = options;
+    const frames = readFrames(conn, { borrowed });
+    let left = LATE_CONNECT_MS;
+    let resultIn = false;
+    let reading = false;
+    let since: number | undefined;
+    let cut = false;
+    const arm = (): void => {
+      since = Date.now();
+      this.#drainTimer = setTimeout(() => {
+        cut = true;
+        channel.close();
+      }, left);
+    };
+    // One callback, never one per frame: a reaction per read on a pending
+    // promise would hold every chunk read until the result.
+    const arrived = (): void => {
+      resultIn = true;
+      if (reading && since === undefined) arm();
+    };
+    result.then(arrived, arrived);
+    try {
+      while (true) {
+        reading = true;
+        if (resultIn) arm();
+        let next: IteratorResult<OutputChunk, void>;
+        try {
+          next = await frames.next();
+        } finally {
+          reading = false;
+          clearTimeout(this.#drainTimer);
+          if (since !== undefined) left = Math.max(0, left - (Date.now() - since));
+          since = undefined;
+        }
+        if (next.done) return;
+        yield next.value;
+      }
+    } catch (error) {
+      if (!cut) throw error;
+      throw new ProtocolError(
+        `Session '${this.id}' did not end its output within ${LATE_CONNECT_MS} ms of its result`,
+      );
+    }
   }
 
   async *#rowOutput(): AsyncGenerator<OutputChunk, ExecResult> {
