@@ -951,8 +951,18 @@ const SLOW_HEAD =
   "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: ";
 /** The open-file limit the flooded server runs under; the flood is twice as many connections. */
 const FLOOD_FILE_LIMIT = 256;
-/** A short header deadline (the flood's end), kept-alive client connections for the whole test. */
-const FLOOD_DEADLINES = ["--header-timeout", "2", "--keep-alive-timeout", "600"];
+/**
+ * Short header and request deadlines (the flood's end; a stream outlives
+ * them), kept-alive client connections for the whole test.
+ */
+const FLOOD_DEADLINES = [
+  "--header-timeout",
+  "2",
+  "--request-timeout",
+  "2",
+  "--keep-alive-timeout",
+  "600",
+];
 
 /** Starts a slowloris flood of `2 × FLOOD_FILE_LIMIT` connections from 64 loopback peers. */
 function flood(serving: Serving): Promise<Slowloris> {
@@ -991,6 +1001,19 @@ Deno.test({
     const cap = FLOOD_FILE_LIMIT / 2;
     const session = await connect(serving);
     await echoes(session.client, "before the flood");
+    // A second session, by hand, with its GET stream open through the flood.
+    const auth = bearer(serving.token);
+    const started = await post(serving.url, INITIALIZE, auth);
+    const streaming = { ...auth, "Mcp-Session-Id": started.sessionId! };
+    await post(serving.url, { jsonrpc: "2.0", method: "notifications/initialized" }, streaming);
+    const get = await fetch(serving.url, {
+      headers: { Accept: "text/event-stream", ...streaming },
+    });
+    assert.equal(get.status, 200);
+    let streamEnded = false;
+    const streamRead = get.body!.pipeTo(new WritableStream()).catch(() => {}).finally(() =>
+      streamEnded = true
+    );
     await using slow = await flood(serving);
     assert.ok(alive(serving.child.pid), `mcp serve died: ${serving.stderr()}`);
     assert.equal(slow.unreachable(), 0, `mcp serve stopped listening: ${serving.stderr()}`);
@@ -1006,6 +1029,13 @@ Deno.test({
     );
     assert.ok(slow.timedOut() > 0 && slow.timedOut() <= cap, `${slow.timedOut()} timed out`);
     assert.equal(slow.refused(), slow.clients.length - slow.timedOut());
+    // The flood's connections came after the stream and were closed by the
+    // header deadline: the stream has outlived the request deadline.
+    assert.ok(!streamEnded, "the GET stream was cut");
+    const deleted = await fetch(serving.url, { method: "DELETE", headers: streaming });
+    assert.equal(deleted.status, 200);
+    await deleted.body?.cancel();
+    await streamRead; // the session's end ends its stream
     await echoes(session.client, "after the flood");
     const next = await connect(serving);
     await echoes(next.client, "a new session");
