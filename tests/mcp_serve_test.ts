@@ -539,6 +539,30 @@ Deno.test("mcp serve: a non-loopback --listen is refused unless --allow-remote i
   ]);
   assert.equal(busy.code, 125, busy.stderr);
   assert.match(busy.stderr, new RegExp(`Cannot listen on '127\\.0\\.0\\.1:${taken.addr.port}'`));
+  // The listener's limits are checked before anything listens.
+  const shortRequest = await serveRefused(home.home, [
+    "everything",
+    "--user",
+    "u",
+    "--header-timeout",
+    "5",
+    "--request-timeout",
+    "1",
+  ]);
+  assert.equal(shortRequest.code, 125, shortRequest.stderr);
+  assert.match(
+    shortRequest.stderr,
+    /Invalid --request-timeout '1': it must be at least the header timeout \(5 s\)/,
+  );
+  const noConnections = await serveRefused(home.home, [
+    "everything",
+    "--user",
+    "u",
+    "--max-connections",
+    "0",
+  ]);
+  assert.equal(noConnections.code, 125);
+  assert.match(noConnections.stderr, /Invalid --max-connections '0': expected a whole number > 0/);
   // The plan decides before anything listens, as for mcp run.
   const noUser = await serveRefused(home.home, ["everything"]);
   assert.equal(noUser.code, 125);
