@@ -284,3 +284,33 @@ Deno.test({
     }
   },
 });
+
+Deno.test("serveHttp() answers a request no web handler can take (TRACE, a garbled target) with 400, a response Node cannot send with 500, and lives on", async () => {
+  await using server = await serving(
+    {},
+    (request) =>
+      new URL(request.url).pathname === "/odd"
+        ? new Response("odd", { headers: { "x-odd": "a\x01b" } })
+        : new Response("ok\n"),
+  );
+  const trace = await request(
+    server,
+    "127.0.0.2",
+    "TRACE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+  );
+  assert.equal(status(trace), 400, trace);
+  assert.match(trace, /Bad Request: cannot serve 'TRACE \/': Method is forbidden/);
+  const garbled = await request(
+    server,
+    "127.0.0.2",
+    "GET http://[x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+  );
+  assert.equal(status(garbled), 400, garbled);
+  const odd = await request(
+    server,
+    "127.0.0.2",
+    "GET /odd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+  );
+  assert.equal(status(odd), 500, odd);
+  assert.equal(status(await request(server, "127.0.0.2")), 200);
+});

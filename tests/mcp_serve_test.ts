@@ -22,13 +22,15 @@ import {
 import { dockerGate, liveTest, type LiveTestFn } from "./_docker_gate.ts";
 import { alive, delay } from "./_helpers.ts";
 import { run, tempHome, type TestHome, uniqueUser } from "./_sandbox_helpers.ts";
-import { loopbackPeers, type Slowloris, slowloris } from "./_slow_clients.ts";
+import { loopbackPeers, rawClient, type Slowloris, slowloris } from "./_slow_clients.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const MAIN = `${REPO}/main.ts`;
 const CACHE = Deno.env.get("WAFFLE_MCP_CACHE") || `${REPO}/.tools/mcp-cache`;
 const EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31";
 const IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest";
+/** An image with Python, for the flood from inside a sandbox. */
+const PYTHON_IMAGE = "waffle-python:bookworm";
 /** The default `max_message_bytes`: request bodies beyond it get 413. */
 const BODY_LIMIT = 64 * 1024 * 1024;
 
@@ -537,6 +539,30 @@ Deno.test("mcp serve: a non-loopback --listen is refused unless --allow-remote i
   ]);
   assert.equal(busy.code, 125, busy.stderr);
   assert.match(busy.stderr, new RegExp(`Cannot listen on '127\\.0\\.0\\.1:${taken.addr.port}'`));
+  // The listener's limits are checked before anything listens.
+  const shortRequest = await serveRefused(home.home, [
+    "everything",
+    "--user",
+    "u",
+    "--header-timeout",
+    "5",
+    "--request-timeout",
+    "1",
+  ]);
+  assert.equal(shortRequest.code, 125, shortRequest.stderr);
+  assert.match(
+    shortRequest.stderr,
+    /Invalid --request-timeout '1': it must be at least the header timeout \(5 s\)/,
+  );
+  const noConnections = await serveRefused(home.home, [
+    "everything",
+    "--user",
+    "u",
+    "--max-connections",
+    "0",
+  ]);
+  assert.equal(noConnections.code, 125);
+  assert.match(noConnections.stderr, /Invalid --max-connections '0': expected a whole number > 0/);
   // The plan decides before anything listens, as for mcp run.
   const noUser = await serveRefused(home.home, ["everything"]);
   assert.equal(noUser.code, 125);
@@ -580,6 +606,13 @@ Deno.test("mcp serve: every request needs the token, a loopback Host and Origin,
   // fetch() sets Host itself: a request of our own carries another.
   assert.equal(await rawPostStatus(serving.url, "evil.example.com", token), 403);
   assert.equal(await rawPostStatus(serving.url, "evil.example.com:80", token), 403);
+
+  // A refusal closes its connection: without the token, none is kept open.
+  const { hostname, port } = new URL(serving.url);
+  const refusedOne = await rawClient({ hostname, port: Number(port) }, "127.0.0.2");
+  refusedOne.write("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}");
+  await eventually("the refused connection to close", () => Promise.resolve(refusedOne.closed()));
+  assert.match(refusedOne.received(), /^HTTP\/1\.1 401 /);
 
   const elsewhere = await post(serving.url.replace(/\/mcp$/, "/other"), INITIALIZE, auth);
   assert.equal(elsewhere.status, 404);
@@ -942,8 +975,18 @@ const SLOW_HEAD =
   "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: ";
 /** The open-file limit the flooded server runs under; the flood is twice as many connections. */
 const FLOOD_FILE_LIMIT = 256;
-/** A short header deadline (the flood's end), kept-alive client connections for the whole test. */
-const FLOOD_DEADLINES = ["--header-timeout", "2", "--keep-alive-timeout", "600"];
+/**
+ * Short header and request deadlines (the flood's end; a stream outlives
+ * them), kept-alive client connections for the whole test.
+ */
+const FLOOD_DEADLINES = [
+  "--header-timeout",
+  "2",
+  "--request-timeout",
+  "2",
+  "--keep-alive-timeout",
+  "600",
+];
 
 /** Starts a slowloris flood of `2 × FLOOD_FILE_LIMIT` connections from 64 loopback peers. */
 function flood(serving: Serving): Promise<Slowloris> {
@@ -982,6 +1025,19 @@ Deno.test({
     const cap = FLOOD_FILE_LIMIT / 2;
     const session = await connect(serving);
     await echoes(session.client, "before the flood");
+    // A second session, by hand, with its GET stream open through the flood.
+    const auth = bearer(serving.token);
+    const started = await post(serving.url, INITIALIZE, auth);
+    const streaming = { ...auth, "Mcp-Session-Id": started.sessionId! };
+    await post(serving.url, { jsonrpc: "2.0", method: "notifications/initialized" }, streaming);
+    const get = await fetch(serving.url, {
+      headers: { Accept: "text/event-stream", ...streaming },
+    });
+    assert.equal(get.status, 200);
+    let streamEnded = false;
+    const streamRead = get.body!.pipeTo(new WritableStream()).catch(() => {}).finally(() =>
+      streamEnded = true
+    );
     await using slow = await flood(serving);
     assert.ok(alive(serving.child.pid), `mcp serve died: ${serving.stderr()}`);
     assert.equal(slow.unreachable(), 0, `mcp serve stopped listening: ${serving.stderr()}`);
@@ -997,6 +1053,13 @@ Deno.test({
     );
     assert.ok(slow.timedOut() > 0 && slow.timedOut() <= cap, `${slow.timedOut()} timed out`);
     assert.equal(slow.refused(), slow.clients.length - slow.timedOut());
+    // The flood's connections came after the stream and were closed by the
+    // header deadline: the stream has outlived the request deadline.
+    assert.ok(!streamEnded, "the GET stream was cut");
+    const deleted = await fetch(serving.url, { method: "DELETE", headers: streaming });
+    assert.equal(deleted.status, 200);
+    await deleted.body?.cancel();
+    await streamRead; // the session's end ends its stream
     await echoes(session.client, "after the flood");
     const next = await connect(serving);
     await echoes(next.client, "a new session");
@@ -1055,3 +1118,115 @@ Deno.test({
     await next.client.close();
   },
 });
+
+/**
+ * The flood from inside a sandbox: ARGV host port connections pace bound.
+ * Each connection sends half a header a byte per pace; at the end (every
+ * connection closed, or the bound), one JSON line: how many the server
+ * closed unanswered (a cap), answered 408 (a deadline), and left open.
+ */
+const SANDBOX_FLOOD = `
+import json, socket, sys, time
+host, port, n, pace, bound = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+head = b"POST /mcp HTTP/1.1\\r\\nHost: x\\r\\nX-Slow: "
+conns = []
+for _ in range(n):
+    s = socket.create_connection((host, port))
+    s.setblocking(False)
+    conns.append({"s": s, "sent": 0, "got": b"", "closed": False})
+end = time.time() + bound
+while time.time() < end and not all(c["closed"] for c in conns):
+    for c in conns:
+        if c["closed"]:
+            continue
+        try:
+            data = c["s"].recv(4096)
+            if data == b"":
+                c["closed"] = True
+            c["got"] += data
+        except BlockingIOError:
+            pass
+        except OSError:
+            c["closed"] = True
+        if not c["closed"]:
+            try:
+                c["s"].send(head[c["sent"]:c["sent"] + 1] or b"a")
+                c["sent"] += 1
+            except OSError:
+                c["closed"] = True
+    time.sleep(pace)
+print(json.dumps({
+    "refused": sum(1 for c in conns if c["closed"] and c["got"] == b""),
+    "timedOut": sum(1 for c in conns if c["got"].startswith(b"HTTP/1.1 408")),
+    "open": sum(1 for c in conns if not c["closed"]),
+}))
+`;
+
+/** The host's address on Docker's default bridge, where a `network = "bridge"` sandbox reaches it. */
+function bridgeGateway(): string {
+  const docker0 = Deno.networkInterfaces().find((nic) =>
+    nic.name === "docker0" && nic.family === "IPv4"
+  );
+  assert.ok(docker0 !== undefined, "Docker's default bridge (docker0) has no IPv4 address");
+  return docker0.address;
+}
+
+liveTest(
+  "mcp serve: a command in a bridge sandbox floods a server listening on the Docker bridge; past the per-peer cap its connections are closed at once, the rest by the header deadline, and the host's session keeps working",
+  async (docker) => {
+    const python = await docker.inspectImage(PYTHON_IMAGE);
+    assert.ok(python !== null, `the test image '${PYTHON_IMAGE}' is missing: run scripts/setup.sh`);
+    const gateway = bridgeGateway();
+    await using home = await serveHome();
+    // --allow-remote: the bridge is beyond loopback; the token still applies.
+    await using serving = await startServe(home.home, [
+      "on-host",
+      "--group",
+      "local",
+      "--listen",
+      `${gateway}:0`,
+      "--allow-remote",
+      ...FLOOD_DEADLINES,
+    ]);
+    const session = await connect(serving);
+    await echoes(session.client, "before the flood");
+    await using attacker = await tempHome(docker, { image: PYTHON_IMAGE, network: "bridge" });
+    const perPeer = 64; // the default
+    const connections = 3 * perPeer;
+    const attack = attacker.cli([
+      "exec",
+      "--user",
+      uniqueUser("flood"),
+      "--",
+      "python3",
+      "-c",
+      SANDBOX_FLOOD,
+      gateway,
+      new URL(serving.url).port,
+      String(connections),
+      "0.5",
+      "120",
+    ]);
+    const atCap = new RegExp(
+      `closed a new connection from (172\\.[\\d.]+): ${perPeer} are open from it, the most allowed from one peer`,
+    );
+    await eventually(
+      "the sandbox's connections to reach the per-peer cap",
+      () => Promise.resolve(atCap.test(serving.stderr())),
+    );
+    assert.notEqual(atCap.exec(serving.stderr())![1], gateway, "the flood comes from the sandbox");
+    await echoes(session.client, "during the flood");
+    const ran = await attack;
+    assert.equal(ran.code, 0, ran.stderr);
+    assert.deepEqual(JSON.parse(ran.stdout), {
+      refused: connections - perPeer,
+      timedOut: perPeer,
+      open: 0,
+    });
+    await echoes(session.client, "after the flood");
+    assert.ok(alive(serving.child.pid), serving.stderr());
+    assert.doesNotMatch(serving.stderr(), /Uncaught/);
+    await session.client.close();
+  },
+  SDK_CLIENT,
+);

@@ -92,8 +92,9 @@ const SERVE_FLAGS = {
  * @param args Arguments after `mcp serve`.
  * @param io Process streams.
  * @returns The exit status: 128+N on signal N.
- * @throws {UsageError} On bad flags (a limit out of range), a non-loopback address without --allow-remote, an
- *   unknown server, a missing --user, a bad token file or a bad config.
+ * @throws {UsageError} On bad flags (a connection limit out of range), a non-loopback
+ *   address without --allow-remote, an unknown server, a missing --user, a bad token file or
+ *   a bad config.
  * @throws {WaffleError} When the server is denied or the address cannot be listened on.
  */
 export async function mcpServeCommand(args: string[], io: CliIo): Promise<number> {

@@ -17,6 +17,7 @@
  */
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
+import { oneLineOf } from "../errors.ts";
 import { ConnSocket } from "./_conn_socket.ts";
 import type { HttpLimits } from "./limits.ts";
 import type { HttpHandler } from "./server.ts";
@@ -54,7 +55,7 @@ export function nodeHttpServer(handler: HttpHandler, options: NodeHttpOptions): 
       10,
       Math.min(MAX_CHECK_INTERVAL_MS, Math.floor(limits.headerTimeoutMs / 4)),
     ),
-  }, (req, res) => void respond(req, res, handler, options));
+  }, (req, res) => void respond(req, res, handler, options).catch(() => failed(res)));
   server.on("clientError", answerClientError);
   // `listening` keeps a connection open after its response and starts the
   // deadlines' checks; net.Server reads it from `_handle`. The connections
@@ -128,10 +129,8 @@ async function respond(
   });
   let response: Response;
   const request = toRequest(req, options.origin, aborted.signal);
-  if (request === undefined) {
-    response = new Response("Bad Request: the request target is not a path or a URL\n", {
-      status: 400,
-    });
+  if (!(request instanceof Request)) {
+    response = new Response(`Bad Request: ${request.reason}\n`, { status: 400 });
   } else {
     const remoteAddr: Deno.NetAddr = {
       transport: "tcp",
@@ -147,26 +146,46 @@ async function respond(
   await send(req, res, response);
 }
 
-/** The web request of a Node one; undefined when its target is neither a path nor a URL. */
-function toRequest(req: IncomingMessage, origin: string, signal: AbortSignal): Request | undefined {
+/**
+ * The web request of a Node one, or why there is none: a target that is
+ * neither a path nor an http(s) URL, a method a `Request` cannot have
+ * (`TRACE`), a header value it refuses.
+ */
+function toRequest(
+  req: IncomingMessage,
+  origin: string,
+  signal: AbortSignal,
+): Request | { reason: string } {
   const target = req.url ?? "";
-  const headers = new Headers();
-  let url: URL;
+  const method = req.method ?? "GET";
   try {
-    url = new URL(target.startsWith("/") ? `${origin}${target}` : target);
+    const url = new URL(target.startsWith("/") ? `${origin}${target}` : target);
+    if (url.protocol !== "http:" && url.protocol !== "https:") throw new TypeError("Not http");
+    const headers = new Headers();
     for (let i = 0; i + 1 < req.rawHeaders.length; i += 2) {
       headers.append(req.rawHeaders[i]!, req.rawHeaders[i + 1]!);
     }
-  } catch {
-    return undefined;
+    // An absolute-form target names the authority; its Host header is
+    // ignored (RFC 9112 section 3.2.2), so the checks of Host see the target's.
+    if (!target.startsWith("/")) headers.set("host", url.host);
+    const body = method === "GET" || method === "HEAD" ? null : bodyOf(req);
+    return new Request(url, { method, headers, body, signal });
+  } catch (error) {
+    const shown = `${method} ${target}`.slice(0, 200);
+    return { reason: `cannot serve '${shown}': ${oneLineOf(error)}` };
   }
-  if (url.protocol !== "http:" && url.protocol !== "https:") return undefined;
-  // An absolute-form target names the authority; its Host header is ignored
-  // (RFC 9112 section 3.2.2), so the checks of Host see the target's.
-  if (!target.startsWith("/")) headers.set("host", url.host);
-  const method = req.method ?? "GET";
-  const body = method === "GET" || method === "HEAD" ? null : bodyOf(req);
-  return new Request(url, { method, headers, body, signal });
+}
+
+/** The response could not be sent (a header value Node refuses): a bare 500, or the end. */
+function failed(res: ServerResponse): void {
+  if (res.headersSent) return void res.destroy();
+  try {
+    for (const name of res.getHeaderNames()) res.removeHeader(name);
+    res.writeHead(500, { "content-type": "text/plain", connection: "close" });
+    res.end("Internal Server Error: the response could not be sent\n");
+  } catch {
+    res.destroy();
+  }
 }
 
 /**
