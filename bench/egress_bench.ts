@@ -10,7 +10,10 @@
  * - `egress_https_proxy`: from a waffle sandbox through its socket and the
  *   proxy (CONNECT, SNI checked, bytes passed through);
  * - `egress_https_secret`: the same to a host a secret is injected for (TLS
- *   terminated by the proxy and made anew to the upstream).
+ *   terminated by the proxy and made anew to the upstream);
+ * - `egress_https_flooded`: `egress_https_proxy` while another sandbox holds
+ *   500 CONNECTs open and replaces each one as it is answered (its own
+ *   `max_connections` caps it): what one sandbox's flood costs another.
  *
  * Interleaved, so every case sees the same machine.
  *
@@ -18,8 +21,18 @@
  */
 // deno-lint-ignore-file no-console
 import { DockerClient } from "../lib/docker/mod.ts";
+import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
 import { dockerCli, uniqueUser } from "../tests/_sandbox_helpers.ts";
-import { egressHome, PYTHON_IMAGE, SECRET_ENV, sh, UPSTREAMS } from "../tests/_egress_sandbox.ts";
+import {
+  CONNECT_FLOOD,
+  type EgressHome,
+  egressHome,
+  PYTHON_IMAGE,
+  SECRET_ENV,
+  sh,
+  UPSTREAMS,
+} from "../tests/_egress_sandbox.ts";
+import { waitFor } from "../tests/_helpers.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, ratioOf, summarize } from "./stats.ts";
 
@@ -28,6 +41,7 @@ export const EGRESS_CASES = [
   "egress_https_direct",
   "egress_https_proxy",
   "egress_https_secret",
+  "egress_https_flooded",
 ] as const;
 
 /** The egress section. */
@@ -146,6 +160,10 @@ export async function runEgressSection(context: BenchContext): Promise<BenchRepo
     }
     context.progress.step("egress: direct, proxy, secret", round + 1, ROUNDS);
   }
+  if (context.wants("egress_https_flooded")) {
+    take("egress_https_flooded", await flooded(world, sandbox, perRound * ROUNDS));
+    context.progress.step("egress: under another sandbox's flood", 1, 1);
+  }
   const results: BenchResult[] = [];
   for (const name of EGRESS_CASES) {
     const list = samples.get(name) ?? [];
@@ -157,6 +175,39 @@ export async function runEgressSection(context: BenchContext): Promise<BenchRepo
   const ratios = [
     ratioOf("egress_proxy_vs_direct", find("egress_https_proxy"), find("egress_https_direct")),
     ratioOf("egress_secret_vs_direct", find("egress_https_secret"), find("egress_https_direct")),
+    ratioOf("egress_flooded_vs_proxy", find("egress_https_flooded"), find("egress_https_proxy")),
   ].filter((ratio) => ratio !== undefined);
   return { results, ratios };
+}
+
+// The sandbox's per-connection times while another sandbox of the same home
+// floods the proxy with CONNECTs, until it is told to stop.
+async function flooded(
+  world: EgressHome,
+  sandbox: Sandbox,
+  count: number,
+): Promise<string> {
+  const flooder = world.home.open(uniqueUser("bench-flood"));
+  const flood = await flooder.submit({
+    shell: `python3 -c '${CONNECT_FLOOD(UPSTREAMS.api.name, world.upstreams.api.port)}'`,
+  });
+  try {
+    await waitFor(
+      () => world.audit().filter((line) => line.user === flooder.key.user).length > 100,
+      { timeoutMs: 30_000, what: "the flood under way" },
+    );
+    const timed = TIMED({
+      host: UPSTREAMS.api.name,
+      port: world.upstreams.api.port,
+      count,
+      proxy: true,
+    });
+    const out = await sh(sandbox, `python3 -c '${timed}'`);
+    if (out.code !== 0) throw new Error(`egress_https_flooded failed: ${out.stderr}`);
+    return out.stdout;
+  } finally {
+    await Deno.writeTextFile(`${flooder.paths.workspace}/stop`, "");
+    await flooder.queue.collect(flood);
+    flooder.close();
+  }
 }

@@ -160,3 +160,41 @@ export function asRoot(
 ): Promise<{ code: number; stdout: string; stderr: string }> {
   return dockerCli(["exec", "-u", "0", containerId, "/bin/sh", "-c", shell]);
 }
+
+/**
+ * A Python script: 500 CONNECTs to `host:port` open at once (one thread: the
+ * sandbox's pids limit would not allow 500), each replaced by a new one as
+ * soon as it is answered, until /workspace/stop exists. Prints tunnels and
+ * refusals. The egress flood test and bench run it.
+ */
+export const CONNECT_FLOOD = (host: string, port: number): string => `
+import socket, selectors, os
+sel = selectors.DefaultSelector()
+count = [0, 0]
+request = b"CONNECT ${host}:${port} HTTP/1.1\\r\\nHost: ${host}:${port}\\r\\n\\r\\n"
+def open_one():
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", 3128))
+    sel.register(s, selectors.EVENT_WRITE)
+for _ in range(500):
+    open_one()
+while not os.path.exists("/workspace/stop"):
+    for key, events in sel.select(timeout=1):
+        s = key.fileobj
+        if events & selectors.EVENT_WRITE:
+            try:
+                s.send(request)
+                sel.modify(s, selectors.EVENT_READ)
+            except OSError:
+                count[1] += 1
+                sel.unregister(s); s.close(); open_one()
+            continue
+        try:
+            line = s.recv(100)
+        except OSError:
+            line = b""
+        count[0 if line.startswith(b"HTTP/1.1 200") else 1] += 1
+        sel.unregister(s); s.close(); open_one()
+print(count[0], count[1])
+`;

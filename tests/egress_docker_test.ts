@@ -15,6 +15,7 @@ import { dockerCli, uniqueUser } from "./_sandbox_helpers.ts";
 import { waitFor } from "./_helpers.ts";
 import {
   asRoot,
+  CONNECT_FLOOD,
   egressHome,
   GIT_UPSTREAM,
   SECRET_ENV,
@@ -551,48 +552,14 @@ import time, requests, statistics
 times = []
 for _ in range(${count}):
     t = time.perf_counter()
-    requests.get("${url}", headers={"Connection": "close"}, timeout=20)
+    r = requests.get("${url}", headers={"Connection": "close"}, timeout=20)
+    assert r.status_code == 200, r.status_code
     times.append((time.perf_counter() - t) * 1000)
 print(round(statistics.median(times), 2))
 `;
 
-// 500 CONNECTs open at once (one thread: the sandbox's pids limit would not
-// allow 500), each replaced by a new one as soon as it is answered, until
-// /workspace/stop exists. Prints tunnels and refusals.
-const FLOOD = (host: string, port: number) => `
-import socket, selectors, os
-sel = selectors.DefaultSelector()
-count = [0, 0]
-request = b"CONNECT ${host}:${port} HTTP/1.1\\r\\nHost: ${host}:${port}\\r\\n\\r\\n"
-def open_one():
-    s = socket.socket()
-    s.setblocking(False)
-    s.connect_ex(("127.0.0.1", 3128))
-    sel.register(s, selectors.EVENT_WRITE)
-for _ in range(500):
-    open_one()
-while not os.path.exists("/workspace/stop"):
-    for key, events in sel.select(timeout=1):
-        s = key.fileobj
-        if events & selectors.EVENT_WRITE:
-            try:
-                s.send(request)
-                sel.modify(s, selectors.EVENT_READ)
-            except OSError:
-                count[1] += 1
-                sel.unregister(s); s.close(); open_one()
-            continue
-        try:
-            line = s.recv(100)
-        except OSError:
-            line = b""
-        count[0 if line.startswith(b"HTTP/1.1 200") else 1] += 1
-        sel.unregister(s); s.close(); open_one()
-print(count[0], count[1])
-`;
-
 liveTest(
-  "500 parallel CONNECTs from one sandbox leave another's p50 within 2x; the flood is capped at max_connections",
+  "500 parallel CONNECTs from one sandbox are capped at max_connections and deny another sandbox nothing (its every request answered, its audit all allowed)",
   async (docker) => {
     await using world = await egressHome(docker, {
       config: (w) => ({ egress: [w.entry("api")] }),
@@ -600,6 +567,9 @@ liveTest(
     const flooder = world.home.open(uniqueUser("flood"));
     const victim = world.home.open(uniqueUser("victim"));
     const url = `https://${world.entry("api")}/`;
+    // Each of the victim's 40 requests must be answered 200 (the script
+    // asserts it); its p50 is printed, not asserted: the time it takes is
+    // the bench's figure (egress_https_flooded beside egress_https_proxy).
     const p50 = async (): Promise<number> => {
       const out = await sh(victim, `python3 -c '${TIMED_GETS(url, 40)}'`);
       assert.equal(out.code, 0, out.stderr);
@@ -608,30 +578,36 @@ liveTest(
     await p50(); // warm: the sandbox and the proxy's first connection
     const before = await p50();
     const flood = await flooder.submit({
-      shell: `python3 -c '${FLOOD(UPSTREAM_API, world.upstreams.api.port)}'`,
+      shell: `python3 -c '${CONNECT_FLOOD(UPSTREAM_API, world.upstreams.api.port)}'`,
     });
-    await waitFor(
-      () => world.audit().filter((line) => line.user === flooder.key.user).length > 100,
-      { timeoutMs: 30_000, what: "the flood under way" },
-    );
+    const floodLines = (): EgressAuditLine[] =>
+      world.audit().filter((line) => line.user === flooder.key.user);
+    await waitFor(() => floodLines().length > 100, {
+      timeoutMs: 30_000,
+      what: "the flood under way",
+    });
+    const victimSince = world.audit().filter((line) => line.user === victim.key.user).length;
     const during = await p50();
     await Deno.writeTextFile(`${flooder.paths.workspace}/stop`, "");
     const { stdout } = await flooder.queue.collect(flood);
     const flooded = new TextDecoder().decode(stdout).trim();
-    const [accepted, refused] = flooded.split(" ").map(Number);
     assert.match(flooded, /^\d+ \d+$/);
-    const capped =
-      world.audit().filter((line) =>
-        line.user === flooder.key.user && /max_connections/.test(line.reason ?? "")
-      ).length;
+    const [accepted, refused] = flooded.split(" ").map(Number);
+    const capped = floodLines().filter((line) => /max_connections/.test(line.reason ?? ""));
     // deno-lint-ignore no-console
     console.log(
       `victim p50 ${before} ms alone, ${during} ms during the flood (${
         (during / before).toFixed(2)
-      }x); flood: ${accepted} tunnels, ${refused} refused (${capped} over max_connections)`,
+      }x); flood: ${accepted} tunnels, ${refused} refused (${capped.length} over max_connections)`,
     );
-    assert.ok(capped > 0, "the flood met the connection cap");
-    assert.ok(during <= 2 * before, `p50 ${during} ms during the flood, ${before} ms before`);
+    assert.ok(capped.length > 0, "the flood met the connection cap");
+    assert.ok(refused! > 0, "the flooder saw refusals");
+    // The victim was denied nothing while the flood held its own cap.
+    const victimLines = world.audit().filter((line) => line.user === victim.key.user)
+      .slice(victimSince);
+    assert.ok(victimLines.length > 0, "the victim's requests were audited");
+    const denied = victimLines.filter((line) => line.decision !== "allowed");
+    assert.deepEqual(denied, [], "the victim was refused during the flood");
   },
 );
 
