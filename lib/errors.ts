@@ -76,6 +76,38 @@ export class UnpinnedPackageError extends UsageError {
   }
 }
 
+/**
+ * The configured image declares a `VOLUME` no capped tmpfs can cover (a
+ * system directory, a path at, under or over waffle's own mounts, or one a
+ * tmpfs cannot be mounted at): Docker would make it an anonymous volume on
+ * the host's disk, with no size cap and outside the workspace quota. Refused
+ * before any container of the image is made.
+ */
+export class UncoverableVolumeError extends UsageError {
+  /** The image as named (a reference, or its id). */
+  readonly image: string;
+  /** The `VOLUME` path as the image declares it. */
+  readonly volume: string;
+  /** Why no capped tmpfs can cover it, e.g. `a system directory`. */
+  readonly reason: string;
+  /**
+   * Creates the error.
+   *
+   * @param message One line naming the image, the path, why, and what to do.
+   * @param options The image, the path and the reason, cause and exit code.
+   */
+  constructor(
+    message: string,
+    options: WaffleErrorOptions & { image: string; volume: string; reason: string },
+  ) {
+    super(message, options);
+    this.name = "UncoverableVolumeError";
+    this.image = options.image;
+    this.volume = options.volume;
+    this.reason = options.reason;
+  }
+}
+
 /** The queue files could not be opened, had the wrong schema, or failed a write. */
 export class QueueError extends WaffleError {
   /** Takes the same arguments as the {@linkcode WaffleError} constructor. */

@@ -27,6 +27,12 @@ export const EXIT_CANNOT_EXECUTE = 126;
 /** The command was not found. */
 export const EXIT_NOT_FOUND = 127;
 
+/**
+ * `waffle shell` ended from the user's terminal with its escape sequence
+ * (`~.`), the command's tree killed: ssh's status for its own `~.`.
+ */
+export const EXIT_DISCONNECTED = 255;
+
 /** Death by signal n exits with this plus n, as shells report it. */
 export const EXIT_SIGNAL_BASE = 128;
 /** SIGINT's number (Ctrl-C), the same on every Linux architecture. */

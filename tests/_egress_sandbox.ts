@@ -93,6 +93,8 @@ export async function egressHome(
           `image = "${image}"`,
           `egress = ${JSON.stringify(config.egress)}`,
           `egress_addresses = ["127.0.0.0/8"]`,
+          // The upstreams listen on the host's loopback.
+          `egress_allow_host_loopback = true`,
           `secrets = ${JSON.stringify(config.secrets ?? [])}`,
           "",
           "[egress]",

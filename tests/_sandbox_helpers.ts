@@ -238,14 +238,27 @@ export async function removeHomeVolumes(home: string): Promise<void> {
 }
 
 /**
- * Waits until the host's record says a sandbox has been idle for more than
- * `ms`, after the queue's own housekeeping has finished: the deletion of
- * acknowledged rows (`Queue.gc`, due 1.5 s after an ack and deferred while the
- * runner has not yet deleted its rows) writes inbound.db and so counts as use.
- * Waiting on the idle time alone raced that deletion.
+ * How many acknowledged requests the queue's housekeeping (`Queue.gc`) has
+ * yet to delete from a host's inbound.db.
+ *
+ * @param inbound The inbound.db.
+ * @returns The count.
+ */
+export function pendingAcks(inbound: string): number {
+  const db = new DatabaseSync(inbound, { readOnly: true });
+  try {
+    return Number((db.prepare("SELECT count(*) AS n FROM acks").get() as { n: number }).n);
+  } finally {
+    db.close();
+  }
+}
+
+/**
+ * Waits until the host's record of use says a sandbox has been idle for more
+ * than `ms` (the queue's housekeeping, whenever it runs, is no use).
  *
  * @param docker The daemon.
- * @param sandbox The sandbox, whose queue this process holds.
+ * @param sandbox The sandbox.
  * @param options `ms`: the idle time to exceed.
  */
 export async function waitIdle(
@@ -253,18 +266,6 @@ export async function waitIdle(
   sandbox: Sandbox,
   options: { ms: number },
 ): Promise<void> {
-  const pendingAcks = (): number => {
-    const db = new DatabaseSync(sandbox.queue.paths.inbound, { readOnly: true });
-    try {
-      return Number((db.prepare("SELECT count(*) AS n FROM acks").get() as { n: number }).n);
-    } finally {
-      db.close();
-    }
-  };
-  await waitFor(async () => (await sandbox.queue.gc(), pendingAcks() === 0), {
-    timeoutMs: 30_000,
-    what: "the queue's acknowledged rows deleted",
-  });
   const containerId = sandbox.lastEnsure?.containerId;
   await waitFor(
     async () =>

@@ -58,6 +58,24 @@ Deno.test("the host channel takes only the connection that shows the token, then
   for (const other of [wrong, short, silent]) other.close();
 });
 
+Deno.test("readFrames() lends each frame from its one buffer when asked: a flood allocates nothing per frame", async () => {
+  await using place = await channelDir();
+  const channel = HostChannel.open(place.dir)!;
+  const runner = await connectChannel(place.dir, channel.spec);
+  const conn = await channel.connection();
+  const frames = ["one", "two", "three"];
+  for (const text of frames) await runner.write("stdout", encoder.encode(text));
+  await runner.end();
+  const seen: { text: string; buffer: ArrayBufferLike }[] = [];
+  // Each chunk is read before the next is asked for, as a borrowing reader must.
+  for await (const chunk of readFrames(conn, { borrowed: true })) {
+    seen.push({ text: new TextDecoder().decode(chunk.data), buffer: chunk.data.buffer });
+  }
+  assert.deepEqual(seen.map((s) => s.text), frames);
+  assert.equal(new Set(seen.map((s) => s.buffer)).size, 1, "one buffer lent throughout");
+  channel.close();
+});
+
 Deno.test("the host channel refuses frames over the chunk cap and of unknown streams", async (t) => {
   for (
     const [what, header] of [

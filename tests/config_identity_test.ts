@@ -5,9 +5,17 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { loadConfig, loadWaffleConfig, sandboxToml } from "../lib/config/config.ts";
-import { UsageError } from "../lib/errors.ts";
+import { UncoverableVolumeError, UsageError } from "../lib/errors.ts";
+import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
-import { containerSpec, LABELS, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
+import {
+  containerSpec,
+  imageVolumeMasks,
+  LABELS,
+  refuseUncoverableVolumes,
+  SANDBOX_UID,
+  uncoverableVolume,
+} from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { prepareState } from "../lib/lifecycle/state_dir.ts";
 import type { ContainerCreateBody } from "../lib/docker/mod.ts";
@@ -183,21 +191,13 @@ Deno.test("loadConfig() refuses a home with only a legacy config.json", async ()
   }
 });
 
-Deno.test("containerSpec() covers an image's VOLUMEs with the commands' own tmpfs, never waffle's or system paths", async () => {
+Deno.test("containerSpec() covers an image's VOLUMEs with the commands' own tmpfs, or waffle's mount at the same path", async () => {
   const home = await Deno.makeTempDir();
   try {
     const key = sandboxKey("t", "u", { home });
     const paths = statePaths(home, key);
     await prepareState(paths, { quotaBytes: QUOTA });
-    const volumes = [
-      "/opt/./waffle",
-      "/opt//waffle/rt",
-      "/etc",
-      "/",
-      "/workspace/x",
-      "/data/",
-      "/data",
-    ];
+    const volumes = ["/data/", "/data", "/srv/../var/cache", "/workspace", "/tmp", "/home/sandbox"];
     const spec = containerSpec(key, {
       config: loadConfig({ home }),
       image: { id: "sha256:aa", env: ["LD_PRELOAD=/x.so", "LANG=C"], workingDir: "", volumes },
@@ -205,8 +205,22 @@ Deno.test("containerSpec() covers an image's VOLUMEs with the commands' own tmpf
     });
     const tmpfs = spec.body.HostConfig?.Tmpfs ?? {};
     const covered = Object.keys(tmpfs).filter((path) => !["/tmp", "/run/waffle"].includes(path));
-    assert.deepEqual(covered, ["/data"]);
+    // /workspace is the sandbox's own bind mount, /tmp its own tmpfs: nothing over them.
+    assert.deepEqual(covered, ["/data", "/var/cache", "/home/sandbox"]);
     assert.match(tmpfs["/data"]!, /uid=10001,gid=10001,mode=0755/);
+    assert.match(tmpfs["/tmp"]!, /^rw,noexec,nosuid,nodev,size=\d+$/);
+    assert.equal(spec.body.HostConfig?.Mounts?.filter((m) => m.Target === "/workspace").length, 1);
+    // A restricted session's home is its own tmpfs: the VOLUME there is covered by it.
+    const restricted = containerSpec(key, {
+      config: loadConfig({ home }),
+      image: { id: "sha256:aa", env: [], workingDir: "", volumes: ["/home/sandbox"] },
+      paths,
+      restricted: { id: "r1" },
+    });
+    assert.match(
+      restricted.body.HostConfig?.Tmpfs?.["/home/sandbox"] ?? "",
+      /size=64m,.*mode=0700/,
+    );
     // The image's variables reach commands through WAFFLE_IMAGE_ENV, the runner sees them empty.
     const env = spec.body.Env ?? [];
     assert.ok(env.includes("LD_PRELOAD=") && env.includes("LANG="));
@@ -224,6 +238,86 @@ Deno.test("containerSpec() covers an image's VOLUMEs with the commands' own tmpf
     await removeVolume(home).catch(() => {});
     await Deno.remove(home, { recursive: true }).catch(() => {});
   }
+});
+
+/** Each VOLUME no capped tmpfs can cover, and why (Docker would make it an uncapped volume). */
+const UNCOVERABLE: readonly [string, string][] = [
+  ["/etc", "a system directory"],
+  ["/", "a system directory"],
+  ["/usr/", "a system directory"],
+  ["/workspace/x", "under waffle's own mount '/workspace'"],
+  ["/tmp/cache", "under waffle's own mount '/tmp'"],
+  ["/run", "over waffle's own mount '/run/waffle'"],
+  ["/home", "over waffle's own mount '/home/sandbox'"],
+  ["/queue", "waffle's own directory '/queue'"],
+  ["/queue/outbound", "under waffle's own directory '/queue'"],
+  ["/opt/./waffle", "waffle's own directory '/opt/waffle'"],
+  ["/opt//waffle/rt", "under waffle's own directory '/opt/waffle'"],
+  ["/opt", "over waffle's own directory '/opt/waffle'"],
+  ["/egress", "waffle's own directory '/egress'"],
+  ["/srv/../workspace/y", "under waffle's own mount '/workspace'"],
+  ["data", "not an absolute path a tmpfs can be mounted at"],
+  ["/a,b", "not an absolute path a tmpfs can be mounted at"],
+];
+
+Deno.test("containerSpec() refuses an image with a VOLUME no capped tmpfs can cover: system, over or under waffle's mounts", async () => {
+  const home = await Deno.makeTempDir();
+  try {
+    const key = sandboxKey("t", "u", { home });
+    const paths = statePaths(home, key);
+    await prepareState(paths, { quotaBytes: QUOTA });
+    const config = loadConfig({ home });
+    for (const [volume, reason] of UNCOVERABLE) {
+      assert.equal(uncoverableVolume(volume), reason, volume);
+      for (const restricted of [undefined, { id: "r1" }]) {
+        assert.throws(
+          () =>
+            containerSpec(key, {
+              config,
+              image: { id: "sha256:aa", env: [], workingDir: "", volumes: ["/data", volume] },
+              paths,
+              restricted,
+            }),
+          (error: unknown) =>
+            error instanceof UncoverableVolumeError && error.exitCode === EXIT_WAFFLE &&
+            error.volume === volume && error.reason === reason &&
+            error.message ===
+              `Image 'sha256:aa' declares VOLUME '${volume}', which waffle cannot cover with a ` +
+                `capped tmpfs (${reason}): rebuild the image without it`,
+          volume,
+        );
+      }
+    }
+    for (const volume of ["/data", "/var/lib/x", "/etc/app", "/workspace", "/opt/app"]) {
+      assert.equal(uncoverableVolume(volume), undefined, volume);
+    }
+  } finally {
+    await removeVolume(home).catch(() => {});
+    await Deno.remove(home, { recursive: true }).catch(() => {});
+  }
+});
+
+Deno.test("imageVolumeMasks() refuses a VOLUME under or over a mount of the container's own, names a control character escaped", () => {
+  const image = (volumes: string[]) => ({ id: "img\x1b[2J", volumes });
+  assert.deepEqual(
+    imageVolumeMasks(image(["/srv/app"]), { sizeBytes: 1, mounted: ["/srv/app"] }),
+    {},
+  );
+  for (const [volume, reason] of [["/srv", "over"], ["/srv/app/x", "under"]] as const) {
+    assert.throws(
+      () => imageVolumeMasks(image([volume]), { sizeBytes: 1, mounted: ["/srv/app"] }),
+      (error: unknown) =>
+        error instanceof UncoverableVolumeError &&
+        error.reason === `${reason} waffle's own mount '/srv/app'` &&
+        error.message.startsWith(`Image 'img\\x1b[2J' declares VOLUME '${volume}'`),
+    );
+  }
+  assert.throws(
+    () => refuseUncoverableVolumes("x:1", { volumes: ["/workspace/\n"] }),
+    (error: unknown) =>
+      error instanceof UncoverableVolumeError && !error.message.includes("\n") &&
+      error.message.includes("VOLUME '/workspace/\\x0a'"),
+  );
 });
 
 Deno.test("containerSpec() posture hash changes with every security setting, not with identity", async () => {

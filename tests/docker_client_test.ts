@@ -297,6 +297,41 @@ liveTest(
 );
 
 liveTest(
+  "docker: removeContainer() takes the anonymous volume of an image's VOLUME with it, unless told not to",
+  async (docker) => {
+    // waffle-noshell declares VOLUME /data: Docker makes an anonymous volume at create.
+    const body: ContainerCreateBody = {
+      Image: "waffle-noshell:latest",
+      Labels: { [TEST_LABEL]: "docker_client_test" },
+      HostConfig: { NetworkMode: "none" },
+    };
+    const volumeOf = async (id: string): Promise<string> => {
+      const mounts = (await docker.inspectContainer(id))?.Mounts ?? [];
+      const source = mounts.find((m) => m.Type === "volume" && m.Destination === "/data")?.Source;
+      assert(source !== undefined, `no volume at /data: ${JSON.stringify(mounts)}`);
+      return source.split("/").at(-2) ?? "";
+    };
+    const ids: string[] = [];
+    const volumes: string[] = [];
+    try {
+      ids.push(await docker.createContainer(uniqueName("waffle-test-volume"), body));
+      volumes.push(await volumeOf(ids[0]!));
+      assert((await docker.inspectVolume(volumes[0]!)) !== null, "the volume exists");
+      assertEquals(await docker.removeContainer(ids[0]!), true, "remove");
+      assertEquals(await docker.inspectVolume(volumes[0]!), null, "the volume after remove");
+
+      ids.push(await docker.createContainer(uniqueName("waffle-test-volume"), body));
+      volumes.push(await volumeOf(ids[1]!));
+      assertEquals(await docker.removeContainer(ids[1]!, { volumes: false }), true, "remove");
+      assert((await docker.inspectVolume(volumes[1]!)) !== null, "volumes: false keeps it");
+    } finally {
+      for (const id of ids) await docker.removeContainer(id, { force: true });
+      for (const name of volumes) await docker.removeVolume(name);
+    }
+  },
+);
+
+liveTest(
   "docker: creating a container with a taken name is a typed 409 conflict",
   async (docker) => {
     const name = uniqueName("waffle-test-conflict");

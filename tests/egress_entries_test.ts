@@ -12,6 +12,7 @@ import {
   checkEntry,
   formatCidr,
   formatEntry,
+  hostLoopbackIn,
   inCidrs,
   intersect,
   isIpLiteral,
@@ -360,4 +361,40 @@ Deno.test("addressKind() judges 6to4 by the IPv4 address it carries and refuses 
     assert.equal(addressKind(ip), "reserved");
   }
   assert.equal(addressKind("2606:4700::1111"), "public");
+});
+
+Deno.test("hostLoopbackIn() names the host loopback part a CIDR covers, in every form that reaches it", () => {
+  const cases: [string, string | undefined][] = [
+    ["127.0.0.1", "127.0.0.1/32"],
+    ["127.0.0.0/8", "127.0.0.0/8"],
+    ["126.0.0.0/7", "127.0.0.0/8"],
+    ["0.0.0.0/0", "127.0.0.0/8"],
+    ["0.0.0.0/1", "127.0.0.0/8"],
+    ["0.0.0.0", "0.0.0.0/32"],
+    ["::1", "::1/128"],
+    ["::", "::/128"],
+    ["::/0", "::1/128"],
+    ["::/96", "::1/128"],
+    ["::ffff:127.0.0.1", "127.0.0.1/32"],
+    ["::ffff:0:0/96", "127.0.0.0/8"],
+    ["::127.0.0.1", "::7f00:1/128"],
+    ["64:ff9b::/96", "64:ff9b::7f00:0/104"],
+    ["2002::/16", "2002:7f00::/24"],
+    ["10.0.0.0/8", undefined],
+    ["128.0.0.0/1", undefined],
+    ["126.0.0.0/8", undefined],
+    ["0.0.0.1", undefined],
+    ["fd00::/8", undefined],
+    ["::2", undefined],
+    ["::ffff:10.0.0.0/104", undefined],
+    ["64:ff9b::a00:0/104", undefined],
+  ];
+  for (const [cidr, covered] of cases) assert.equal(hostLoopbackIn(cidr), covered, cidr);
+  // What it names is loopback (or unspecified) by addressKind, the one owner of the kinds.
+  for (const [, covered] of cases) {
+    if (covered === undefined) continue;
+    const kind = addressKind(parseCidr(covered).ip);
+    assert.ok(["loopback", "unspecified"].includes(kind), `${covered}: ${kind}`);
+  }
+  assert.throws(() => hostLoopbackIn("localhost"), /Invalid CIDR 'localhost'/);
 });

@@ -1,7 +1,8 @@
 /**
  * The egress proxy's request heads (lib/egress/http_head.ts): strict
  * parsing, header lookup, serialization, the head sent upstream, and
- * reading a head from a socket with its limits.
+ * reading a head from a socket with its limits; and the authority a head
+ * names and the origin form it goes upstream in (lib/egress/request_target.ts).
  *
  * @module
  */
@@ -17,6 +18,15 @@ import {
   serializeHead,
   upstreamHead,
 } from "../lib/egress/http_head.ts";
+import {
+  type Authority,
+  connectAuthority,
+  effectiveAuthority,
+  formatAuthority,
+  forwardedRequest,
+  tunnelRequest,
+} from "../lib/egress/request_target.ts";
+import { EgressFailed, EgressRefused } from "../lib/egress/refusal.ts";
 
 function head(lines: string[]): string {
   return `${lines.join("\r\n")}\r\n\r\n`;
@@ -201,4 +211,249 @@ Deno.test("readHead() gives up on a head too large, too late or cut short", asyn
     pair.client.end("GET / HTTP/1.1\r\n");
     await assert.rejects(read, /closed the connection/);
   }
+});
+
+// A GET with the given target and Host header lines.
+function request(target: string, ...hosts: string[]): RequestHead {
+  return parseHead(head([`GET ${target} HTTP/1.1`, ...hosts.map((h) => `Host: ${h}`), "X-A: 1"]));
+}
+
+// Asserts `fn` throws an EgressRefused with this status whose message matches.
+function refuses(fn: () => unknown, status: number, message: RegExp): void {
+  assert.throws(fn, (error: unknown) => {
+    assert.ok(error instanceof EgressRefused, String(error));
+    assert.equal(error.status, status);
+    assert.match(error.message, message);
+    assert.ok(!error.message.includes("\n"), error.message);
+    return true;
+  });
+}
+
+const TUNNEL: Authority = { host: "secret.test", port: 18443 };
+
+Deno.test("tunnelRequest() refuses a target naming another authority, by host, port or scheme, before anything is sent", () => {
+  const foreign = /^Request target '.*' names '.*', not this tunnel's 'secret\.test:18443'$/;
+  for (
+    const target of [
+      "http://attacker.example/steal?x=1",
+      "https://attacker.example:18443/steal",
+      "https://secret.test.attacker.example:18443/",
+      "https://secret.test/steal", // 443
+      "https://secret.test:443/steal",
+      "https://secret.test:8443/steal",
+      "http://secret.test/steal", // 80
+      "https://127.0.0.2:18443/",
+      "https://[::1]:18443/",
+      "https://secret.test..:18443/",
+    ]
+  ) {
+    refuses(() => tunnelRequest(request(target, "secret.test:18443"), TUNNEL), 403, foreign);
+  }
+  refuses(
+    () => tunnelRequest(request("http://attacker.example/steal?x=1", "secret.test:18443"), TUNNEL),
+    403,
+    /^Request target 'http:\/\/attacker\.example\/steal\?x=1' names 'attacker\.example:80', not this tunnel's 'secret\.test:18443'$/,
+  );
+  // The right host and port by http:// in a TLS tunnel.
+  refuses(
+    () => tunnelRequest(request("http://secret.test:18443/", "secret.test:18443"), TUNNEL),
+    403,
+    /is an http:\/\/ URL in a TLS tunnel, not https:\/\//,
+  );
+});
+
+Deno.test("tunnelRequest() refuses asterisk- and authority-form, userinfo, '//' paths and characters no target may hold", () => {
+  const cases: [RequestHead, RegExp][] = [
+    [
+      request("*", "secret.test:18443"),
+      /'\*' is neither origin-form \('\/path'\) nor an absolute https:\/\/ URL/,
+    ],
+    [
+      parseHead(head(["OPTIONS * HTTP/1.1", "Host: secret.test:18443"])),
+      /'\*' is neither origin-form/,
+    ],
+    [
+      parseHead(head(["CONNECT secret.test:18443 HTTP/1.1", "Host: secret.test:18443"])),
+      /'secret\.test:18443' is neither origin-form/,
+    ],
+    [
+      parseHead(head(["CONNECT / HTTP/1.1", "Host: secret.test:18443"])),
+      /'\/' comes with CONNECT/,
+    ],
+    [request("https://x@secret.test:18443/", "secret.test:18443"), /carries userinfo/],
+    [request("https://x:y@secret.test:18443/", "secret.test:18443"), /carries userinfo/],
+    [request("//attacker.example/steal", "secret.test:18443"), /path starting with '\/\/'/],
+    [request("https://secret.test:18443//attacker.example/", "secret.test:18443"), /'\/\/'/],
+    [request("/\\attacker.example/steal", "secret.test:18443"), /a backslash/],
+    [request("https://secret.test:18443\\@attacker.example/", "secret.test:18443"), /a backslash/],
+    [request("/x#frag", "secret.test:18443"), /'#'/],
+    [request("/caf\u00e9", "secret.test:18443"), /non-ASCII/],
+    [request("/x\x7f", "secret.test:18443"), /control/],
+    [request("steal", "secret.test:18443"), /neither origin-form/],
+    [request("?x=1", "secret.test:18443"), /neither origin-form/],
+    [request("https://secret.test:99999/", "secret.test:18443"), /names no valid host and port/],
+    [request("https://secret.test:0/", "secret.test:18443"), /names no valid host and port/],
+    [request("https://sec%72et.test:18443/", "secret.test:18443"), /names no valid host and port/],
+    [request("https://[127.0.0.1]:18443/", "secret.test:18443"), /names no valid host and port/],
+    [
+      request("https://[fe80::1%25eth0]:18443/", "secret.test:18443"),
+      /names no valid host and port/,
+    ],
+    [request("ftp://secret.test:18443/", "secret.test:18443"), /is a ftp: URL, not https:\/\//],
+  ];
+  for (const [parsed, message] of cases) {
+    refuses(() => tunnelRequest(parsed, TUNNEL), 403, message);
+  }
+});
+
+Deno.test("tunnelRequest() needs one Host naming the tunnel's host and port, whatever the target", () => {
+  const mismatch =
+    /^Request Host header '.*' does not match 'secret\.test' port 18443, this tunnel's$/;
+  for (
+    const hosts of [
+      ["attacker.example"],
+      ["secret.test"], // 443
+      ["secret.test:443"],
+      ["secret.test:18444"],
+      ["x@secret.test:18443"],
+      ["secret.test:18443", "secret.test:18443"],
+      ["[secret.test]:18443"],
+      [],
+    ]
+  ) {
+    refuses(() => tunnelRequest(request("/steal", ...hosts), TUNNEL), 403, mismatch);
+    refuses(
+      () => tunnelRequest(request("https://secret.test:18443/steal", ...hosts), TUNNEL),
+      403,
+      mismatch,
+    );
+  }
+});
+
+Deno.test("tunnelRequest() sends an origin form as it is and a matching absolute form in origin form, under the Host it checked", () => {
+  const cases: [string, string, string][] = [
+    ["/x?y=1", "secret.test:18443", "/x?y=1"],
+    ["/", "Secret.TEST.:18443", "/"],
+    ["/a/b;c=d?e=f&g=%2F%2F/h", "secret.test:18443", "/a/b;c=d?e=f&g=%2F%2F/h"],
+    ["https://secret.test:18443/ok?x=1", "secret.test:18443", "/ok?x=1"],
+    ["HTTPS://SECRET.TEST.:18443/case", "secret.test:18443", "/case"],
+    ["https://secret.test:18443", "secret.test:18443", "/"],
+    ["https://secret.test:18443?q", "secret.test:18443", "/?q"],
+  ];
+  for (const [target, host, origin] of cases) {
+    const routed = tunnelRequest(request(target, host), TUNNEL);
+    assert.deepEqual(routed.authority, TUNNEL);
+    assert.equal(routed.head.target, origin, target);
+    assert.deepEqual(routed.head.headers, [["Host", "secret.test:18443"], ["X-A", "1"]], target);
+  }
+  // The default port is left out of the Host it writes; an IPv6 host is bracketed.
+  const onDefault = tunnelRequest(request("https://secret.test/", "secret.test:443"), {
+    host: "secret.test",
+    port: 443,
+  });
+  assert.deepEqual(onDefault.head.headers[0], ["Host", "secret.test"]);
+  const v6 = tunnelRequest(request("https://[FD00::0001]:8443/", "[fd00::1]:8443"), {
+    host: "fd00::1",
+    port: 8443,
+  });
+  assert.equal(v6.head.target, "/");
+  assert.deepEqual(v6.head.headers[0], ["Host", "[fd00::1]:8443"]);
+});
+
+Deno.test("forwardedRequest() forwards http:// in origin form under the Host it checked, by the same rule", () => {
+  const routed = forwardedRequest(request("http://Plain.Test.:8080/p?q=1", "plain.test:8080"));
+  assert.deepEqual(routed.authority, { host: "plain.test", port: 8080 });
+  assert.equal(routed.head.target, "/p?q=1");
+  assert.deepEqual(routed.head.headers, [["Host", "plain.test:8080"], ["X-A", "1"]]);
+  const port80 = forwardedRequest(request("http://plain.test", "plain.test:80"));
+  assert.deepEqual(port80.authority, { host: "plain.test", port: 80 });
+  assert.equal(port80.head.target, "/");
+  assert.deepEqual(port80.head.headers[0], ["Host", "plain.test"]);
+
+  // Not a proxy request, or not http://: malformed (400).
+  for (
+    const [target, message] of [
+      ["/relative", /no absolute URL/],
+      ["*", /no absolute URL/],
+      ["plain.test:80", /no absolute URL/],
+      ["https://plain.test/", /^Only http:\/\/ is forwarded \('https:'\); use CONNECT for https$/],
+    ] as [string, RegExp][]
+  ) {
+    assert.throws(() => forwardedRequest(request(target, "plain.test")), (error: unknown) => {
+      assert.ok(error instanceof EgressFailed, String(error));
+      assert.equal(error.status, 400);
+      assert.match(error.message, message);
+      return true;
+    });
+  }
+  // Refused (403): userinfo, '//' paths, odd characters, a Host naming another port or host.
+  refuses(() => forwardedRequest(request("http://u@plain.test/", "plain.test")), 403, /userinfo/);
+  refuses(
+    () => forwardedRequest(request("http://plain.test//evil.test/", "plain.test")),
+    403,
+    /'\/\/'/,
+  );
+  refuses(
+    () => forwardedRequest(request("http://plain.test/a\\b", "plain.test")),
+    403,
+    /backslash/,
+  );
+  const mismatch =
+    /^Request Host header '.*' does not match 'plain\.test' port 8080, the request target's$/;
+  for (const hosts of [["plain.test"], ["plain.test:80"], ["evil.test:8080"], []]) {
+    refuses(() => forwardedRequest(request("http://plain.test:8080/", ...hosts)), 403, mismatch);
+  }
+});
+
+Deno.test("effectiveAuthority() reads RFC 9112's: the absolute form's authority over Host, else the one Host", () => {
+  assert.deepEqual(effectiveAuthority(request("https://b.test/", "a.test"), "https"), {
+    host: "b.test",
+    port: 443,
+  });
+  assert.deepEqual(effectiveAuthority(request("/", "A.Test.:8443"), "https"), {
+    host: "a.test",
+    port: 8443,
+  });
+  assert.deepEqual(effectiveAuthority(request("/", "a.test"), "http"), {
+    host: "a.test",
+    port: 80,
+  });
+  assert.deepEqual(effectiveAuthority(request("/", "[::1]"), "https"), { host: "::1", port: 443 });
+  for (
+    const parsed of [
+      request("http://b.test/", "a.test"), // http:// read by an https server
+      request("/", "a.test", "b.test"),
+      request("/"),
+      request("*", "a.test"),
+      request("//b.test/", "a.test"),
+      request("https://u@b.test/", "a.test"),
+      parseHead(head(["CONNECT a.test:443 HTTP/1.1", "Host: a.test:443"])),
+    ]
+  ) {
+    assert.equal(effectiveAuthority(parsed, "https"), undefined, parsed.target);
+  }
+});
+
+Deno.test("connectAuthority() reads host:port canonically and formatAuthority() writes it back", () => {
+  assert.deepEqual(connectAuthority("API.Test.:443"), { host: "api.test", port: 443 });
+  assert.deepEqual(connectAuthority("[FD00::1]:8443"), { host: "fd00::1", port: 8443 });
+  assert.deepEqual(connectAuthority("[::ffff:127.0.0.1]:80"), { host: "127.0.0.1", port: 80 });
+  for (
+    const [target, message] of [
+      ["api.test", /^Malformed CONNECT target 'api\.test'$/],
+      ["api.test:99999", /^Invalid port '99999'$/],
+      ["[1.2.3.4]:443", /^Malformed host '\[1\.2\.3\.4\]'$/],
+      ["u@api.test:443", /^Malformed host 'u@api\.test'$/],
+    ] as [string, RegExp][]
+  ) {
+    assert.throws(() => connectAuthority(target), (error: unknown) => {
+      assert.ok(error instanceof EgressFailed, String(error));
+      assert.match(error.message, message);
+      return true;
+    });
+  }
+  assert.equal(formatAuthority({ host: "fd00::1", port: 443 }), "[fd00::1]:443");
+  assert.equal(formatAuthority({ host: "fd00::1", port: 443 }, "https"), "[fd00::1]");
+  assert.equal(formatAuthority({ host: "a.test", port: 80 }, "https"), "a.test:80");
+  assert.equal(formatAuthority({ host: "a.test", port: 80 }, "http"), "a.test");
 });

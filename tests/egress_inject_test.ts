@@ -1,7 +1,7 @@
 /**
  * injectSecrets() (lib/egress/inject.ts): a placeholder becomes its
- * secret's value in the secret's header, for the secret's hosts, and
- * nowhere else.
+ * secret's value in the secret's header, for the secret's hosts, in a
+ * request that names the connection's authority, and nowhere else.
  *
  * @module
  */
@@ -22,6 +22,9 @@ const NPM: HeldSecret = {
   value: "npm-value",
 };
 
+/** The authority of a tunnel to secret.test on 443. */
+const SECRET_TEST = { host: "secret.test", port: 443 };
+
 function request(headers: [string, string][], target = "/"): RequestHead {
   return { method: "GET", target, version: "HTTP/1.1", headers };
 }
@@ -30,15 +33,18 @@ function basic(credential: string): string {
   return `Basic ${Buffer.from(credential).toString("base64")}`;
 }
 
+// A request to `host` on port 443 (its Host header first, left out of the result).
 function inject(
   headers: [string, string][],
   options: { host?: string; secrets?: HeldSecret[]; target?: string } = {},
 ): { headers: [string, string][]; injected: string[] } {
-  const { head, injected } = injectSecrets(request(headers, options.target), {
-    host: options.host ?? "secret.test",
+  const host = options.host ?? "secret.test";
+  const { head, injected } = injectSecrets(request([["Host", host], ...headers], options.target), {
+    authority: { host, port: 443 },
     secrets: options.secrets ?? [GH],
   });
-  return { headers: head.headers, injected };
+  assert.deepEqual(head.headers[0], ["Host", host]);
+  return { headers: head.headers.slice(1), injected };
 }
 
 Deno.test("injectSecrets() replaces the placeholder inside its header's value", () => {
@@ -80,13 +86,14 @@ Deno.test("injectSecrets() replaces the placeholder inside a Basic credential", 
 
 Deno.test("injectSecrets() leaves the placeholder in other headers, the target and for other hosts", () => {
   const headers: [string, string][] = [
+    ["Host", "secret.test"],
     ["X-Other", PLACEHOLDER],
     ["Cookie", `token=${PLACEHOLDER}`],
     ["Proxy-Authorization", `Bearer ${PLACEHOLDER}`],
   ];
   const target = `/path?token=${PLACEHOLDER}`;
   const { head, injected } = injectSecrets(request(headers, target), {
-    host: "secret.test",
+    authority: SECRET_TEST,
     secrets: [GH],
   });
   assert.deepEqual(head.headers, headers);
@@ -135,10 +142,10 @@ Deno.test("injectSecrets() names each secret injected once, and only those", () 
 Deno.test("injectSecrets() leaves a head without placeholders as it was", () => {
   const headers: [string, string][] = [["Host", "secret.test"], ["Authorization", "Bearer real"]];
   const head = request(headers);
-  const result = injectSecrets(head, { host: "secret.test", secrets: [GH] });
+  const result = injectSecrets(head, { authority: SECRET_TEST, secrets: [GH] });
   assert.deepEqual(result, { head, injected: [] });
   assert.deepEqual(head.headers, headers, "the input is not changed");
-  assert.deepEqual(injectSecrets(head, { host: "secret.test", secrets: [] }).injected, []);
+  assert.deepEqual(injectSecrets(head, { authority: SECRET_TEST, secrets: [] }).injected, []);
 });
 
 Deno.test("injectSecrets() writes a value holding `$` patterns as it is", () => {
@@ -156,4 +163,52 @@ Deno.test("injectSecrets() writes a value holding `$` patterns as it is", () => 
       ["Authorization", arrived!],
     ]);
   }
+});
+
+Deno.test("injectSecrets() writes a secret only into a request naming the connection's host and port, an absolute form's authority winning over Host", () => {
+  const authorization: [string, string] = ["Authorization", PLACEHOLDER];
+  const sent = (target: string, hosts: string[], authority = SECRET_TEST): string[] =>
+    injectSecrets(
+      request([...hosts.map((h): [string, string] => ["Host", h]), authorization], target),
+      {
+        authority,
+        secrets: [GH],
+      },
+    ).injected;
+  // The issue's attack: an absolute form naming another host, Host the tunnel's.
+  assert.deepEqual(sent("http://attacker.example/steal?x=1", ["secret.test"]), []);
+  assert.deepEqual(sent("https://attacker.example/steal", ["secret.test"]), []);
+  assert.deepEqual(sent("https://secret.test.attacker.example/", ["secret.test"]), []);
+  // The right host on another port, by the target or by Host (443 when none is written).
+  assert.deepEqual(sent("https://secret.test:8443/", ["secret.test"]), []);
+  assert.deepEqual(sent("/", ["secret.test:8443"]), []);
+  assert.deepEqual(sent("/", ["secret.test"], { host: "secret.test", port: 8443 }), []);
+  // http:// means port 80 and no TLS; userinfo, asterisk-form, '//' paths: no authority at all.
+  assert.deepEqual(sent("http://secret.test/", ["secret.test"]), []);
+  assert.deepEqual(sent("https://u@secret.test/", ["secret.test"]), []);
+  assert.deepEqual(sent("*", ["secret.test"]), []);
+  assert.deepEqual(sent("//attacker.example/x", ["secret.test"]), []);
+  assert.deepEqual(sent("/\\attacker.example/x", ["secret.test"]), []);
+  // Without one Host, an origin form names nothing.
+  assert.deepEqual(sent("/", []), []);
+  assert.deepEqual(sent("/", ["secret.test", "secret.test"]), []);
+  assert.deepEqual(sent("/", ["u@secret.test"]), []);
+
+  // What names the connection's authority gets it: any case, a trailing dot,
+  // the default port written or not, an absolute form over a foreign Host.
+  for (
+    const [target, hosts] of [
+      ["/", ["secret.test"]],
+      ["/", ["Secret.TEST.:443"]],
+      ["https://secret.test/x?y", ["secret.test"]],
+      ["HTTPS://SECRET.TEST.:443/", ["secret.test"]],
+      ["https://secret.test", ["attacker.example"]],
+    ] as [string, string[]][]
+  ) {
+    assert.deepEqual(sent(target, hosts), ["gh"], `${target} ${hosts}`);
+  }
+  assert.deepEqual(
+    sent("/", ["secret.test:8443"], { host: "secret.test", port: 8443 }),
+    ["gh"],
+  );
 });

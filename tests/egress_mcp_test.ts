@@ -57,6 +57,7 @@ function serversToml(world: EgressHome): string {
     PROGRAM,
     `egress = ${JSON.stringify([world.entry("api"), world.entry("other"), world.entry("secret")])}`,
     `egress_addresses = ["127.0.0.0/8"]`,
+    `egress_allow_host_loopback = true`,
     `secrets = ["gh"]`,
     "",
     "[mcp.quiet]",

@@ -14,6 +14,7 @@ function policy(dir: string): string {
   return `[sandbox]
 egress = ["api.github.com", "*.pypi.org", "files.pythonhosted.org:443"]
 egress_addresses = ["127.0.0.1"]
+egress_allow_host_loopback = true
 secrets = ["github", "npm", "gone"]
 
 [users.alice]

@@ -17,6 +17,7 @@ import type { CliIo } from "../lib/cli/io.ts";
 const POLICY = `[sandbox]
 egress = ["api.github.com", "*.pypi.org", "files.pythonhosted.org:443", "API.github.com:8443"]
 egress_addresses = ["127.0.0.1", "10.0.0.0/8", "FD00::/8"]
+egress_allow_host_loopback = true
 secrets = ["github", "npm"]
 
 [users.alice]
@@ -577,6 +578,135 @@ Deno.test("loadWaffleConfig() names the file, key and value of every bad egress 
   }
 });
 
+Deno.test("loadWaffleConfig() refuses egress_addresses covering the host's loopback unless egress_allow_host_loopback = true stands beside it", async () => {
+  const home = await Deno.makeTempDir({ prefix: "waffle-egress-" });
+  try {
+    const file = join(home, "waffle.toml");
+    const load = async (toml: string): Promise<WaffleConfig> => {
+      await Deno.writeTextFile(file, toml);
+      return loadWaffleConfig({ configPath: file, overrides: { home } });
+    };
+    // Each covers a host loopback address (the second value: the part it covers).
+    const covering: [string, string][] = [
+      ["127.0.0.1", "127.0.0.1/32"],
+      ["127.255.0.0/16", "127.255.0.0/16"],
+      ["126.0.0.0/7", "127.0.0.0/8"],
+      ["0.0.0.0/0", "127.0.0.0/8"],
+      ["0.0.0.0", "0.0.0.0/32"],
+      ["::1", "::1/128"],
+      ["::", "::/128"],
+      ["::/0", "::1/128"],
+      ["::ffff:127.0.0.1", "127.0.0.1/32"],
+      ["::ffff:0:0/96", "127.0.0.0/8"],
+      ["::127.0.0.1", "::7f00:1/128"],
+      ["64:ff9b::7f00:1", "64:ff9b::7f00:1/128"],
+      ["2002:7f00:1::/48", "2002:7f00:1::/48"],
+    ];
+    for (const [cidr, covered] of covering) {
+      const addresses = JSON.stringify(["10.0.0.0/8", cidr]);
+      for (const allow of ["", "egress_allow_host_loopback = false\n"]) {
+        await assert.rejects(
+          () => load(`${EGRESS}egress_addresses = ${addresses}\n${allow}`),
+          (error: unknown) => {
+            assert.ok(error instanceof UsageError, String(error));
+            assert.ok(!error.message.includes("\n"), error.message);
+            assert.ok(
+              error.message.startsWith(
+                `Config file '${file}': 'sandbox.egress_addresses' holds "`,
+              ),
+              error.message,
+            );
+            assert.ok(
+              error.message.includes(`, which covers the host's loopback (${covered}): `),
+              `${cidr}: ${error.message}`,
+            );
+            assert.match(
+              error.message,
+              /every service listening on the host's loopback \(waffle mcp serve included\) would be open to every sandbox; set 'sandbox\.egress_allow_host_loopback = true' to allow that, found \["10\.0\.0\.0\/8",/,
+            );
+            return true;
+          },
+          cidr,
+        );
+      }
+      const allowed = await load(
+        `${EGRESS}egress_addresses = ${addresses}\negress_allow_host_loopback = true\n`,
+      );
+      assert.equal(allowed.sandbox.egressAllowHostLoopback, true);
+      assert.equal(allowed.sandbox.egressAddresses.length, 2, cidr);
+    }
+    assert.equal(
+      await load(`${EGRESS}egress_addresses = ["127.0.0.1"]\n`).then(() => "", (e) => e.message),
+      `Config file '${file}': 'sandbox.egress_addresses' holds "127.0.0.1/32", which covers the host's loopback (127.0.0.1/32): the egress proxy has the host's network, so every service listening on the host's loopback (waffle mcp serve included) would be open to every sandbox; set 'sandbox.egress_allow_host_loopback = true' to allow that, found ["127.0.0.1/32"]`,
+    );
+    // Non-loopback ranges need no second key, whatever else they hold.
+    const clear = await load(
+      `${EGRESS}egress_addresses = ["10.0.0.0/8", "128.0.0.0/1", "fd00::/8", "::2", "64:ff9b::a00:0/104"]\n`,
+    );
+    assert.equal(clear.sandbox.egressAllowHostLoopback, false);
+    assert.equal(clear.sandbox.egressAddresses.length, 5);
+
+    // A restricted server's own egress_addresses: the same rule, its own key.
+    const server = `[mcp.r]\n${RESTRICTED}egress = ["a.com"]\negress_addresses = ["127.0.0.0/8"]\n`;
+    await assert.rejects(
+      () => load(server),
+      (error: unknown) => {
+        assert.ok(error instanceof UsageError, String(error));
+        assert.match(
+          error.message,
+          /^Config file '.*': 'mcp\.r\.egress_addresses' holds "127\.0\.0\.0\/8", which covers the host's loopback \(127\.0\.0\.0\/8\): .* would be open to the server; set 'mcp\.r\.egress_allow_host_loopback = true' to allow that, found \["127\.0\.0\.0\/8"\]$/,
+        );
+        return true;
+      },
+    );
+    // The sandbox's key does not allow it for a server, nor the reverse.
+    await assert.rejects(
+      () => load(`[sandbox]\negress_allow_host_loopback = true\n${server}`),
+      /'mcp\.r\.egress_addresses' holds "127\.0\.0\.0\/8"/,
+    );
+    await assert.rejects(
+      () =>
+        load(
+          `${EGRESS}egress_addresses = ["::1"]\n[mcp.r]\n${RESTRICTED}egress = ["a.com"]\negress_allow_host_loopback = true\n`,
+        ),
+      /'sandbox\.egress_addresses' holds "::1\/128"/,
+    );
+    const open = await load(`${server}egress_allow_host_loopback = true\n`);
+    assert.equal(open.policy.servers.r!.egressAllowHostLoopback, true);
+    assert.deepEqual(open.policy.servers.r!.egressAddresses, ["127.0.0.0/8"]);
+    await assert.rejects(
+      () =>
+        load(
+          `[mcp.h]\ncommand = "/x"\nexecution = "host"\nauthority = "host"\negress_allow_host_loopback = true\n`,
+        ),
+      /'mcp\.h\.egress_allow_host_loopback' is only for authority "restricted" \(a host server has the host's network\), found true$/,
+    );
+    await assert.rejects(
+      () => load(`${EGRESS}egress_allow_host_loopback = "yes"\n`),
+      /'sandbox\.egress_allow_host_loopback' must be true or false, found "yes"$/,
+    );
+
+    // A library caller's override meets the same rule, once every layer is applied.
+    await Deno.remove(file);
+    const egress = [parseEntry("api.github.com:443")];
+    throwsUsage(
+      () => loadWaffleConfig({ overrides: { home, egress, egressAddresses: ["0.0.0.0/0"] } }),
+      /^Invalid setting 'sandbox\.egress_addresses': holds "0\.0\.0\.0\/0", which covers the host's loopback \(127\.0\.0\.0\/8\)/,
+    );
+    const overridden = loadWaffleConfig({
+      overrides: {
+        home,
+        egress,
+        egressAddresses: ["0.0.0.0/0"],
+        egressAllowHostLoopback: true,
+      },
+    });
+    assert.deepEqual(overridden.sandbox.egressAddresses, ["0.0.0.0/0"]);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});
+
 // Asserts `fn` throws a UsageError whose message matches.
 function throwsUsage(fn: () => unknown, message: RegExp): void {
   assert.throws(fn, (error: unknown) => {
@@ -591,7 +721,12 @@ Deno.test("loadWaffleConfig() takes egress overrides as canonical entries and ch
   try {
     const egress = [parseEntry("api.github.com:443")];
     const config = loadWaffleConfig({
-      overrides: { home, egress, egressAddresses: ["127.0.0.1/32"] },
+      overrides: {
+        home,
+        egress,
+        egressAddresses: ["127.0.0.1/32"],
+        egressAllowHostLoopback: true,
+      },
     });
     assert.deepEqual(config.sandbox.egress, egress);
     assert.deepEqual(config.sandbox.egressAddresses, ["127.0.0.1/32"]);

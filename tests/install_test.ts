@@ -137,6 +137,7 @@ liveTest(
       await Deno.writeTextFile(
         `${home.home}/waffle.toml`,
         `[sandbox]\negress = ["api.test:${upstream.port}"]\negress_addresses = ["127.0.0.1"]\n` +
+          `egress_allow_host_loopback = true\n` +
           `[egress]\nextra_ca = "${caFile}"\n[egress.hosts]\n"api.test" = "127.0.0.1"\n`,
       );
       const egress = await sh([

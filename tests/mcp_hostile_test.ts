@@ -701,7 +701,11 @@ liveTest(
     const baselineMiB = await sessionServes(home, { user, container });
     // deno-lint-ignore no-console -- the figures the test bounds, for the log
     console.log(`a session that works: peak ${baselineMiB.toFixed(1)} MiB`);
-    // Loading the flood (64 MiB, and as much again deserialized) would take far more.
+    // A flood may add the one line the relay holds (max_message_bytes, 4 MiB),
+    // the smaller buffers it grew through, and one frame: stdout is lent, never
+    // copied per frame (each copy was garbage V8 freed late: +32..47 MiB here
+    // under CPU load, more the longer the flood). Loading the flood (64 MiB,
+    // and as much again deserialized) would take far more.
     const bound = baselineMiB + 48;
 
     await t.step("through the channel, as fast as the host reads", async () => {

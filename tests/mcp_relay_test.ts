@@ -441,8 +441,9 @@ Deno.test("mcp run exits 1 with a one-line reason when the server dies", async (
   assert.equal(status, 1, stderr);
   assert.equal(stdout, "");
   assert.match(stderr, /^waffle: Server 'script' ended: exited with status 3$/m);
-  // The server's stderr is forwarded, without its escape sequence.
-  assert.match(stderr, /bye \uFFFD\[31mred/);
+  // The server's stderr is forwarded, its escape sequence escaped (never sent).
+  assert.match(stderr, /bye \\x1b\[31mred/);
+  assert.ok(!stderr.includes("\x1b"), "an ESC reached stderr");
 });
 
 Deno.test("mcp run on SIGTERM kills a server that ignores end of input and exits 143", async () => {

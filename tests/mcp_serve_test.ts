@@ -20,8 +20,9 @@ import {
   serverScenarios,
 } from "./_conformance.ts";
 import { dockerGate, liveTest, type LiveTestFn } from "./_docker_gate.ts";
-import { delay } from "./_helpers.ts";
+import { alive, delay } from "./_helpers.ts";
 import { run, tempHome, type TestHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { loopbackPeers, type Slowloris, slowloris } from "./_slow_clients.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const MAIN = `${REPO}/main.ts`;
@@ -153,10 +154,25 @@ function serveEnv(home: string): Record<string, string> {
   };
 }
 
-/** Starts `waffle mcp serve ARGS --json` and waits for its start line. */
-async function startServe(home: string, args: string[]): Promise<Serving> {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "serve", ...args, "--json"],
+/**
+ * Starts `waffle mcp serve ARGS --json` and waits for its start line; with
+ * `openFiles`, under that open-file limit (`ulimit -n`, soft and hard: Deno
+ * raises its soft limit to the hard one).
+ */
+async function startServe(
+  home: string,
+  args: string[],
+  options: { openFiles?: number } = {},
+): Promise<Serving> {
+  const argv = ["run", "--allow-all", "--quiet", MAIN, "mcp", "serve", ...args, "--json"];
+  const limited = options.openFiles === undefined ? undefined : [
+    "-c",
+    `ulimit -n ${options.openFiles} && exec "$0" "$@"`,
+    Deno.execPath(),
+    ...argv,
+  ];
+  const child = new Deno.Command(limited === undefined ? Deno.execPath() : "sh", {
+    args: limited ?? argv,
     env: serveEnv(home),
     clearEnv: true,
     stdin: "null",
@@ -918,5 +934,124 @@ Deno.test({
     }
     assert.ok(answered, "the sampling request came on the tools/call stream");
     assert.match(JSON.stringify(result), /answered by hand/);
+  },
+});
+
+/** The flood's attack: half a request header, one byte at a time; no token, no end. */
+const SLOW_HEAD =
+  "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: ";
+/** The open-file limit the flooded server runs under; the flood is twice as many connections. */
+const FLOOD_FILE_LIMIT = 256;
+/** A short header deadline (the flood's end), kept-alive client connections for the whole test. */
+const FLOOD_DEADLINES = ["--header-timeout", "2", "--keep-alive-timeout", "600"];
+
+/** Starts a slowloris flood of `2 × FLOOD_FILE_LIMIT` connections from 64 loopback peers. */
+function flood(serving: Serving): Promise<Slowloris> {
+  const { hostname, port } = new URL(serving.url);
+  return slowloris({ hostname, port: Number(port) }, {
+    connections: 2 * FLOOD_FILE_LIMIT,
+    peers: loopbackPeers(64),
+    everyMs: 500,
+    head: SLOW_HEAD,
+  });
+}
+
+/** A tools/call round trip of an established session. */
+async function echoes(client: Client, message: string): Promise<void> {
+  assert.match(
+    textOf(await client.callTool({ name: "echo", arguments: { message } })),
+    new RegExp(message),
+  );
+}
+
+Deno.test({
+  name:
+    "mcp serve: a slowloris flood without the token, twice its open-file limit from 64 peers, is closed at the connection cap and by the header deadline; the established session keeps working and the server lives",
+  ...SDK_CLIENT,
+  fn: async () => {
+    await using home = await serveHome();
+    await using serving = await startServe(home.home, [
+      "on-host",
+      "--group",
+      "local",
+      ...FLOOD_DEADLINES,
+    ], {
+      openFiles: FLOOD_FILE_LIMIT,
+    });
+    // The default cap: half the open-file limit.
+    const cap = FLOOD_FILE_LIMIT / 2;
+    const session = await connect(serving);
+    await echoes(session.client, "before the flood");
+    await using slow = await flood(serving);
+    assert.ok(alive(serving.child.pid), `mcp serve died: ${serving.stderr()}`);
+    assert.equal(slow.unreachable(), 0, `mcp serve stopped listening: ${serving.stderr()}`);
+    assert.match(serving.stderr(), new RegExp(`${cap} are open, the most allowed`));
+    // The session's connections were open before the flood: they are served.
+    await echoes(session.client, "during the flood");
+    await slow.allClosed(60_000);
+    const answered = slow.clients.filter((client) => client.received() !== "");
+    assert.equal(
+      answered.length,
+      slow.timedOut(),
+      `every answer is a 408: ${answered.map((client) => client.received()).join("|")}`,
+    );
+    assert.ok(slow.timedOut() > 0 && slow.timedOut() <= cap, `${slow.timedOut()} timed out`);
+    assert.equal(slow.refused(), slow.clients.length - slow.timedOut());
+    await echoes(session.client, "after the flood");
+    const next = await connect(serving);
+    await echoes(next.client, "a new session");
+    assert.doesNotMatch(serving.stderr(), /Uncaught|Too many open files/);
+    await session.client.close();
+    await next.client.close();
+  },
+});
+
+Deno.test({
+  name:
+    "mcp serve: with connection caps past its open-file limit, a slowloris flood makes accepting fail (EMFILE); the server says so in one line, keeps serving the established session, and accepts again",
+  ...SDK_CLIENT,
+  fn: async () => {
+    await using home = await serveHome();
+    await using serving = await startServe(home.home, [
+      "on-host",
+      "--group",
+      "local",
+      ...FLOOD_DEADLINES,
+      "--max-connections",
+      "4096",
+      "--max-connections-per-peer",
+      "4096",
+    ], { openFiles: FLOOD_FILE_LIMIT });
+    const session = await connect(serving);
+    await echoes(session.client, "before the flood");
+    const flooding = flood(serving);
+    try {
+      await eventually(
+        "accepting to fail",
+        () => Promise.resolve(/cannot accept/.test(serving.stderr())),
+      );
+      // Out of file descriptors: the session's open connections are served.
+      await echoes(session.client, "while accepting fails");
+    } finally {
+      await using slow = await flooding;
+      assert.equal(slow.unreachable(), 0, `mcp serve stopped listening: ${serving.stderr()}`);
+      await slow.allClosed(120_000);
+      assert.equal(slow.refused(), 0, "no cap was reached");
+      assert.equal(
+        slow.timedOut(),
+        slow.clients.length,
+        "each was accepted in the end, and timed out",
+      );
+    }
+    assert.ok(alive(serving.child.pid), `mcp serve died: ${serving.stderr()}`);
+    await echoes(session.client, "after the flood");
+    const next = await connect(serving);
+    await echoes(next.client, "a new session");
+    const notices = serving.stderr().split("\n").filter((line) => /cannot accept/.test(line));
+    assert.equal(notices.length, 1, serving.stderr());
+    assert.match(notices[0]!, /Too many open files/);
+    assert.doesNotMatch(serving.stderr(), /Uncaught/);
+    await session.client.close();
+    await next.client.close();
   },
 });

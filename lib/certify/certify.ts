@@ -15,11 +15,13 @@ import { DockerClient } from "../docker/client.ts";
 import { type DaemonFacts, daemonFacts } from "../docker/facts.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
 import { messageOf } from "../queue/connection.ts";
-import { type AnyCheck, brokenCheck, type QueueMount, skippedCheck } from "./check.ts";
+import { UncoverableVolumeError } from "../errors.ts";
+import { type AnyCheck, brokenCheck, judged, type QueueMount, skippedCheck } from "./check.ts";
 import { CERTIFY_LABEL, Cleanup, type CleanupReport } from "./cleanup.ts";
 import { type CertifyReport, type EvidenceHeader, verdictOf } from "./evidence.ts";
 import { forkBombCheck } from "./fork_bomb.ts";
 import { killCheck } from "./kill_check.ts";
+import { registerLeftovers } from "./leftovers.ts";
 import { queueMountFacts } from "./mounts.ts";
 import { openBindRig, type QueueRig } from "./rig.ts";
 import { DEFAULT_STRESS_SECONDS, stressCheck } from "./stress.ts";
@@ -90,12 +92,25 @@ export async function certify(options: CertifyOptions = {}): Promise<CertifyRepo
   const checks: AnyCheck[] = [];
   let cleaned: CleanupReport;
   try {
-    const found = await resolveImage(docker, image).catch((error) => messageOf(error));
+    await removeLeftovers(docker, { cleanup, onProgress: options.onProgress });
+    const found = await resolveImage(docker, image).catch((error: unknown) =>
+      error instanceof UncoverableVolumeError ? error : messageOf(error)
+    );
     if (typeof found === "string") checks.push(...allSkipped(options, found));
+    else if (found instanceof UncoverableVolumeError) checks.push(...allRefused(options, found));
     else {
       header.image.id = found.id;
-      const runner = config.runner;
-      await runChecks(docker, { ...options, runId, image, runner, cleanup, header, checks });
+      const { runner, tmpBytes } = config;
+      await runChecks(docker, {
+        ...options,
+        runId,
+        image,
+        runner,
+        tmpBytes,
+        cleanup,
+        header,
+        checks,
+      });
     }
   } finally {
     // Whatever happens (every check catches its own failures).
@@ -108,6 +123,8 @@ interface RunContext extends CertifyOptions {
   runId: string;
   image: string;
   runner: string | undefined;
+  /** The size of each tmpfs over the image's VOLUMEs, as in a sandbox. */
+  tmpBytes: number;
   cleanup: Cleanup;
   header: EvidenceHeader;
   checks: AnyCheck[];
@@ -136,6 +153,28 @@ async function runChecks(docker: DockerClient, ctx: RunContext): Promise<void> {
       return "skipped" in opened ? opened.skipped : opened.rig;
     },
   });
+}
+
+// What runs that died left (a kill -9, a crash), removed before this one
+// makes anything; a failure to is a line of progress, not of the verdict.
+async function removeLeftovers(
+  docker: DockerClient,
+  options: { cleanup: Cleanup; onProgress: ((line: string) => void) | undefined },
+): Promise<void> {
+  const { cleanup, onProgress } = options;
+  try {
+    const runs = await registerLeftovers(docker, cleanup);
+    const removed = await cleanup.run();
+    if (removed.containers.length + removed.volumes.length + removed.dirs.length > 0) {
+      onProgress?.(
+        `removed what runs that died left${runs.length === 0 ? "" : ` (${runs.join(", ")})`}: ` +
+          `${removed.containers.length} containers, ${removed.volumes.length} volumes, ` +
+          `${removed.dirs.length} directories`,
+      );
+    }
+  } catch (error) {
+    onProgress?.(`what runs that died left was not looked at: ${messageOf(error)}`);
+  }
 }
 
 // The stress and the kill check on one rig (the kill check last: it kills
@@ -216,13 +255,38 @@ async function guarded(
 }
 
 function allSkipped(options: CertifyOptions, reason: string): AnyCheck[] {
+  return everyCheck(options, (name, mount) => skippedCheck(name, { mount, reason }));
+}
+
+// An image waffle refuses to run fails every check (never a skip: no other
+// installation runs it either), each naming why.
+function allRefused(options: CertifyOptions, error: UncoverableVolumeError): AnyCheck[] {
+  const started = performance.now();
+  const failures = [{ mode: "image" as const, detail: error.message }];
+  return everyCheck(
+    options,
+    (name, mount) =>
+      judged(name, {
+        mount,
+        started,
+        summary: `not run: ${error.message}`,
+        figures: undefined,
+        failures,
+      }),
+  );
+}
+
+function everyCheck(
+  options: CertifyOptions,
+  check: (name: string, mount: QueueMount | undefined) => AnyCheck,
+): AnyCheck[] {
   const queue = (mount: QueueMount): AnyCheck[] => [
-    skippedCheck("stress", { mount, reason }),
-    skippedCheck("kill mid-write", { mount, reason }),
+    check("stress", mount),
+    check("kill mid-write", mount),
   ];
   return [
     ...queue("bind mount"),
-    skippedCheck("fork bomb", { reason }),
+    check("fork bomb", undefined),
     ...(options.volume ? queue("volume") : []),
   ];
 }

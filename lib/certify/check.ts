@@ -23,6 +23,7 @@ export type QueueMount = "bind mount" | "volume";
  * - `runner`: the container stopped, restarted or was not killed as asked.
  * - `pids limit`: the limit was not read back, or was exceeded.
  * - `harness`: the check itself could not run to its end (an error, a timeout).
+ * - `image`: waffle refuses to run the configured image (a VOLUME no capped tmpfs can cover).
  */
 export type FailureMode =
   | "busy"
@@ -32,7 +33,8 @@ export type FailureMode =
   | "corruption"
   | "runner"
   | "pids limit"
-  | "harness";
+  | "harness"
+  | "image";
 
 /** One reason a check failed. */
 export interface Failure {

@@ -67,6 +67,7 @@ export const FAILURE_MODE_NAMES: Readonly<Record<FailureMode, string>> = {
   runner: "runner stopped or restarted",
   "pids limit": "pids limit not enforced",
   harness: "check could not finish",
+  image: "an image waffle refuses to run",
 };
 
 /**

@@ -1,21 +1,25 @@
 /**
  * Containment of a fork bomb by the pids limit, in disposable containers of
  * the configured image (no network, read-only root, no capabilities, one
- * CPU, the commands' uid) capped at 32 pids. First a bounded loop of
+ * CPU, the commands' uid, each of the image's VOLUMEs under the same tmpfs
+ * as in a sandbox) capped at 32 pids. First a bounded loop of
  * background sleeps must be stopped by the limit (never 200 of them); only
  * then does a real bomb run, for a few seconds, bounded inside by `timeout`
  * too. The peak task and process counts observed (`docker stats`, `docker
  * top`, and the pids cgroup when this host sees it) must stay within the
- * limit read back from Docker. Both containers are removed.
+ * limit read back from Docker. Both containers are removed, with any
+ * anonymous volume Docker gave them (none: an image with a VOLUME no tmpfs
+ * can cover is refused before either is made).
  *
  * @module
  */
 import type { DockerClient } from "../docker/client.ts";
 import type { ContainerCreateBody } from "../docker/types.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
-import { SANDBOX_UID } from "../lifecycle/posture.ts";
+import { type ImageFacts, imageVolumeMasks, SANDBOX_UID } from "../lifecycle/posture.ts";
 import { type CheckResult, type Failure, judged } from "./check.ts";
-import { CERTIFY_LABEL, type Cleanup } from "./cleanup.ts";
+import type { Cleanup } from "./cleanup.ts";
+import { runLabels } from "./owner.ts";
 import { findPidsCgroup, readPidsCgroup } from "./pids_cgroup.ts";
 import { delay } from "./_poll.ts";
 
@@ -72,19 +76,32 @@ export type ForkBombCheck = CheckResult<ForkBombFigures>;
  * Runs the fork bomb check.
  *
  * @param docker The daemon.
- * @param options The image, the run's id and cleanup, progress.
+ * @param options The image, the size of its VOLUMEs' tmpfs (`tmpBytes`, as a
+ * sandbox's), the run's id and cleanup, progress.
  * @returns The result with its figures.
  * @throws {DockerError} When the image is missing or a container cannot be created.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  *
  * @example
  * ```ts ignore
- * const check = await forkBombCheck(docker, { image: "waffle-runner:latest", runId, cleanup });
+ * const check = await forkBombCheck(docker, {
+ *   image: "waffle-runner:latest",
+ *   tmpBytes: 256 * 1024 * 1024,
+ *   runId,
+ *   cleanup,
+ * });
  * check.figures?.peak; // 32
  * ```
  */
 export async function forkBombCheck(
   docker: DockerClient,
-  options: { image: string; runId: string; cleanup: Cleanup; onProgress?: (line: string) => void },
+  options: {
+    image: string;
+    tmpBytes: number;
+    runId: string;
+    cleanup: Cleanup;
+    onProgress?: (line: string) => void;
+  },
 ): Promise<ForkBombCheck> {
   const started = performance.now();
   const image = await resolveImage(docker, options.image);
@@ -92,7 +109,7 @@ export async function forkBombCheck(
     runPhase(docker, {
       ...options,
       name: `waffle-certify-${options.runId}-${phase}`,
-      body: disposableBody(image.id, { runId: options.runId, script }),
+      body: disposableBody(image, { ...options, script }),
       stopAfterMs: phase === "bomb" ? BOMB_MS : undefined,
     });
   options.onProgress?.(`fork bomb: a bounded loop under pids ${FORK_BOMB_PIDS_LIMIT}`);
@@ -161,19 +178,22 @@ function describeBomb(f: ForkBombFigures): string {
 }
 
 // A disposable, locked-down container running `script` under the pids limit.
+// It mounts nothing of its own: every VOLUME gets a capped tmpfs (an image
+// with one no tmpfs can cover never gets here: resolveImage refuses it).
 function disposableBody(
-  imageId: string,
-  options: { runId: string; script: string },
+  image: ImageFacts,
+  options: { runId: string; tmpBytes: number; script: string },
 ): ContainerCreateBody {
   return {
-    Image: imageId,
+    Image: image.id,
     Entrypoint: ["/bin/sh", "-c"],
     Cmd: [options.script],
     User: `${SANDBOX_UID}:${SANDBOX_UID}`,
     WorkingDir: "/",
-    Labels: { [CERTIFY_LABEL]: options.runId },
+    Labels: runLabels(options.runId),
     HostConfig: {
       Init: true,
+      Tmpfs: imageVolumeMasks(image, { sizeBytes: options.tmpBytes, mounted: [] }),
       PidsLimit: FORK_BOMB_PIDS_LIMIT,
       NetworkMode: "none",
       ReadonlyRootfs: true,

@@ -9,16 +9,21 @@
  * @module
  */
 import { CertifyError } from "../errors.ts";
+import { join } from "../path.ts";
 import type { DockerClient } from "../docker/client.ts";
 import { openSandbox, type Sandbox } from "../lifecycle/sandbox.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { QueuePaths } from "../queue/schema.ts";
 import type { QueueMount } from "./check.ts";
 import type { Cleanup } from "./cleanup.ts";
+import { OWNER_FILE, runOwner } from "./owner.ts";
 import { within } from "./_poll.ts";
 
 /** The tenant of every sandbox a certification run opens. */
 export const CERTIFY_TENANT = "waffle-certify";
+
+/** The name prefix of a certification sandbox's throwaway home, in the temporary directory. */
+export const RIG_HOME_PREFIX = "waffle-certify-";
 
 /** How long a certification sandbox's runner may sit idle: longer than any pause between checks. */
 const RIG_IDLE_SECONDS = 600;
@@ -119,8 +124,10 @@ export async function rigSandbox(
   options: { image: string; runner?: string | undefined; cleanup: Cleanup; user: string },
 ): Promise<Sandbox> {
   const { cleanup } = options;
-  const home = await Deno.makeTempDir({ prefix: "waffle-certify-" });
+  const home = await Deno.makeTempDir({ prefix: RIG_HOME_PREFIX });
   cleanup.dir(home);
+  // Before the container: a later run sweeps it should this process die (leftovers.ts).
+  Deno.writeTextFileSync(join(home, OWNER_FILE), runOwner(), { mode: 0o600 });
   const sandbox = openSandbox(`certify-${options.user}`, {
     tenant: CERTIFY_TENANT,
     // The home's own config (none): only the image and runner are the user's.

@@ -18,7 +18,8 @@ import { resolveImage } from "../lifecycle/ensure.ts";
 import { containerSpec, hostCanChown } from "../lifecycle/posture.ts";
 import { prepareState } from "../lifecycle/state_dir.ts";
 import { Queue } from "../queue/queue.ts";
-import { CERTIFY_LABEL, type Cleanup } from "./cleanup.ts";
+import type { Cleanup } from "./cleanup.ts";
+import { runLabels } from "./owner.ts";
 import { type QueueRig, rigSandbox } from "./rig.ts";
 import { delay } from "./_poll.ts";
 
@@ -31,7 +32,7 @@ const READY_MS = 20_000;
 export type VolumeRigOutcome = { rig: QueueRig } | { skipped: string };
 
 /**
- * Opens the volume rig: two named volumes (labelled with the run id), the
+ * Opens the volume rig: two named volumes (labelled with the run and its owner), the
  * sandbox container with them at `/queue/inbound` (read-only) and
  * `/queue/outbound`, and the host's queue on their mountpoints. Everything
  * is registered with `cleanup` before it is made.
@@ -60,7 +61,7 @@ export async function openVolumeRig(
     const name = `waffle-certify-${runId}-${side}`;
     cleanup.volume(name);
     const volume = await cleanup.creating(
-      docker.createVolume(name, { labels: { [CERTIFY_LABEL]: runId } }),
+      docker.createVolume(name, { labels: runLabels(runId) }),
     );
     const unreachable = reachable(volume.Mountpoint);
     if (unreachable !== undefined) return { skipped: unreachable };
@@ -107,7 +108,7 @@ export async function openVolumeRig(
 }
 
 // The spec's body with the queue's bind mounts replaced by the volumes, and
-// the run's label.
+// the run's labels.
 function onVolumes(
   body: ContainerCreateBody,
   options: { runId: string; prefix: string },
@@ -128,7 +129,7 @@ function onVolumes(
   );
   return {
     ...body,
-    Labels: { ...body.Labels, [CERTIFY_LABEL]: options.runId },
+    Labels: { ...body.Labels, ...runLabels(options.runId) },
     HostConfig: { ...body.HostConfig, Mounts: mounts },
   };
 }

@@ -15,6 +15,7 @@ import { entryComponents, extractTar, refuseSpecial, rootNameOf } from "../files
 import { packInSandbox, unpackInSandbox } from "../files/mod.ts";
 import { newStats, type PackStats, packTree } from "../files/pack.ts";
 import { padding, readTar, TAR_END, tarHeader } from "../files/tar.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 import { numberFlag, parse, stringFlag } from "./args.ts";
 import type { CliIo } from "./io.ts";
 
@@ -183,7 +184,9 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
     sandbox.close();
   }
   for (const name of stripped.slice(0, 20)) {
-    await io.stderr(`waffle: stripped the setuid, setgid or sticky bit of '${name}'\n`);
+    await io.stderr(
+      `waffle: stripped the setuid, setgid or sticky bit of '${escapeControls(name)}'\n`,
+    );
   }
   if (parsed.values.json === true) {
     const elapsedMs = performance.now() - meter.started;

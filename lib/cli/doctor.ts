@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { join } from "../path.ts";
 import { EXIT_FAILURE, EXIT_WAFFLE } from "../exit_codes.ts";
 import { UsageError } from "../errors.ts";
@@ -143,7 +144,7 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
       await io.stdout(
         `${row.ok ? (row.warning ? "WARN" : "ok  ") : "FAIL"}  ${row.name.padEnd(34)} ${
           row.ms.toFixed(1).padStart(8)
-        } ms  ${row.detail}\n`,
+        } ms  ${escapeControls(row.detail)}\n`,
       );
     }
   }

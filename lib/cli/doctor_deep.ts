@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { certify, Cleanup, formatReport } from "../certify/mod.ts";
 import type { CertifyReport } from "../certify/mod.ts";
 import { DockerClient } from "../docker/client.ts";
@@ -43,7 +44,8 @@ export interface DeepDoctorOptions {
  * ```
  */
 export async function deepDoctor(options: DeepDoctorOptions, io: CliIo): Promise<number> {
-  const progress = (line: string): void => void io.stderr(`doctor --deep: ${line}\n`);
+  const progress = (line: string): void =>
+    void io.stderr(`doctor --deep: ${escapeControls(line)}\n`);
   let docker: DockerClient | undefined;
   try {
     docker = new DockerClient();
@@ -66,7 +68,11 @@ export async function deepDoctor(options: DeepDoctorOptions, io: CliIo): Promise
     // An interrupt under way ends the process itself, once it has cleaned up.
     await interrupt?.stop();
   }
-  await io.stdout(options.json ? `${JSON.stringify(report)}\n` : formatReport(report));
+  await io.stdout(
+    options.json
+      ? `${JSON.stringify(report)}\n`
+      : escapeControls(formatReport(report), { keepNewlines: true }),
+  );
   if (report.verdict.status === "supported") return 0;
   return report.header.docker === null ? EXIT_WAFFLE : EXIT_FAILURE;
 }
@@ -76,7 +82,8 @@ export async function deepDoctor(options: DeepDoctorOptions, io: CliIo): Promise
 // `stop` removes the listeners, or waits for an interrupt under way (which exits).
 function onInterrupt(cleanup: Cleanup, io: CliIo): { stop: () => Promise<void> } {
   let exiting: Promise<void> | undefined;
-  const say = (line: string): Promise<void> => io.stderr(`doctor --deep: ${line}\n`);
+  const say = (line: string): Promise<void> =>
+    io.stderr(`doctor --deep: ${escapeControls(line)}\n`);
   const interrupted = async (code: number): Promise<void> => {
     await say("interrupted: removing the run's containers, volumes and files");
     const removed = await cleanup.interrupt();

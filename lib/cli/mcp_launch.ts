@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError, WaffleError } from "../errors.ts";
 import { type EgressAttachment, restrictedAttachment } from "../egress/launch.ts";
@@ -142,7 +143,7 @@ export function openLaunch(launch: Launch, options: OpenLaunchOptions): Promise<
     tenant: context.tenant,
     env: options.env,
     config: launch.config.sandbox,
-    onProgress: (line) => void options.io.stderr(`waffle: ${line}\n`),
+    onProgress: (line) => void options.io.stderr(`waffle: ${escapeControls(line)}\n`),
     egress: where === "restricted" ? launchEgress(launch) : undefined,
   });
 }
@@ -310,7 +311,7 @@ export async function fetchWithProgress(
     await fetchPackage(spec, {
       cacheDir,
       onProgress: (line) => {
-        chain = chain.then(() => io.stderr(`waffle: ${line}\n`));
+        chain = chain.then(() => io.stderr(`waffle: ${escapeControls(line)}\n`));
       },
     });
   } finally {

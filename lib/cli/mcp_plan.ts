@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
 import { launchable, type LaunchPlan, planLaunch, unsetHostEnv } from "../mcp/plan.ts";
@@ -95,7 +96,9 @@ export async function mcpPlanCommand(args: string[], io: CliIo): Promise<number>
     return 0;
   }
   await io.stdout(planText(plan, config));
-  for (const warning of warnings) await io.stdout(`warning: ${warning.message}\n`);
+  for (const warning of warnings) {
+    await io.stdout(`warning: ${escapeControls(warning.message)}\n`);
+  }
   return 0;
 }
 

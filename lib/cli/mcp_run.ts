@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { loadWaffleConfig } from "../config/config.ts";
 import { ProtocolError, UsageError, WaffleError } from "../errors.ts";
 import { EXIT_FAILURE, EXIT_SIGNAL_BASE, EXIT_WAFFLE, exitCodeOfSignal } from "../exit_codes.ts";
@@ -85,7 +86,7 @@ export async function mcpRunCommand(args: string[], io: CliIo): Promise<number> 
     throw new UsageError("Stdin is a terminal: 'waffle mcp run' expects an MCP client on stdin");
   }
   const audit = openAuditLog(launch.config.sandbox.home, {
-    onError: (message) => void io.stderr(`waffle: ${message}\n`),
+    onError: (message) => void io.stderr(`waffle: ${escapeControls(message)}\n`),
   });
   try {
     await ensureFetched(launch, io);

@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { UsageError } from "../errors.ts";
 import { EXIT_WAFFLE, exitCodeOfSignal } from "../exit_codes.ts";
 import { openAuditLog } from "../mcp/audit.ts";
@@ -22,6 +23,7 @@ import {
 import { isLoopbackHost, parseListenAddress } from "../mcp/loopback.ts";
 import { resolveEnv } from "../mcp/plan.ts";
 import { numberFlag, parse, stringFlag } from "./args.ts";
+import { HTTP_LIMIT_FLAGS, HTTP_LIMIT_HELP, HTTP_LIMIT_USAGE, httpLimitsOf } from "./http_flags.ts";
 import type { CliIo } from "./io.ts";
 import {
   ensureFetched,
@@ -44,6 +46,7 @@ export const MCP_SERVE_HELP =
   `Usage: waffle mcp serve NAME [--listen HOST:PORT] [--user U] [--tenant T]
                         [--group G | --cron J] [--config FILE] [--token-file PATH]
                         [--max-sessions N] [--idle-timeout SECONDS] [--allow-remote] [--json]
+${HTTP_LIMIT_USAGE.replace(/^/gm, " ".repeat(24))}
 
 Serves MCP server NAME over MCP's Streamable HTTP transport at
 http://HOST:PORT/mcp (default ${DEFAULT_LISTEN}: a free loopback port), for
@@ -65,6 +68,8 @@ stream) that was active least recently, and gets 503 when every one is busy.
 A session with nothing open for --idle-timeout SECONDS (default ${IDLE_SECONDS})
 ends. A request body over the server's max_message_bytes gets 413.
 
+${HTTP_LIMIT_HELP}
+
 SIGINT or SIGTERM ends every session (each server closed, its audit lines
 written), then waffle exits 128+N. Exit status ${EXIT_WAFFLE} when denied or on a
 usage or config error, before anything listens.
@@ -78,6 +83,7 @@ const SERVE_FLAGS = {
   "max-sessions": { type: "string" },
   "idle-timeout": { type: "string" },
   json: { type: "boolean" },
+  ...HTTP_LIMIT_FLAGS,
 } as const;
 
 /**
@@ -86,7 +92,7 @@ const SERVE_FLAGS = {
  * @param args Arguments after `mcp serve`.
  * @param io Process streams.
  * @returns The exit status: 128+N on signal N.
- * @throws {UsageError} On bad flags, a non-loopback address without --allow-remote, an
+ * @throws {UsageError} On bad flags (a limit out of range), a non-loopback address without --allow-remote, an
  *   unknown server, a missing --user, a bad token file or a bad config.
  * @throws {WaffleError} When the server is denied or the address cannot be listened on.
  */
@@ -103,11 +109,12 @@ export async function mcpServeCommand(args: string[], io: CliIo): Promise<number
   const maxSessions = numberFlag(parsed, "max-sessions", { integer: true, max: 1024 }) ??
     DEFAULT_MAX_SESSIONS;
   const idleSeconds = numberFlag(parsed, "idle-timeout", { max: 7 * 24 * 3600 });
+  const limits = httpLimitsOf(parsed);
   const launch = resolveLaunch(parsed);
   const tokenFile = stringFlag(parsed, "token-file");
   const token = tokenFile === undefined ? newBearerToken() : await readBearerToken(tokenFile);
   const audit = openAuditLog(launch.config.sandbox.home, {
-    onError: (message) => void io.stderr(`waffle: ${message}\n`),
+    onError: (message) => void io.stderr(`waffle: ${escapeControls(message)}\n`),
   });
   // Signals are caught from here on: one ends every session cleanly.
   let stopListening = (): void => {};
@@ -125,10 +132,11 @@ export async function mcpServeCommand(args: string[], io: CliIo): Promise<number
       allowRemote,
       maxSessions,
       idleTimeoutMs: idleSeconds === undefined ? undefined : idleSeconds * 1000,
+      limits,
       maxBodyBytes: maxMessageBytes(launch),
       open: () => openTracked(launch, { io, env, connections }),
       relay: relayOptions(launch, { audit, stderr: (data) => io.stderr(data) }),
-      onEvent: (line) => void io.stderr(`waffle: ${line}\n`),
+      onEvent: (line) => void io.stderr(`waffle: ${escapeControls(line)}\n`),
     });
     await announce(server, {
       io,

@@ -7,6 +7,7 @@
 import { mark } from "../trace.ts";
 import { UnpinnedPackageError, UsageError, WaffleError } from "../errors.ts";
 import { EXIT_WAFFLE } from "../exit_codes.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 import type { CliIo } from "./io.ts";
 
 export { type CliIo, processIo } from "./io.ts";
@@ -163,14 +164,14 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
     }
     return await loaded.run(rest, io);
   } catch (error) {
+    // A message may quote the sandbox (a file name, a runner's row): its controls are escaped.
     if (error instanceof WaffleError) {
-      await io.stderr(`waffle: ${await messageFor(error)}\n`);
+      await io.stderr(`waffle: ${escapeControls(await messageFor(error))}\n`);
       return error.exitCode;
     }
     // Anything else is a bug: show the stack.
-    await io.stderr(
-      `waffle: internal error: ${error instanceof Error ? error.stack : String(error)}\n`,
-    );
+    const stack = error instanceof Error ? error.stack ?? error.message : String(error);
+    await io.stderr(`waffle: internal error: ${escapeControls(stack, { keepNewlines: true })}\n`);
     return EXIT_WAFFLE;
   }
 }

@@ -6,6 +6,7 @@
  */
 import { EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_WAFFLE } from "../exit_codes.ts";
 import type { ExecResult } from "../queue/protocol.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 
 /**
  * The exit status `waffle exec` returns for a result.
@@ -22,6 +23,8 @@ export function exitStatusOf(result: ExecResult): number {
 
 /**
  * The line printed on stderr for a result that needs explaining, if any.
+ * The runner's error text is the sandbox's: its control characters are
+ * escaped.
  *
  * @param id The request id.
  * @param result The request's result.
@@ -35,9 +38,11 @@ export function noteOf(id: string, result: ExecResult): string | undefined {
   }
   if (result.cancelled) return `waffle: request '${id}' was cancelled`;
   if (result.interrupted) {
-    return `waffle: request '${id}' was interrupted: ${result.error ?? "the runner stopped"}`;
+    return `waffle: request '${id}' was interrupted: ${
+      escapeControls(result.error ?? "the runner stopped")
+    }`;
   }
-  if (result.error !== null) return `waffle: ${result.error}`;
+  if (result.error !== null) return `waffle: ${escapeControls(result.error)}`;
   return undefined;
 }
 
@@ -119,12 +124,14 @@ export function jsonOf(
 }
 
 /**
- * Renders rows (the first one the header) as columns padded to their widest cell.
+ * Renders rows (the first one the header) as columns padded to their widest
+ * cell, each cell's control characters escaped.
  *
  * @param rows The cells, one array per line.
  * @returns The text, one line per row, ending in a newline.
  */
-export function table(rows: string[][]): string {
+export function table(cells: string[][]): string {
+  const rows = cells.map((row) => row.map((cell) => escapeControls(cell)));
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
   return rows.map((row) => row.map((cell, i) => cell.padEnd(widths[i]!)).join("  ").trimEnd())
     .join("\n") + "\n";

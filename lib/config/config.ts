@@ -87,6 +87,12 @@ export interface SandboxConfig {
   egress?: EgressEntry[] | undefined;
   /** `[sandbox] egress_addresses`: non-public CIDRs (`ip/bits`) a listed name may resolve to (default none). */
   egressAddresses: string[];
+  /**
+   * `[sandbox] egress_allow_host_loopback`: whether `egress_addresses` may
+   * cover the host's loopback (default false: the proxy has the host's
+   * network, so that would open every service listening there).
+   */
+  egressAllowHostLoopback: boolean;
   /** `[sandbox] secrets`: the `[secrets.<name>]` sandboxes get by placeholder (default none). */
   secrets: string[];
   /**
@@ -167,6 +173,7 @@ const settingsSchema = z.strictObject({
   runner: z.optional(field.runner),
   egress: z.optional(z.array(egressEntrySchema).check(z.maxLength(1024))),
   egressAddresses: z.optional(egressAddressesSchema),
+  egressAllowHostLoopback: z.optional(z.boolean()),
   secrets: z.optional(secretNamesSchema),
   configPath: z.optional(
     z.string().check(z.minLength(1), z.maxLength(4096), z.refine((v) => !v.includes("\0"))),
@@ -195,6 +202,7 @@ export const SANDBOX_KEYS: Readonly<Record<string, keyof SandboxConfig>> = Objec
   egress: "egress",
   egress_addresses: "egressAddresses",
   secrets: "secrets",
+  egress_allow_host_loopback: "egressAllowHostLoopback",
 });
 
 const sandboxTableSchema = z.strictObject({
@@ -216,6 +224,7 @@ const sandboxTableSchema = z.strictObject({
   runner: z.optional(field.runner),
   egress: z.optional(egressListSchema),
   egress_addresses: z.optional(egressAddressesSchema),
+  egress_allow_host_loopback: z.optional(z.boolean()),
   secrets: z.optional(secretNamesSchema),
 });
 
@@ -253,6 +262,7 @@ const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {
   maxSnapshots: 8,
   snapshotBytes: 0,
   egressAddresses: [],
+  egressAllowHostLoopback: false,
   secrets: [],
 };
 

@@ -15,6 +15,8 @@ export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
 export const SANDBOX_SPAWN_HELPER = `${SANDBOX_RUNTIME}/spawn`;
 /** The host's channel directory's mount point (read-only): sockets a session's runner connects to. */
 export const SANDBOX_CHANNEL_DIR = `${PROGRAM_DIR}/chan`;
+/** Where the egress proxy's container sees the waffle home's `egress/` directory. */
+export const PROXY_EGRESS_DIR = "/egress";
 /** The runner's variable carrying the image's own `Env` (a JSON array) to its commands. */
 export const IMAGE_ENV_VARIABLE = "WAFFLE_IMAGE_ENV";
 /** The runner's variable carrying the image's `WorkingDir`: the default cwd of commands. */

@@ -100,7 +100,11 @@ export interface KillOptions extends RequestOptions {
 export interface RemoveOptions extends RequestOptions {
   /** Kill a running container first. */
   force?: boolean;
-  /** Also remove anonymous volumes. */
+  /**
+   * Also remove its anonymous volumes (an image's `VOLUME` that no mount
+   * covered); default true: they would stay on the host's disk, named by
+   * nothing, with whatever the container wrote there.
+   */
   volumes?: boolean;
 }
 
@@ -365,13 +369,16 @@ export class DockerClient {
     );
   }
 
-  /** Removes a container. Resolves `false` when it did not exist (404). */
+  /**
+   * Removes a container, with its anonymous volumes unless `volumes: false`.
+   * Resolves `false` when it did not exist (404).
+   */
   async removeContainer(id: string, options: RemoveOptions = {}): Promise<boolean> {
     try {
       await this.#request({
         method: "DELETE",
         path: `/containers/${encodeURIComponent(id)}`,
-        query: { force: options.force ?? false, v: options.volumes ?? false },
+        query: { force: options.force ?? false, v: options.volumes ?? true },
         ok: [204],
         timeoutMs: options.timeoutMs,
       });

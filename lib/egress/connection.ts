@@ -8,9 +8,11 @@
  *   carry another one, nor a plaintext CONNECT to a further proxy), then
  *   bytes pass through untouched;
  * - `CONNECT` to a host a secret is for: TLS is terminated with a leaf of
- *   the waffle CA, each request's placeholder replaced in its header, and
- *   the request sent on over TLS verified against the real roots;
- * - an absolute-form HTTP request: forwarded with `Connection: close`.
+ *   the waffle CA, the request inside checked to name the tunnel's host and
+ *   port (lib/egress/request_target.ts) and sent on in origin form over TLS
+ *   verified against the real roots, its placeholder replaced in its header;
+ * - an absolute-form `http://` request: forwarded in origin form with
+ *   `Connection: close`, under the same rule.
  *
  * Nothing reaches an upstream before every check passed.
  *
@@ -21,15 +23,16 @@ import tls from "node:tls";
 import { lookup } from "node:dns/promises";
 import type { Buffer } from "node:buffer";
 import { addressRefusal, allows, canonicalIp, isIpLiteral } from "./entries.ts";
-import {
-  collect,
-  headerValues,
-  readHead,
-  type RequestHead,
-  serializeHead,
-  upstreamHead,
-} from "./http_head.ts";
+import { collect, readHead, type RequestHead, serializeHead, upstreamHead } from "./http_head.ts";
 import { injectSecrets } from "./inject.ts";
+import { EgressFailed, EgressRefused, refusalResponse } from "./refusal.ts";
+import {
+  type Authority,
+  connectAuthority,
+  forwardedRequest,
+  type RoutedRequest,
+  tunnelRequest,
+} from "./request_target.ts";
 import { MAX_HELLO_BYTES, parseClientHello } from "./client_hello.ts";
 import type { EgressAuditLine } from "./audit.ts";
 import type { PolicyFile } from "./policy_file.ts";
@@ -52,20 +55,6 @@ export interface ConnectionContext {
   leafFor: (host: string) => Promise<tls.SecureContext>;
   /** The roots upstream certificates are verified against. */
   roots: string[];
-}
-
-/** A refusal by policy: answered to the client (when it still can be) and audited `denied`. */
-class Refused extends Error {
-  constructor(readonly status: number, message: string) {
-    super(message);
-  }
-}
-
-/** A failure that is no refusal (malformed, unreachable): the decision stands. */
-class Failed extends Error {
-  constructor(readonly status: number, message: string) {
-    super(message);
-  }
 }
 
 /**
@@ -98,7 +87,8 @@ export async function serveConnection(
   try {
     const { head, rest } = await readHead(client, { timeoutMs: HEAD_TIMEOUT_MS });
     line.method = head.method;
-    const target = requestTarget(head);
+    const forwarded = head.method === "CONNECT" ? undefined : forwardedRequest(head);
+    const target = forwarded?.authority ?? connectAuthority(head.target);
     line.destination = target.host;
     line.port = target.port;
     const address = await checkedAddress(target, context.policy);
@@ -108,7 +98,7 @@ export async function serveConnection(
       up: (n: number) => (line.bytesUp += n),
       down: (n: number) => (line.bytesDown += n),
     };
-    if (head.method === "CONNECT") {
+    if (forwarded === undefined) {
       client.write("HTTP/1.1 200 Connection established\r\n\r\n");
       answered = true;
       const hello = await readHello(client, rest, target.host);
@@ -123,8 +113,7 @@ export async function serveConnection(
       }
     } else {
       const upstream = present(client, await dial(address, target.port));
-      const path = new URL(head.target);
-      const sent = serializeHead(upstreamHead(head, `${path.pathname}${path.search}`));
+      const sent = serializeHead(upstreamHead(forwarded.head, forwarded.head.target));
       upstream.write(sent);
       upstream.write(rest);
       counters.up(sent.length + rest.length);
@@ -132,14 +121,9 @@ export async function serveConnection(
     }
   } catch (error) {
     reason = error instanceof Error ? error.message : String(error);
-    if (error instanceof Refused) line.decision = "denied";
-    if (!answered && (error instanceof Refused || error instanceof Failed)) {
-      const body = `${reason}\n`;
-      const verdict = error instanceof Refused ? "Refused" : "Failed";
-      refusal = `HTTP/1.1 ${error.status} ${verdict} by waffle egress\r\n` +
-        `Content-Type: text/plain; charset=utf-8\r\nContent-Length: ${
-          new TextEncoder().encode(body).length
-        }\r\nConnection: close\r\n\r\n${body}`;
+    if (error instanceof EgressRefused) line.decision = "denied";
+    if (!answered && (error instanceof EgressRefused || error instanceof EgressFailed)) {
+      refusal = refusalResponse(error);
     }
   } finally {
     endSoon(client, refusal);
@@ -170,82 +154,11 @@ export function endSoon(socket: Socket, text?: string): void {
   else socket.end(text);
 }
 
-interface Target {
-  host: string;
-  port: number;
-}
-
-// The destination a request names: `host:port` for CONNECT, the URL's for an
-// absolute-form request (whose Host header must agree).
-function requestTarget(head: RequestHead): Target {
-  if (head.method === "CONNECT") {
-    const match = /^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+):(\d{1,5})$/.exec(head.target);
-    if (match === null) throw new Failed(400, `Malformed CONNECT target '${shown(head.target)}'`);
-    return { host: checkedHost(match[1]!), port: port(match[2]!) };
-  }
-  let url: URL;
-  try {
-    url = new URL(head.target);
-  } catch {
-    throw new Failed(
-      400,
-      `Not a proxy request: '${shown(head.target)}' is no absolute URL`,
-    );
-  }
-  if (url.protocol !== "http:") {
-    throw new Failed(400, `Only http:// is forwarded ('${url.protocol}'); use CONNECT for https`);
-  }
-  const target = { host: checkedHost(url.hostname), port: url.port === "" ? 80 : port(url.port) };
-  const hosts = headerValues(head, "host");
-  const named = hosts.length === 1 ? normalHost(hosts[0]!.replace(/:\d+$/, "")) : undefined;
-  if (named !== target.host) {
-    throw new Refused(
-      403,
-      `Host header '${shown(hosts.join(", "))}' does not match '${target.host}'`,
-    );
-  }
-  return target;
-}
-
-// A destination as the policy compares it: an IP literal, or a name of DNS
-// characters (anything else is refused before it reaches a message or the audit).
-function checkedHost(host: string): string {
-  const normal = normalHost(host);
-  if (isIpLiteral(normal) || /^[a-z0-9_.-]{1,253}$/.test(normal)) return normal;
-  throw new Failed(400, `Malformed host '${shown(host)}'`);
-}
-
-/**
- * A value from the client as a message shows it: at most 100 characters,
- * control characters as `?` (a refusal or an audit line stays one short line).
- *
- * @param text The value.
- * @returns The shown form.
- */
-export function shown(text: string): string {
-  // deno-lint-ignore no-control-regex
-  const clean = text.replace(/[\x00-\x1f\x7f]/g, "?");
-  return clean.length > 100 ? `${clean.slice(0, 100)}…` : clean;
-}
-
-function normalHost(host: string): string {
-  const bare = host.replace(/^\[(.*)\]$/, "$1").toLowerCase().replace(/\.$/, "");
-  return canonicalIp(bare) ?? bare;
-}
-
-function port(text: string): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value < 1 || value > 65535) {
-    throw new Failed(400, `Invalid port '${shown(text)}'`);
-  }
-  return value;
-}
-
 // The policy's decision, then the address the proxy itself resolved, which
 // is the only one ever connected to (no second lookup to rebind).
-async function checkedAddress(target: Target, policy: PolicyFile): Promise<string> {
+async function checkedAddress(target: Authority, policy: PolicyFile): Promise<string> {
   if (!allows(policy.allow, target.host, target.port)) {
-    throw new Refused(
+    throw new EgressRefused(
       403,
       isIpLiteral(target.host)
         ? `'${target.host}:${target.port}' is an IP literal not in this sandbox's egress list`
@@ -264,14 +177,14 @@ async function checkedAddress(target: Target, policy: PolicyFile): Promise<strin
     if (why === undefined) return ip;
     refusal ||= why;
   }
-  throw new Refused(403, `'${target.host}' resolves to ${refusal}`);
+  throw new EgressRefused(403, `'${target.host}' resolves to ${refusal}`);
 }
 
 async function resolveName(host: string): Promise<string[]> {
   try {
     return (await lookup(host, { all: true })).map((entry) => entry.address);
   } catch (error) {
-    throw new Failed(502, `Cannot resolve '${host}': ${(error as Error).message}`);
+    throw new EgressFailed(502, `Cannot resolve '${host}': ${(error as Error).message}`);
   }
 }
 
@@ -284,11 +197,11 @@ async function readHello(client: Socket, rest: Buffer, host: string): Promise<Bu
       const verdict = parseClientHello(bytes);
       if (verdict.kind === "incomplete") return undefined;
       if (verdict.kind === "not-tls") {
-        throw new Refused(403, `Refused tunnel to '${host}': ${verdict.detail}`);
+        throw new EgressRefused(403, `Refused tunnel to '${host}': ${verdict.detail}`);
       }
       const sni = verdict.sni;
       if (sni === undefined ? !isIpLiteral(host) : sni !== host) {
-        throw new Refused(
+        throw new EgressRefused(
           403,
           `TLS server name '${sni ?? "(none)"}' does not match CONNECT host '${host}'`,
         );
@@ -298,9 +211,9 @@ async function readHello(client: Socket, rest: Buffer, host: string): Promise<Bu
     maxBytes: MAX_HELLO_BYTES,
     timeoutMs: HEAD_TIMEOUT_MS,
   }).catch((error) => {
-    throw error instanceof Refused
+    throw error instanceof EgressRefused
       ? error
-      : new Failed(400, `No TLS ClientHello: ${error.message}`);
+      : new EgressFailed(400, `No TLS ClientHello: ${error.message}`);
   });
   return taken;
 }
@@ -312,7 +225,10 @@ function dial(address: string, port: number): Promise<Socket> {
     const timer = setTimeout(() => {
       socket.destroy();
       reject(
-        new Failed(504, `No connection to '${address}:${port}' within ${CONNECT_TIMEOUT_MS} ms`),
+        new EgressFailed(
+          504,
+          `No connection to '${address}:${port}' within ${CONNECT_TIMEOUT_MS} ms`,
+        ),
       );
     }, CONNECT_TIMEOUT_MS);
     socket.once("connect", () => {
@@ -321,18 +237,20 @@ function dial(address: string, port: number): Promise<Socket> {
     });
     socket.once("error", (error) => {
       clearTimeout(timer);
-      reject(new Failed(502, `Cannot connect to '${address}:${port}': ${error.message}`));
+      reject(new EgressFailed(502, `Cannot connect to '${address}:${port}': ${error.message}`));
     });
   });
 }
 
-// TLS terminated with a waffle-CA leaf: one request per connection, its
-// placeholders replaced, sent on over TLS verified for the host's name.
+// TLS terminated with a waffle-CA leaf: one request per connection, sent
+// on in origin form when it names the tunnel's authority (else refused
+// inside the tunnel), its placeholders replaced, over TLS verified for the
+// host's name.
 async function terminate(
   client: Socket,
   hello: Buffer,
   options: {
-    target: Target;
+    target: Authority;
     address: string;
     context: ConnectionContext;
     counters: { up: (n: number) => void; down: (n: number) => void };
@@ -349,20 +267,58 @@ async function terminate(
   const { head, rest } = await readHead(secure as unknown as Socket, {
     timeoutMs: HEAD_TIMEOUT_MS,
   });
-  const hosts = headerValues(head, "host").map((h) => normalHost(h.replace(/:\d+$/, "")));
-  if (hosts.length !== 1 || hosts[0] !== target.host) {
-    throw new Refused(421, `Host header does not match the tunnel's '${target.host}'`);
-  }
-  const { head: injected, injected: names } = injectSecrets(upstreamHead(head, head.target), {
-    host: target.host,
-    secrets: context.policy.secrets,
+  const routed = await routeInside(secure, { head, tunnel: target });
+  // The authority the request names, by RFC 9112's rules: the tunnel's.
+  const { head: injected, injected: names } = injectSecrets(
+    upstreamHead(routed.head, routed.head.target),
+    { authority: routed.authority, secrets: context.policy.secrets },
+  );
+  const upstream = await dialTls(address, target, context.roots);
+  present(secure as unknown as Socket, upstream);
+  const sent = serializeHead(injected);
+  upstream.write(sent);
+  // Deno's node:tls fails a zero-length write (EPERM), which left the
+  // connection open until the idle timeout: a request without a body.
+  if (rest.length > 0) upstream.write(rest);
+  counters.up(sent.length + rest.length);
+  await splice(secure as unknown as Socket, upstream as unknown as Socket, {
+    buckets: context.buckets,
+    counters,
   });
-  const upstream = await new Promise<tls.TLSSocket>((resolve, reject) => {
+  return names;
+}
+
+// The request inside a tunnel, checked against the tunnel's authority; a
+// refusal is answered inside the tunnel (the client reads it over TLS),
+// with at most a second for it to leave before the connection closes.
+async function routeInside(
+  secure: tls.TLSSocket,
+  request: { head: RequestHead; tunnel: Authority },
+): Promise<RoutedRequest> {
+  try {
+    return tunnelRequest(request.head, request.tunnel);
+  } catch (error) {
+    if (error instanceof EgressRefused) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 1000);
+        secure.end(refusalResponse(error), () => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+    throw error;
+  }
+}
+
+// TLS to the upstream, verified against the roots for the tunnel's host.
+function dialTls(address: string, target: Authority, roots: string[]): Promise<tls.TLSSocket> {
+  return new Promise<tls.TLSSocket>((resolve, reject) => {
     const socket = tls.connect({
       host: address,
       port: target.port,
       servername: isIpLiteral(target.host) ? undefined : target.host,
-      ca: context.roots,
+      ca: roots,
       ALPNProtocols: ["http/1.1"],
       checkServerIdentity: (_host, cert) => tls.checkServerIdentity(target.host, cert),
     });
@@ -380,25 +336,13 @@ async function terminate(
       reject(new Error(`TLS to '${target.host}' failed: ${error.message}`));
     });
   });
-  present(secure as unknown as Socket, upstream);
-  const sent = serializeHead(injected);
-  upstream.write(sent);
-  // Deno's node:tls fails a zero-length write (EPERM), which left the
-  // connection open until the idle timeout: a request without a body.
-  if (rest.length > 0) upstream.write(rest);
-  counters.up(sent.length + rest.length);
-  await splice(secure as unknown as Socket, upstream as unknown as Socket, {
-    buckets: context.buckets,
-    counters,
-  });
-  return names;
 }
 
 // The upstream, once the client is known to be still there; else both go.
 function present<T extends { destroy(): void }>(client: Socket, upstream: T): T {
   if (!client.destroyed) return upstream;
   upstream.destroy();
-  throw new Failed(499, "The client left while the upstream was connected");
+  throw new EgressFailed(499, "The client left while the upstream was connected");
 }
 
 // Both ways until both sides closed, each direction held to its bucket; an

@@ -529,6 +529,70 @@ function inPrefix(address: Address, net: Address, bits: number): boolean {
   return address.value >> shift === net.value >> shift;
 }
 
+// The prefixes through which the host's own loopback is reached from its
+// network namespace (the egress proxy's): what addressKind calls loopback,
+// every IPv6 form it judges by an embedded loopback IPv4 address
+// (IPv4-compatible, IPv4-mapped, NAT64, 6to4), and the unspecified
+// `0.0.0.0` and `::`, which Linux connects to the local host.
+const HOST_LOOPBACK: { net: Address; bits: number }[] = (() => {
+  const prefix = (net: string, bits: number): { net: Address; bits: number } => ({
+    net: parseAddress(net)!,
+    bits,
+  });
+  const v4 = V4_KINDS.filter(([, , kind]) => kind === "loopback");
+  const v6 = V6_KINDS.filter(([, , kind]) => kind === "loopback");
+  const embedded = v4.flatMap(([net, bits]) => {
+    const value = parseAddress(net)!.value;
+    return [
+      { net: { v6: true, value }, bits: 96 + bits },
+      { net: { v6: true, value: (0xffffn << 32n) | value }, bits: 96 + bits },
+      { net: { v6: true, value: (0x64ff9bn << 96n) | value }, bits: 96 + bits },
+      { net: { v6: true, value: (0x2002n << 112n) | (value << 80n) }, bits: 16 + bits },
+    ];
+  });
+  return [
+    ...[...v4, ...v6].map(([net, bits]) => prefix(net, bits)),
+    ...embedded,
+    prefix("0.0.0.0", 32),
+    prefix("::", 128),
+  ];
+})();
+
+/**
+ * The host loopback addresses a CIDR covers, if any: `127.0.0.0/8`, `::1`,
+ * the IPv6 forms embedding a 127/8 address (`::ffff:127.0.0.1`,
+ * `::127.0.0.1`, `64:ff9b::7f00:1`, `2002:7f00:1::`), and the unspecified
+ * `0.0.0.0` and `::` (Linux connects them to the local host). The egress proxy has
+ * the host's network, so such an entry of `egress_addresses` opens every
+ * service listening on the host's loopback.
+ *
+ * @example
+ * ```ts
+ * import { hostLoopbackIn } from "./entries.ts";
+ * hostLoopbackIn("0.0.0.0/0"); // "127.0.0.0/8"
+ * hostLoopbackIn("127.0.0.1"); // "127.0.0.1/32"
+ * hostLoopbackIn("::/0"); // "::1/128"
+ * hostLoopbackIn("10.0.0.0/8"); // undefined
+ * ```
+ *
+ * @param text A CIDR or bare address.
+ * @returns The first loopback prefix the two share (the narrower of the
+ *   two, as `ip/bits`), or undefined when it covers none.
+ * @throws {Error} When it is no CIDR.
+ */
+export function hostLoopbackIn(text: string): string | undefined {
+  const cidr = parseCidr(text);
+  const net = parseAddress(cidr.ip)!;
+  for (const region of HOST_LOOPBACK) {
+    const bits = Math.min(cidr.bits, region.bits);
+    if (!inPrefix(net, region.net, bits)) continue;
+    return cidr.bits >= region.bits
+      ? formatCidr(cidr)
+      : formatCidr({ ip: formatAddress(region.net), bits: region.bits });
+  }
+  return undefined;
+}
+
 /**
  * Parses a CIDR (`10.0.0.0/8`, `fd00::/8`); a bare address is a single
  * host (`/32` or `/128`). The address is canonicalized (an IPv4-mapped

@@ -1,13 +1,16 @@
 /**
  * Credentials by placeholder: the sandbox holds a placeholder, and the proxy
  * writes the real value into the one header its secret names, for the
- * secret's own hosts, on a TLS connection it terminated itself. Nowhere
- * else: not in other headers, the URL or the body, and not for any other host.
+ * secret's own hosts, on a TLS connection it terminated itself, into a
+ * request whose authority (by RFC 9112's rules: an absolute-form target's
+ * over `Host`) is that connection's. Nowhere else: not in other headers,
+ * the URL or the body, and not for any other host or port.
  *
  * @module
  */
 import { Buffer } from "node:buffer";
 import type { RequestHead } from "./http_head.ts";
+import { type Authority, effectiveAuthority, sameAuthority } from "./request_target.ts";
 
 /** A secret as the proxy holds it: the config's rule, its placeholder and its value. */
 export interface HeldSecret {
@@ -26,29 +29,35 @@ export interface HeldSecret {
 }
 
 /**
- * Replaces the placeholders of the secrets meant for `host` in their headers:
- * a header that is the bare placeholder becomes the secret's `format`; one
- * that contains it gets the value in its place; a `Basic` credential whose
- * decoded `user:password` contains it is decoded, replaced and encoded again
- * (git sends a token that way).
+ * Replaces the placeholders of the secrets meant for the connection's host
+ * in their headers: a header that is the bare placeholder becomes the
+ * secret's `format`; one that contains it gets the value in its place; a
+ * `Basic` credential whose decoded `user:password` contains it is decoded,
+ * replaced and encoded again (git sends a token that way). Nothing is
+ * replaced unless the request names the connection's authority, host and
+ * port, as an HTTPS server reads it (see `effectiveAuthority`).
  *
  * @example
  * ```ts ignore
- * injectSecrets(head, { host: "api.github.com", secrets }); // { head, injected: ["github"] }
+ * injectSecrets(head, { authority: { host: "api.github.com", port: 443 }, secrets }); // { head, injected: ["github"] }
  * ```
  *
- * @param head The request head from the sandbox.
- * @param options The host the request goes to and the identity's secrets.
+ * @param head The request head to send (origin form, its `Host` the connection's).
+ * @param options The authority the connection goes to and the identity's secrets.
  * @returns The head to send and the names of the secrets written into it.
  */
 export function injectSecrets(
   head: RequestHead,
-  options: { host: string; secrets: readonly HeldSecret[] },
+  options: { authority: Authority; secrets: readonly HeldSecret[] },
 ): { head: RequestHead; injected: string[] } {
+  const named = effectiveAuthority(head, "https");
+  if (named === undefined || !sameAuthority(named, options.authority)) {
+    return { head, injected: [] };
+  }
   const injected = new Set<string>();
   const headers = head.headers.map(([name, value]): [string, string] => {
     for (const secret of options.secrets) {
-      if (!secret.hosts.includes(options.host)) continue;
+      if (!secret.hosts.includes(named.host)) continue;
       if (name.toLowerCase() !== secret.header.toLowerCase()) continue;
       const replaced = replaceIn(value, secret);
       if (replaced !== value) {

@@ -14,11 +14,11 @@
  * @module
  */
 import { join } from "../path.ts";
+import { PROXY_EGRESS_DIR } from "../config/sandbox_paths.ts";
 
-/** Where the proxy's container sees the home's `egress/` directory. */
-export const PROXY_EGRESS_DIR = "/egress";
+export { PROXY_EGRESS_DIR };
 /** Where the proxy's container writes the audit (`$WAFFLE_HOME/egress.jsonl` links to it). */
-export const PROXY_AUDIT_FILE = "/egress/audit/egress.jsonl";
+export const PROXY_AUDIT_FILE = `${PROXY_EGRESS_DIR}/audit/egress.jsonl`;
 /** Where a sandbox sees its identity's socket directory. */
 export const SANDBOX_EGRESS_DIR = "/opt/waffle/egress";
 /** The loopback port inside a sandbox that bridges to its socket (`HTTP(S)_PROXY`). */

@@ -30,6 +30,7 @@ import {
   checkEntry,
   formatCidr,
   formatEntry,
+  hostLoopbackIn,
   intersect,
   mergeEntries,
   parseCidr,
@@ -62,6 +63,8 @@ export interface EgressSandbox {
   egress?: EgressEntry[] | undefined;
   /** `[sandbox] egress_addresses`, canonical CIDRs. */
   egressAddresses?: readonly string[] | undefined;
+  /** `[sandbox] egress_allow_host_loopback`: `egress_addresses` may cover the host's loopback. */
+  egressAllowHostLoopback?: boolean | undefined;
   /** `[sandbox] secrets`: names of `[secrets.<name>]` tables. */
   secrets?: readonly string[] | undefined;
   /** `[sandbox] env`: host variables passed into every sandbox. */
@@ -440,7 +443,9 @@ export function egressSettings(table: EgressTables["egress"]): EgressSettings {
 /**
  * Checks what spans the egress keys once every layer of the config is
  * applied: `[sandbox] egress` needs network "none"; `egress_addresses` and
- * `secrets` need an `egress` list beside them; every secret named is
+ * `secrets` need an `egress` list beside them; `egress_addresses` covers
+ * no host loopback address unless `egress_allow_host_loopback = true`
+ * stands beside it (the proxy has the host's network); every secret named is
  * declared, and no two of one identity share a placeholder variable; a
  * user narrows only a sandbox list and only to its secrets; only a
  * restricted server has egress keys; and no secret's host variable, nor its
@@ -470,7 +475,11 @@ function sandboxProblem({ sandbox, policy }: EgressConfig): ConfigProblem | unde
         }`,
     };
   }
-  const stray = strayKey("sandbox", egress, { egressAddresses, secrets });
+  const stray = strayKey("sandbox", egress, { egressAddresses, secrets }) ??
+    loopbackProblem("sandbox", egressAddresses, {
+      allowed: sandbox.egressAllowHostLoopback === true,
+      who: "every sandbox",
+    });
   if (stray !== undefined) return stray;
   const refs = secretRefsProblem("sandbox.secrets", secrets, policy.secrets);
   if (refs !== undefined) return refs;
@@ -502,6 +511,29 @@ function strayKey(
       describeFound(value)
     }`,
   };
+}
+
+// An `egress_addresses` entry that covers the host's loopback, unless the
+// table says explicitly that it may: the proxy runs with the host's network.
+function loopbackProblem(
+  at: string,
+  addresses: readonly string[],
+  options: { allowed: boolean; who: string },
+): ConfigProblem | undefined {
+  if (options.allowed) return undefined;
+  for (const cidr of addresses) {
+    const covered = hostLoopbackIn(cidr);
+    if (covered === undefined) continue;
+    return {
+      key: `${at}.egress_addresses`,
+      detail: `holds ${
+        JSON.stringify(cidr)
+      }, which covers the host's loopback (${covered}): the egress proxy has the host's network, so every service listening on the host's loopback (waffle mcp serve included) would be open to ${options.who}; set '${at}.egress_allow_host_loopback = true' to allow that, found ${
+        describeFound(addresses)
+      }`,
+    };
+  }
+  return undefined;
 }
 
 function secretRefsProblem(
@@ -604,6 +636,8 @@ function serversProblem(policy: McpPolicy): ConfigProblem | undefined {
         ? ["egress", server.egress.map(formatEntry)]
         : server.egressAddresses !== undefined
         ? ["egress_addresses", server.egressAddresses]
+        : server.egressAllowHostLoopback !== undefined
+        ? ["egress_allow_host_loopback", server.egressAllowHostLoopback]
         : server.secrets !== undefined
         ? ["secrets", server.secrets]
         : [undefined, undefined];
@@ -621,6 +655,10 @@ function serversProblem(policy: McpPolicy): ConfigProblem | undefined {
       egressAddresses: server.egressAddresses ?? [],
       secrets,
     }) ??
+      loopbackProblem(key, server.egressAddresses ?? [], {
+        allowed: server.egressAllowHostLoopback === true,
+        who: "the server",
+      }) ??
       secretRefsProblem(`${key}.secrets`, secrets, policy.secrets) ??
       envLeakProblem(`${key}.env`, {
         names: server.env,

@@ -17,6 +17,7 @@ import {
   bind,
   hostCanChown,
   type ImageFacts,
+  imageVolumeMasks,
   LABELS,
   maskImageEnv,
   programLaunch,
@@ -78,6 +79,7 @@ export function proxyContainerName(home: string): string {
  * @param home The waffle home.
  * @param options The config (image, artefact) and the resolved image.
  * @returns The spec.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  */
 export function proxyContainerSpec(
   home: string,
@@ -95,6 +97,21 @@ export function proxyContainerSpec(
     "DENO_NO_UPDATE_CHECK=1",
     "NO_COLOR=1",
   ], options.image);
+  const mounts = [
+    ...program.mounts,
+    bind(join(paths.root, "ca"), join(inside.root, "ca"), true, paths.root),
+    bind(paths.policies, inside.policies, true, paths.root),
+    bind(paths.sockets, inside.sockets, false, paths.root),
+    bind(join(paths.root, "ctl"), join(inside.root, "ctl"), false, paths.root),
+    // A directory, not the file: the proxy rotates the audit in it.
+    bind(join(paths.root, "audit"), join(inside.root, "audit"), false, paths.root),
+  ];
+  // The image's VOLUMEs as in a sandbox: never anonymous volumes on the
+  // host's disk (one no tmpfs can cover refuses the image).
+  const volumes = imageVolumeMasks(options.image, {
+    sizeBytes: options.config.tmpBytes,
+    mounted: ["/tmp", ...mounts.map((mount) => mount.Target)],
+  });
   const body: ContainerCreateBody = {
     Image: options.image.id,
     Entrypoint: program.argv.slice(0, 1),
@@ -116,7 +133,7 @@ export function proxyContainerSpec(
     HostConfig: {
       Init: true,
       ReadonlyRootfs: true,
-      Tmpfs: { "/tmp": "rw,noexec,nosuid,nodev,size=128m,mode=1777" },
+      Tmpfs: { "/tmp": "rw,noexec,nosuid,nodev,size=128m,mode=1777", ...volumes },
       CapDrop: ["ALL"],
       CapAdd: [],
       SecurityOpt: ["no-new-privileges"],
@@ -125,15 +142,7 @@ export function proxyContainerSpec(
       MemorySwap: 512 * 1024 * 1024,
       NetworkMode: "host",
       LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
-      Mounts: [
-        ...program.mounts,
-        bind(join(paths.root, "ca"), join(inside.root, "ca"), true, paths.root),
-        bind(paths.policies, inside.policies, true, paths.root),
-        bind(paths.sockets, inside.sockets, false, paths.root),
-        bind(join(paths.root, "ctl"), join(inside.root, "ctl"), false, paths.root),
-        // A directory, not the file: the proxy rotates the audit in it.
-        bind(join(paths.root, "audit"), join(inside.root, "audit"), false, paths.root),
-      ],
+      Mounts: mounts,
       RestartPolicy: { Name: "on-failure", MaximumRetryCount: 5 },
       Privileged: false,
     },

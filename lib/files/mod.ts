@@ -15,6 +15,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import * as z from "../schema.ts";
 import { concat } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
@@ -95,9 +96,6 @@ function waitOf(sandbox: Sandbox): WaitOptions {
   return { revive: (trouble) => sandbox.ensure(trouble) };
 }
 
-// deno-lint-ignore no-control-regex -- strip control characters from the sandbox's words
-const CONTROL = /[\x00-\x08\x0b-\x1f\x7f]/g;
-
 /**
  * The one-line error a failed helper stands for: its own `waffle: …` line
  * (the sandbox's words, cleaned and capped), or what the runner said.
@@ -106,10 +104,10 @@ function failure(verb: string, path: string, finished: Finished): FilesError {
   const { result, stderr } = finished;
   const line = stderr.split("\n").reverse().find((l) => l.startsWith("waffle: "));
   if (line !== undefined) {
-    return new FilesError(line.slice(8).replace(CONTROL, "").slice(0, 400));
+    return new FilesError(escapeControls(line.slice(8)).slice(0, 400));
   }
   const why = result.error ?? (result.timedOut ? "timed out" : result.cancelled ? "cancelled" : "");
-  const first = stderr.replace(CONTROL, "").split("\n")[0]?.slice(0, 200) ?? "";
+  const first = escapeControls(stderr.split("\n")[0] ?? "").slice(0, 200);
   return new FilesError(
     `File transfer '${verb}' of '${path}' failed in the sandbox (exit ${result.exitCode}${
       result.signal ? `, ${result.signal}` : ""

@@ -22,6 +22,7 @@ import {
   type ImageFacts,
   LABELS,
   postureDrift,
+  refuseUncoverableVolumes,
 } from "./posture.ts";
 import { outboundMounted, outboundReplaced } from "./outbound_in_place.ts";
 import { removeSetAsideTrees, resetOutbound, stateExists } from "./state_dir.ts";
@@ -78,12 +79,17 @@ export interface EnsureOptions {
 }
 
 /**
- * Resolves a configured image reference to its immutable id.
+ * Resolves a configured image reference to its immutable id. Every
+ * container of the configured image (a sandbox, a restricted session's,
+ * the egress proxy, `doctor --deep`'s) is built from what this returns, so
+ * an image with a VOLUME no capped tmpfs can cover is refused here, before
+ * anything is made.
  *
  * @param docker The Docker client.
  * @param ref Image reference.
  * @returns The image's id and the settings the sandbox takes from it.
  * @throws {DockerError} When the image does not exist.
+ * @throws {UncoverableVolumeError} When it declares a VOLUME no capped tmpfs can cover.
  */
 export async function resolveImage(docker: DockerClient, ref: string): Promise<ImageFacts> {
   const image = await docker.inspectImage(ref);
@@ -93,6 +99,7 @@ export async function resolveImage(docker: DockerClient, ref: string): Promise<I
     );
   }
   const { id, env, workingDir, volumes } = image;
+  refuseUncoverableVolumes(ref, image);
   return { id, env, workingDir, volumes };
 }
 

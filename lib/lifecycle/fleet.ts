@@ -12,8 +12,9 @@
  *
  * What they read of each sandbox is small and the host's own wherever it can
  * be: the runner's liveness from its heartbeat file (`judgeRunner`, the one
- * judgement every caller uses), idleness and open requests from the host's
- * `inbound.db`, and `outbound.db` only to narrow an open request down to one
+ * judgement every caller uses), the last use from the host's record of it
+ * (`use_mark.ts`), open requests from the host's `inbound.db`, and
+ * `outbound.db` only to narrow an open request down to one
  * the runner still runs, bounded by what those requests asked for. One
  * sandbox that cannot be read is reported as such; the others go on.
  *
@@ -28,6 +29,7 @@ import { openRequestCount, outboundAllowance, submittedAndOpen } from "../queue/
 import { readInFlight } from "../queue/outbound_rows.ts";
 import { MAX_CHUNK_BYTES } from "../queue/protocol.ts";
 import { SandboxFile } from "../queue/sandbox_file.ts";
+import { lastUse } from "../queue/use_mark.ts";
 import { INBOUND_UPGRADES, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "../queue/schema.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { containerHome, homeMatcher } from "./container_home.ts";
@@ -41,7 +43,15 @@ import {
 } from "./identity.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
-import { containerSpec, hostCanChown, type ImageFacts, LABELS, SANDBOX_UID } from "./posture.ts";
+import {
+  containerSpec,
+  findUncoverableVolume,
+  hostCanChown,
+  type ImageFacts,
+  LABELS,
+  SANDBOX_UID,
+} from "./posture.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
 import { purgeState, stateExists } from "./state_dir.ts";
 import { writeWarm } from "./warm.ts";
@@ -76,9 +86,10 @@ export interface SandboxStatus {
   /** Requests open by the host's own record: submitted, neither acknowledged nor lost. */
   openRequests: number;
   /**
-   * When a host last wrote this sandbox's queue (submitted, collected,
-   * cancelled, renewed a session): the mtime of the host's own `inbound.db`,
-   * which the sandbox mounts read-only. Null when unknown.
+   * When a host last used this sandbox (submitted, sent input, renewed a
+   * session, cancelled, collected a result): the host's own record, a file
+   * in the state root that no container mounts (`queue/use_mark.ts`); never
+   * a write of the queue's housekeeping. Null when unknown.
    */
   lastUsed: number | null;
   /** How long since {@linkcode SandboxStatus.lastUsed}, in ms, while no request is open; else null. */
@@ -102,8 +113,8 @@ function queueOf(root: string): QueuePaths {
   return queuePaths(layout.queue, { outboundDir: layout.outbound });
 }
 
-// Reads what ps and sweep need: the heartbeat file (at most a kilobyte) and
-// the host's own inbound.db. Never outbound.db, whatever its size.
+// Reads what ps and sweep need: the heartbeat file (at most a kilobyte), the
+// host's record of use and its own inbound.db. Never outbound.db, whatever its size.
 function viewState(root: string, now: number): StateView {
   const paths = queueOf(root);
   const judged = judgeRunner(paths.heartbeat, { queue: paths.dir, now });
@@ -116,9 +127,10 @@ function viewState(root: string, now: number): StateView {
   };
   let inbound: DatabaseSync | undefined;
   try {
+    // Before the open, which may upgrade an older inbound.db (a write).
+    view.lastUsed = lastUseOf(root, paths);
     inbound = openInbound(paths.inbound);
     view.openRequests = openRequestCount(inbound);
-    view.lastUsed = Deno.statSync(paths.inbound).mtime?.getTime() ?? null;
     if (view.openRequests === 0 && view.lastUsed !== null) {
       view.idleMs = Math.max(0, now - view.lastUsed);
     }
@@ -128,6 +140,14 @@ function viewState(root: string, now: number): StateView {
     inbound?.close();
   }
   return view;
+}
+
+// The host's record of use; a sandbox an older waffle made and nobody used
+// since has none, and falls back to what that waffle kept: inbound.db's mtime.
+function lastUseOf(root: string, paths: QueuePaths): number | null {
+  const marked = lastUse(stateLayout(root).useMark);
+  if (marked !== undefined) return marked;
+  return Deno.statSync(paths.inbound).mtime?.getTime() ?? null;
 }
 
 function unreadable(problem: string): StateView {
@@ -264,7 +284,8 @@ interface Placed {
 /**
  * Reconciles this home's labelled containers (with `all`, every home's on
  * the daemon): removes paused, dead, restarting and incompatible ones (image
- * or posture changed; judged for this home's only) and those whose state
+ * or posture changed, or an image waffle refuses for a VOLUME no capped
+ * tmpfs can cover; judged for this home's only) and those whose state
  * directory is gone; stops those whose runner is dead (by the one liveness
  * judgement, whatever its files say) and idle ones; enforces the running cap
  * by stopping the least recently used. Each container is judged under its
@@ -376,10 +397,14 @@ async function sweepOne(
       (judged.state === "none" && !(now - started < STALE_AFTER_MS));
     const busy = container.State.Running && !dead && await inFlight(paths.root) > 0;
     const image = context.image;
+    const refused = image === null ? undefined : findUncoverableVolume(image);
     const reason = !judgePosture
       ? unusableState(container.State)
       : image === null
       ? "image missing"
+      : refused !== undefined
+      // Made by a waffle that let Docker give it an uncapped volume.
+      ? `image refused: VOLUME '${escapeControls(refused.volume)}' is ${refused.reason}`
       : incompatibility(container, {
         imageId: image.id,
         postureHash: containerSpec(ownKey, { config, image, paths: ownPaths }).postureHash,

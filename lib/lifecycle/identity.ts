@@ -62,6 +62,11 @@ export interface StatePaths {
   outbound: string;
   /** The user's workspace inside the volume, bind-mounted at `/workspace`. */
   workspace: string;
+  /**
+   * `<root>/last_use`: the host's record of its last use of the sandbox
+   * (see `queue/use_mark.ts`), in the root, which no container mounts.
+   */
+  useMark: string;
   /** Cross-process lock of this sandbox's lifecycle. */
   lock: string;
   /**
@@ -101,5 +106,6 @@ export function stateLayout(root: string): Omit<StatePaths, "lock" | "channel"> 
     volume,
     outbound: join(volume, "outbound"),
     workspace: join(volume, "workspace"),
+    useMark: join(root, "last_use"),
   };
 }

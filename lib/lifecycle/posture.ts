@@ -9,7 +9,8 @@
  */
 import { sha256Hex } from "../digest.ts";
 import { normalize } from "../path.ts";
-import { UsageError } from "../errors.ts";
+import { UncoverableVolumeError, UsageError } from "../errors.ts";
+import { escapeControls } from "../terminal/control_text.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import {
   ARTEFACT_FLAGS,
@@ -32,6 +33,7 @@ import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
   PROGRAM_DIR,
+  PROXY_EGRESS_DIR,
   SANDBOX_CHANNEL_DIR,
   SANDBOX_RUNTIME,
 } from "../config/sandbox_paths.ts";
@@ -119,6 +121,7 @@ export interface ContainerSpec {
  * @param options Config, resolved image id and state paths.
  * @returns The name, create body and posture hash.
  * @throws {UsageError} When a mount path is unsafe.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  */
 export function containerSpec(
   key: SandboxKey,
@@ -147,6 +150,8 @@ export function containerSpec(
     readOnlyWorkspace: restricted !== undefined,
   });
   const groups = hostCanChown() ? [] : [String(Deno.gid())];
+  const ownTmpfs = sandboxTmpfs(config, { restricted: restricted !== undefined });
+  const allMounts = [...mounts, ...(egress?.mounts ?? [])];
   const body: ContainerCreateBody = {
     Image: imageId,
     // Whatever the image's own entrypoint, the container runs the runner.
@@ -177,13 +182,11 @@ export function containerSpec(
       Init: true,
       ReadonlyRootfs: true,
       Tmpfs: {
-        "/tmp": `rw,noexec,nosuid,nodev,size=${config.tmpBytes}`,
-        [RUNNER_DIR]: "rw,noexec,nosuid,nodev,size=128m,mode=0700",
-        ...(restricted === undefined ? {} : {
-          [RESTRICTED_HOME]:
-            `rw,noexec,nosuid,nodev,size=64m,uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
+        ...ownTmpfs,
+        ...imageVolumeMasks(image, {
+          sizeBytes: config.tmpBytes,
+          mounted: [...Object.keys(ownTmpfs), ...allMounts.map((mount) => mount.Target)],
         }),
-        ...imageVolumes(image, config),
       },
       CapDrop: ["ALL"],
       CapAdd: [...RUNNER_CAPS],
@@ -196,7 +199,7 @@ export function containerSpec(
       NetworkMode: config.network,
       LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "2" } },
       // The egress socket (and CA bundle) when attached; the network stays "none".
-      Mounts: [...mounts, ...(egress?.mounts ?? [])],
+      Mounts: allMounts,
       RestartPolicy: { Name: "no" },
       AutoRemove: restricted !== undefined,
       Privileged: false,
@@ -215,6 +218,24 @@ export function containerSpec(
     ? key.containerName
     : `${key.containerName}-r-${restricted.id}`;
   return { name, postureHash, body };
+}
+
+// A sandbox's own tmpfs mounts: /tmp, the runner's scratch, and a
+// restricted session's home.
+function sandboxTmpfs(
+  config: SandboxConfig,
+  options: { restricted: boolean },
+): Record<string, string> {
+  return {
+    "/tmp": `rw,noexec,nosuid,nodev,size=${config.tmpBytes}`,
+    [RUNNER_DIR]: "rw,noexec,nosuid,nodev,size=128m,mode=0700",
+    ...(options.restricted
+      ? {
+        [RESTRICTED_HOME]:
+          `rw,noexec,nosuid,nodev,size=64m,uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
+      }
+      : {}),
+  };
 }
 
 /**
@@ -321,36 +342,193 @@ export function maskImageEnv(own: string[], image: ImageFacts): string[] {
   return [...own, ...[...new Set(masked)].map((name) => `${name}=${value(name)}`)];
 }
 
-// An image's VOLUMEs would be anonymous volumes outside the quota that
-// outlive the container: each is a tmpfs instead, sized like /tmp.
-function imageVolumes(image: ImageFacts, config: SandboxConfig): Record<string, string> {
-  // What waffle mounts, and system directories a tmpfs must not hide.
-  const reserved = ["/workspace", "/queue", "/tmp", PROGRAM_DIR, RUNNER_DIR, RESTRICTED_HOME];
-  const system = [
-    "/",
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/dev",
-    "/proc",
-    "/sys",
-  ];
-  // As Docker cleans it: `/opt/./waffle` is `/opt/waffle`.
-  const covered = image.volumes
-    .filter((path) => path.startsWith("/") && !/[\0,]/.test(path))
-    .map((path) => normalize(path).replace(/\/+$/, "") || "/")
-    .filter((path) =>
-      !system.includes(path) &&
-      !reserved.some((r) => path === r || path.startsWith(`${r}/`) || r.startsWith(`${path}/`))
-    );
-  // The commands' own, not world-writable: a VOLUME under a root-only path stays theirs alone.
-  const options =
-    `rw,nosuid,nodev,size=${config.tmpBytes},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0755`;
-  return Object.fromEntries([...new Set(covered)].map((path) => [path, options]));
+/**
+ * Where waffle mounts one thing of its own, whole: an image VOLUME at one of
+ * these is covered by that mount, or by a capped tmpfs in a container that
+ * mounts nothing there (see {@linkcode uncoverableVolume}).
+ */
+const WAFFLE_MOUNTS: readonly string[] = [
+  "/workspace",
+  "/tmp",
+  RUNNER_DIR,
+  RESTRICTED_HOME,
+  "/etc/ld.so.preload",
+];
+
+/** Directories that hold several of waffle's own mounts (the queue's, the program's, the proxy's). */
+const WAFFLE_DIRS: readonly string[] = ["/queue", PROGRAM_DIR, PROXY_EGRESS_DIR];
+
+// System directories a tmpfs must not hide: the image would not run.
+const SYSTEM_DIRS: readonly string[] = [
+  "/",
+  "/etc",
+  "/usr",
+  "/bin",
+  "/sbin",
+  "/lib",
+  "/lib32",
+  "/lib64",
+  "/dev",
+  "/proc",
+  "/sys",
+];
+
+// Whether `path` is strictly inside `dir`.
+function isUnder(path: string, dir: string): boolean {
+  return path !== dir && path.startsWith(dir === "/" ? "/" : `${dir}/`);
+}
+
+// A VOLUME path as Docker cleans it (`/opt/./waffle/` is `/opt/waffle`);
+// undefined when it is not one a tmpfs can be named at.
+function cleanVolume(path: string): string | undefined {
+  if (!path.startsWith("/") || /[\0,]/.test(path)) return undefined;
+  return normalize(path).replace(/\/+$/, "") || "/";
+}
+
+/**
+ * Why an image VOLUME cannot be covered by a capped tmpfs in every container
+ * waffle runs the image in, or undefined when it can. The one rule:
+ *
+ * - a system directory (`/`, `/etc`, `/usr`, …): a tmpfs there hides what the image needs to run;
+ * - at, under or over a directory holding several of waffle's mounts
+ *   (`/queue`, `/opt/waffle`, `/egress`): a tmpfs would stand between them
+ *   and the image, a volume inside them would write into the host's files;
+ * - under or over one of waffle's whole mounts (`/workspace`, `/tmp`,
+ *   `/run/waffle`, `/home/sandbox`, `/etc/ld.so.preload`): under `/workspace`, Docker's volume
+ *   would hide part of the workspace and escape its quota; over one, the
+ *   mount would sit inside an uncapped volume. At one, it is covered;
+ * - a path that is not absolute, or holds NUL or `,`: no tmpfs can be named there.
+ *
+ * Docker would make any of these an anonymous volume on the host's disk,
+ * with no cap: an image that declares one is refused.
+ *
+ * @param path The VOLUME as the image declares it.
+ * @returns The reason, e.g. `a system directory`, or undefined.
+ *
+ * @example
+ * ```ts
+ * uncoverableVolume("/etc"); // "a system directory"
+ * uncoverableVolume("/workspace/x"); // "under waffle's own mount '/workspace'"
+ * uncoverableVolume("/data"); // undefined
+ * ```
+ */
+export function uncoverableVolume(path: string): string | undefined {
+  const clean = cleanVolume(path);
+  if (clean === undefined) return "not an absolute path a tmpfs can be mounted at";
+  if (SYSTEM_DIRS.includes(clean)) return "a system directory";
+  for (const dir of WAFFLE_DIRS) {
+    if (clean === dir) return `waffle's own directory '${dir}'`;
+    if (isUnder(clean, dir)) return `under waffle's own directory '${dir}'`;
+    if (isUnder(dir, clean)) return `over waffle's own directory '${dir}'`;
+  }
+  for (const mount of WAFFLE_MOUNTS) {
+    if (isUnder(clean, mount)) return `under waffle's own mount '${mount}'`;
+    if (isUnder(mount, clean)) return `over waffle's own mount '${mount}'`;
+  }
+  return undefined;
+}
+
+/**
+ * An image's first VOLUME that {@linkcode uncoverableVolume} names, with why.
+ *
+ * @param facts The image's VOLUMEs.
+ * @returns The VOLUME as declared and the reason, or undefined when each can be covered.
+ *
+ * @example
+ * ```ts
+ * findUncoverableVolume({ volumes: ["/data", "/etc"] }); // { volume: "/etc", reason: "a system directory" }
+ * ```
+ */
+export function findUncoverableVolume(
+  facts: Pick<ImageFacts, "volumes">,
+): { volume: string; reason: string } | undefined {
+  for (const volume of facts.volumes) {
+    const reason = uncoverableVolume(volume);
+    if (reason !== undefined) return { volume, reason };
+  }
+  return undefined;
+}
+
+/**
+ * Refuses an image with a VOLUME that {@linkcode uncoverableVolume} names:
+ * every path that builds a container of the configured image calls this
+ * (through {@linkcode imageVolumeMasks}, and `resolveImage` before anything
+ * is made).
+ *
+ * @param image How the user names the image (its reference), or its id.
+ * @param facts Its VOLUMEs.
+ * @throws {UncoverableVolumeError} At the first VOLUME no capped tmpfs can cover.
+ *
+ * @example
+ * ```ts
+ * refuseUncoverableVolumes("python:3.12", { volumes: ["/data"] }); // fine
+ * ```
+ */
+export function refuseUncoverableVolumes(
+  image: string,
+  facts: Pick<ImageFacts, "volumes">,
+): void {
+  const found = findUncoverableVolume(facts);
+  if (found !== undefined) throw uncoverable(image, found);
+}
+
+function uncoverable(
+  image: string,
+  options: { volume: string; reason: string },
+): UncoverableVolumeError {
+  const { volume, reason } = options;
+  return new UncoverableVolumeError(
+    `Image '${escapeControls(image)}' declares VOLUME '${escapeControls(volume)}', ` +
+      `which waffle cannot cover with a capped tmpfs (${reason}): rebuild the image without it`,
+    { image, volume, reason },
+  );
+}
+
+/**
+ * The tmpfs masks over an image's VOLUMEs, for every container waffle runs
+ * the image in. Docker would make each VOLUME an anonymous volume: outside
+ * the sandbox's quota, on the host's disk, with no cap. Each is a tmpfs
+ * instead, of `sizeBytes`, owned by the commands' uid (not world-writable: a
+ * VOLUME under a root-only path stays theirs alone), except one at a target
+ * the container mounts itself (`mounted`), which that mount covers.
+ *
+ * @param image The image (its id and `volumes`).
+ * @param options `sizeBytes`: each tmpfs's cap; `mounted`: the container's own mount and tmpfs targets.
+ * @returns `HostConfig.Tmpfs` entries: path → mount options.
+ * @throws {UncoverableVolumeError} When a VOLUME cannot be covered (see
+ * {@linkcode uncoverableVolume}), or lies under or over one of `mounted`.
+ *
+ * @example
+ * ```ts
+ * const masks = imageVolumeMasks(
+ *   { id: "sha256:aa", volumes: ["/data"] },
+ *   { sizeBytes: 1024 * 1024, mounted: [] },
+ * );
+ * masks["/data"]; // "rw,nosuid,nodev,size=1048576,uid=10001,gid=10001,mode=0755"
+ * ```
+ */
+export function imageVolumeMasks(
+  image: Pick<ImageFacts, "id" | "volumes">,
+  options: { sizeBytes: number; mounted: readonly string[] },
+): Record<string, string> {
+  refuseUncoverableVolumes(image.id, image);
+  const mounted = options.mounted.map((target) => normalize(target));
+  const covered: string[] = [];
+  for (const volume of image.volumes) {
+    // Never undefined: refused above.
+    const clean = cleanVolume(volume)!;
+    if (mounted.includes(clean)) continue;
+    // A mount of this container the fixed lists do not know of.
+    const other = mounted.find((target) => isUnder(clean, target) || isUnder(target, clean));
+    if (other !== undefined) {
+      const where = isUnder(clean, other) ? "under" : "over";
+      throw uncoverable(image.id, { volume, reason: `${where} waffle's own mount '${other}'` });
+    }
+    covered.push(clean);
+  }
+  const mask =
+    `rw,nosuid,nodev,size=${options.sizeBytes},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0755`;
+  return Object.fromEntries([...new Set(covered)].map((path) => [path, mask]));
 }
 
 // The runner's command line and mounts: the host's inbound directory

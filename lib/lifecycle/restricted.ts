@@ -64,6 +64,7 @@ export interface RestrictedOptions {
  * @returns A backend serving the container's own queue.
  * @throws {RunnerError} When the runner stops or sends no heartbeat in time.
  * @throws {DockerError} When the container, or the egress proxy it needs, cannot be started.
+ * @throws {UncoverableVolumeError} When the image has a VOLUME no capped tmpfs can cover.
  */
 export async function openRestricted(
   user: string,
@@ -73,6 +74,8 @@ export async function openRestricted(
   const docker = options.docker ?? new DockerClient();
   const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
   const paths = statePaths(config.home, key);
+  // An image waffle cannot run is refused before anything is made.
+  const image = await resolveImage(docker, config.image);
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
   Deno.mkdirSync(config.mcpCache, { recursive: true, mode: 0o755 });
   // The user's volume (and so the workspace) must be there to be shown.
@@ -86,7 +89,6 @@ export async function openRestricted(
   // Which host process owns it: a leftover is one whose owner is gone.
   Deno.writeTextFileSync(join(dir, OWNER_FILE), processMark(Deno.pid) ?? "", { mode: 0o600 });
   const queue = Queue.open(dir, { create: true });
-  const image = await resolveImage(docker, config.image);
   let containerId: string | undefined;
   const dispose = async (): Promise<void> => {
     queue.close();

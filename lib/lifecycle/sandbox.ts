@@ -90,6 +90,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   initQueue(paths.queue, { outboundDir: paths.outbound, mode: hostCanChown() ? 0o700 : 0o750 });
   const queue = Queue.open(paths.queue, {
     outboundDir: paths.outbound,
+    useMark: paths.useMark,
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
   });
   // The Docker client (docker-modem) and the full ensure load only when a

@@ -9,7 +9,11 @@
 export interface ServerConnection {
   /** The server's standard input. */
   stdin: WritableStream<Uint8Array>;
-  /** The server's standard output: newline-delimited JSON-RPC, untrusted. */
+  /**
+   * The server's standard output: newline-delimited JSON-RPC, untrusted. A
+   * chunk may be lent: its bytes may change once the next is read, so a
+   * reader copies what it keeps (`readLines` does).
+   */
   stdout: ReadableStream<Uint8Array>;
   /** The server's diagnostics. */
   stderr: ReadableStream<Uint8Array>;

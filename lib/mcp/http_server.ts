@@ -12,11 +12,15 @@
  * open (no request in progress, no stream) that was active least recently
  * ends to make room; when every one is busy, the answer is 503. A session
  * ends on DELETE, when idle for `idleTimeoutMs`, when its server ends, and
- * on {@linkcode McpHttpServer.close}. Needs net permission for the address.
+ * on {@linkcode McpHttpServer.close}. The listener is `lib/http`'s: its
+ * connection caps and deadlines apply before any of this. A refused request
+ * (401, 403) closes its connection, so a client without the token cannot
+ * keep one open. Needs net permission for the address.
  *
  * @module
  */
-import { oneLineOf, WaffleError } from "../errors.ts";
+import { oneLineOf } from "../errors.ts";
+import { type HttpLimits, type HttpServer, serveHttp } from "../http/mod.ts";
 import { bearerMatches } from "./bearer_token.ts";
 import type { ServerConnection } from "./connection.ts";
 import { errorResponse, HttpSession } from "./http_session.ts";
@@ -52,7 +56,9 @@ export interface McpHttpServerOptions {
   open: () => Promise<ServerConnection>;
   /** The relay's options of every session (its signal is the session's own). */
   relay: Omit<RelayOptions, "signal">;
-  /** One line per session started and ended, for stderr. */
+  /** The listener's connection caps and deadlines (each absent: `lib/http`'s default). */
+  limits?: Partial<HttpLimits> | undefined;
+  /** One line per session started and ended, and the listener's notices, for stderr. */
   onEvent?: ((line: string) => void) | undefined;
 }
 
@@ -62,6 +68,8 @@ export interface McpHttpServer {
   readonly url: string;
   /** The address it listens on. */
   readonly addr: Deno.NetAddr;
+  /** The connection caps and deadlines it applies. */
+  readonly limits: HttpLimits;
   /** Sessions open now. */
   sessionCount(): number;
   /**
@@ -98,22 +106,15 @@ interface State {
  * @returns The server.
  * @throws {WaffleError} When it cannot listen on the address.
  */
-export function serveMcpHttp(options: McpHttpServerOptions): Promise<McpHttpServer> {
+export async function serveMcpHttp(options: McpHttpServerOptions): Promise<McpHttpServer> {
   const state: State = { options, sessions: new Map(), opening: 0, closing: false };
-  let server: Deno.HttpServer<Deno.NetAddr>;
-  try {
-    server = Deno.serve({
-      hostname: options.hostname,
-      port: options.port,
-      onListen: () => {}, // the caller prints the address (stdout may be --json)
-      onError: (error) => errorResponse(500, `Internal error: ${oneLineOf(error)}`),
-    }, (request) => handle(request, state));
-  } catch (cause) {
-    const address = `${options.hostname}:${options.port}`;
-    return Promise.reject(
-      new WaffleError(`Cannot listen on '${address}': ${oneLineOf(cause)}`, { cause }),
-    );
-  }
+  const server: HttpServer = await serveHttp((request) => handle(request, state), {
+    hostname: options.hostname,
+    port: options.port,
+    limits: options.limits,
+    onEvent: options.onEvent,
+    onError: (error) => errorResponse(500, `Internal error: ${oneLineOf(error)}`),
+  });
   const idleTimeoutMs = options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
   const sweep = setInterval(
     () => sweepIdle(state, idleTimeoutMs),
@@ -123,9 +124,10 @@ export function serveMcpHttp(options: McpHttpServerOptions): Promise<McpHttpServ
   const host = server.addr.hostname.includes(":")
     ? `[${server.addr.hostname}]`
     : server.addr.hostname;
-  return Promise.resolve({
+  return {
     url: `http://${host}:${server.addr.port}${MCP_PATH}`,
     addr: server.addr,
+    limits: server.limits,
     sessionCount: () => state.sessions.size,
     close: () => {
       closing ??= (async () => {
@@ -136,12 +138,12 @@ export function serveMcpHttp(options: McpHttpServerOptions): Promise<McpHttpServ
             session.end("waffle is shutting down", "abort")
           ),
         );
-        await Promise.race([server.shutdown(), delay(SHUTDOWN_WAIT_MS)]);
+        await server.shutdown({ graceMs: SHUTDOWN_WAIT_MS });
         return results;
       })();
       return closing;
     },
-  });
+  };
 }
 
 async function handle(request: Request, state: State): Promise<Response> {
@@ -171,19 +173,27 @@ async function handle(request: Request, state: State): Promise<Response> {
   return await session.handle(request, body);
 }
 
-/** The checks every request passes first; a response when it is refused. */
+/**
+ * The checks every request passes first; a response when it is refused.
+ * A refusal ends its connection: without the token, no connection is kept.
+ */
 function guard(request: Request, options: McpHttpServerOptions): Response | undefined {
+  const close = { Connection: "close" };
   const host = request.headers.get("host");
   if (!options.allowRemote && (host === null || !isLoopbackHostHeader(host))) {
-    return errorResponse(403, `Forbidden: Host '${host ?? ""}' is not a loopback address`);
+    return errorResponse(403, `Forbidden: Host '${host ?? ""}' is not a loopback address`, {
+      headers: close,
+    });
   }
   const origin = request.headers.get("origin");
   if (origin !== null && !isLoopbackOrigin(origin)) {
-    return errorResponse(403, `Forbidden: Origin '${origin}' is not a loopback origin`);
+    return errorResponse(403, `Forbidden: Origin '${origin}' is not a loopback origin`, {
+      headers: close,
+    });
   }
   if (!bearerMatches(request.headers.get("authorization"), options.token)) {
     return errorResponse(401, "Unauthorized: a valid 'Authorization: Bearer' token is required", {
-      headers: { "WWW-Authenticate": 'Bearer realm="waffle"' },
+      headers: { ...close, "WWW-Authenticate": 'Bearer realm="waffle"' },
     });
   }
   if (new URL(request.url).pathname !== MCP_PATH) {
@@ -323,11 +333,4 @@ function isRecord(value: unknown): value is Record<string, unknown> {
 
 function short(id: string): string {
   return id.slice(0, 8);
-}
-
-function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    Deno.unrefTimer(timer);
-  });
 }

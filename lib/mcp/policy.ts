@@ -77,6 +77,8 @@ export interface McpServerConfig {
   egress?: EgressEntry[] | undefined;
   /** `egress_addresses`: non-public CIDRs (`ip/bits`) its listed names may resolve to; absent = none. */
   egressAddresses?: string[] | undefined;
+  /** `egress_allow_host_loopback`: `egress_addresses` may cover the host's loopback; absent = false. */
+  egressAllowHostLoopback?: boolean | undefined;
   /** `secrets`: the `[secrets.<name>]` its session's requests may carry; absent = none. */
   secrets?: string[] | undefined;
 }
@@ -251,6 +253,7 @@ const serverSchema = z.strictObject({
   client_requests: z.optional(z.array(z.enum(CLIENT_REQUEST_METHODS)).check(z.maxLength(64))),
   egress: z.optional(egressListSchema),
   egress_addresses: z.optional(egressAddressesSchema),
+  egress_allow_host_loopback: z.optional(z.boolean()),
   secrets: z.optional(secretNamesSchema),
 });
 
@@ -386,6 +389,9 @@ export function buildPolicy(
       clientRequests: unique(raw.client_requests ?? [...DEFAULT_CLIENT_REQUESTS]),
       ...(raw.egress === undefined ? {} : { egress: raw.egress }),
       ...(raw.egress_addresses === undefined ? {} : { egressAddresses: raw.egress_addresses }),
+      ...(raw.egress_allow_host_loopback === undefined
+        ? {}
+        : { egressAllowHostLoopback: raw.egress_allow_host_loopback }),
       ...(raw.secrets === undefined ? {} : { secrets: raw.secrets }),
     };
   }

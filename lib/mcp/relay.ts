@@ -17,12 +17,13 @@
  * JSON-RPC's answers: -32700 for a line that is not JSON, -32600 for one
  * that is no valid message. A `notifications/cancelled` either way is
  * passed on and ends the audit of the request it names at once. Its stderr is forwarded with
- * terminal control characters replaced, at most {@linkcode STDERR_BYTES_PER_SECOND}
+ * terminal control characters escaped (`escapeControls`), at most {@linkcode STDERR_BYTES_PER_SECOND}
  * on average (bursts up to {@linkcode STDERR_BURST_BYTES}); the excess is
  * dropped and counted, so a noisy server never blocks on its stderr.
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import { argumentNames, type AuditLog, type AuditOutcome, type AuditRecord } from "./audit.ts";
 import type { ServerConnection } from "./connection.ts";
 import {
@@ -574,9 +575,10 @@ function stderrLimiter(write: (data: Uint8Array | string) => Promise<void>): {
   const note = (line: string): void => {
     notes++;
     if (notes > MAX_NOTES) return;
+    // A note may quote the server (an invalid message, a method name).
     queued += notes === MAX_NOTES
       ? "waffle: further notes of this session are not shown\n"
-      : `${line}\n`;
+      : `${escapeControls(line)}\n`;
     pump();
   };
   return {
@@ -598,7 +600,7 @@ function stderrLimiter(write: (data: Uint8Array | string) => Promise<void>): {
         queued += `\nwaffle: dropped ${dropped} bytes of server stderr\n`;
         dropped = 0;
       }
-      queued += sanitize(decoder.decode(chunk, { stream: true }));
+      queued += escapeControls(decoder.decode(chunk, { stream: true }), { keepNewlines: true });
       pump();
     },
     note,
@@ -610,15 +612,6 @@ function stderrLimiter(write: (data: Uint8Array | string) => Promise<void>): {
       while (inFlight !== null && Date.now() < deadline) await within(inFlight, DRAIN_MS);
     },
   };
-}
-
-// Terminal control characters (escape sequences included) from an untrusted
-// server must not reach the user's terminal; tab and newline stay.
-// deno-lint-ignore no-control-regex
-const CONTROL = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
-
-function sanitize(text: string): string {
-  return text.replace(CONTROL, "\uFFFD");
 }
 
 async function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {

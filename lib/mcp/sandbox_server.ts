@@ -13,6 +13,7 @@ import { SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
+import { BorrowedStream } from "./borrowed_stream.ts";
 import type { ServerConnection } from "./connection.ts";
 import { packageLaunch } from "./package_cache.ts";
 import type { PlannedServer } from "./plan.ts";
@@ -144,23 +145,27 @@ export function sessionConnection(
   session: QueueSession,
   release: () => Promise<void>,
 ): ServerConnection {
-  const out = new TransformStream<Uint8Array, Uint8Array>();
+  // Stdout is lent, never copied: the output's chunks are views of the
+  // channel's one buffer, and the next is read only once the reader (the
+  // relay, which copies at most one line) asked for it. A server flooding
+  // stdout so costs no memory per chunk, whenever V8 collects.
+  const out = new BorrowedStream();
   // Diagnostics must never hold up the conversation: stderr nobody reads
-  // is buffered up to a bound, then dropped (the runner's window bounds the rest).
+  // is buffered up to a bound (copies), then dropped (the runner's window bounds the rest).
   const err = new TransformStream<Uint8Array, Uint8Array>(
     {},
     new ByteLengthQueuingStrategy({ highWaterMark: STDERR_BUFFER_BYTES }),
   );
-  const outWriter = out.writable.getWriter();
   const errWriter = err.writable.getWriter();
   let result: ExecResult | undefined;
   const finished = (async (): Promise<string> => {
     try {
-      const chunks = session.output();
+      const chunks = session.output({ borrowed: true });
       let next = await chunks.next();
       while (!next.done) {
-        if (next.value.stream === "stdout") await outWriter.write(next.value.data);
-        else if ((errWriter.desiredSize ?? 0) > 0) errWriter.write(next.value.data).catch(() => {});
+        const { stream, data } = next.value;
+        if (stream === "stdout") await out.hand(data);
+        else if ((errWriter.desiredSize ?? 0) > 0) errWriter.write(data.slice()).catch(() => {});
         next = await chunks.next();
       }
       result = next.value;
@@ -171,8 +176,8 @@ export function sessionConnection(
     } catch (error) {
       return error instanceof Error ? error.message : String(error);
     } finally {
+      out.close();
       // Not awaited: a close waits for unread data to be read.
-      outWriter.close().catch(() => {});
       errWriter.close().catch(() => {});
     }
   })();

@@ -14,6 +14,7 @@
  *
  * @module
  */
+import { escapeControls } from "../terminal/control_text.ts";
 import type { AuditOutcome } from "./audit.ts";
 import { idKey, type JsonRpcId, type JsonRpcRequest, type JsonRpcResponse } from "./jsonrpc.ts";
 
@@ -222,9 +223,8 @@ export class ServerRequestGate {
   }
 }
 
-// A server's method name, cut and with control characters replaced, for
+// A server's method name, cut and with control characters escaped, for
 // messages that reach a terminal or a log.
 function quoted(method: string): string {
-  // deno-lint-ignore no-control-regex
-  return method.slice(0, MAX_QUOTED_CHARS).replace(/[\x00-\x1f\x7f-\x9f]/g, "\uFFFD");
+  return escapeControls(method.slice(0, MAX_QUOTED_CHARS));
 }

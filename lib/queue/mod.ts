@@ -40,6 +40,7 @@ export {
   submittedAndOpen,
 } from "./open_requests.ts";
 export { HEARTBEAT_FILE_BYTES, writeHeartbeatFile } from "./heartbeat_file.ts";
+export { lastUse, markUse } from "./use_mark.ts";
 export {
   hasSchema,
   SandboxFile,

@@ -47,6 +47,7 @@ import {
   queuePaths,
 } from "./schema.ts";
 import { Bell, ChangeWatcher } from "./watch.ts";
+import { markUse } from "./use_mark.ts";
 import {
   judgeProgress,
   judgeRunner,
@@ -104,6 +105,12 @@ export interface QueueOpenOptions {
   outboundDir?: string | undefined;
   /** Mode of the queue's directories when created (see `initQueue`). */
   mode?: number | undefined;
+  /**
+   * A host-only file this handle touches after each use (see `use_mark.ts`):
+   * the sandbox's record of its last use, which `ps` and `sweep` read. None:
+   * no record is kept.
+   */
+  useMark?: string | undefined;
 }
 
 /** Options for waiting on a request. */
@@ -163,9 +170,11 @@ export class Queue {
   #caps = new Map<string, number>();
   #generation: string | undefined;
   #gcTimer: ReturnType<typeof setTimeout> | undefined;
+  #useMark: string | undefined;
 
   private constructor(paths: QueuePaths, options: QueueOpenOptions) {
     this.paths = paths;
+    this.#useMark = options.useMark;
     // Only other host processes (trusted, for a commit's length) can hold a
     // write lock on inbound.db; the runner's read lock blocks only commits,
     // which GroupCommit retries asynchronously.
@@ -262,6 +271,7 @@ export class Queue {
       return id;
     });
     this.#caps.set(assigned, capOf(payload));
+    this.#used();
     return assigned;
   }
 
@@ -288,9 +298,10 @@ export class Queue {
     }
     for (let at = 0; at < pieces.length; at += INPUT_WINDOW_ROWS / 4) {
       const taken = await this.#inputRoom(id, options);
-      if (taken === undefined) return;
+      if (taken === undefined) break;
       await this.#appendInput(id, pieces.slice(at, at + INPUT_WINDOW_ROWS / 4), taken);
     }
+    this.#used();
   }
 
   /**
@@ -311,6 +322,7 @@ export class Queue {
            ON CONFLICT (request_id) DO UPDATE SET rows = excluded.rows, cols = excluded.cols`,
       ).run(id, rows, cols)
     );
+    this.#used();
   }
 
   // Waits until fewer than a window of input rows are untaken. Returns the
@@ -381,6 +393,7 @@ export class Queue {
            stderr_read = max(stderr_read, ?) WHERE request_id = ?`,
       ).run(read.stdout, read.stderr, id)
     );
+    this.#used();
   }
 
   /**
@@ -397,6 +410,7 @@ export class Queue {
       )
         .run(id, Date.now())
     );
+    this.#used();
   }
 
   /**
@@ -411,8 +425,15 @@ export class Queue {
       statement(this.#inbound, "INSERT OR IGNORE INTO acks (request_id, created_at) VALUES (?, ?)")
         .run(id, Date.now())
     );
+    // A result collected is the last use of a request; what follows is housekeeping.
+    this.#used();
     // The runner deletes its rows about once a second; then ours can go.
     this.#scheduleGc();
+  }
+
+  // The host used the sandbox: its record says so (never housekeeping's writes).
+  #used(): void {
+    if (this.#useMark !== undefined) markUse(this.#useMark);
   }
 
   #scheduleGc(): void {

@@ -229,12 +229,15 @@ export class QueueSession {
    * Streams the session's output until it ends, acknowledging what was read
    * so the runner can go on reading the process's pipes.
    *
+   * @param options `borrowed`: a chunk that came over the channel is a view
+   *   valid until the next `next()` (see `readFrames`), for a reader that
+   *   copies what it keeps; default a chunk of its own.
    * @returns Chunks in order; the result on the iterator's return value.
    */
-  async *output(): AsyncGenerator<OutputChunk, ExecResult> {
+  async *output(options: { borrowed?: boolean } = {}): AsyncGenerator<OutputChunk, ExecResult> {
     if (this.#channel === undefined) return yield* this.#rowOutput();
     try {
-      return yield* this.#channelOutput(this.#channel);
+      return yield* this.#channelOutput(this.#channel, options.borrowed === true);
     } finally {
       clearInterval(this.#timer);
     }
@@ -242,7 +245,10 @@ export class QueueSession {
 
   // The output comes over the socket, the result (and nothing else: a runner
   // writing rows anyway is ignored) over the queue.
-  async *#channelOutput(channel: HostChannel): AsyncGenerator<OutputChunk, ExecResult> {
+  async *#channelOutput(
+    channel: HostChannel,
+    borrowed: boolean,
+  ): AsyncGenerator<OutputChunk, ExecResult> {
     const rows = this.#rowOutput();
     const result = (async () => {
       let next = await rows.next();
@@ -276,7 +282,7 @@ export class QueueSession {
         }, LATE_CONNECT_MS);
       }, () => {});
       try {
-        yield* readFrames(conn);
+        yield* readFrames(conn, { borrowed });
       } catch (error) {
         if (!cut) throw error;
       } finally {

@@ -1,0 +1,11 @@
+/**
+ * waffle and the user's terminal: sandbox text printed with its controls
+ * escaped ({@linkcode escapeControls}), the output filter of `waffle shell`
+ * ({@linkcode ScreenFilter}) and its escape keys ({@linkcode EscapeKeys}).
+ *
+ * @module
+ */
+export { escapeControls, type EscapeControlsOptions } from "./control_text.ts";
+export { EscapeKeys, type EscapeKeysResult } from "./escape_keys.ts";
+export { ScreenFilter, type ScreenFilterOptions } from "./screen_filter.ts";
+export { MAX_SEQUENCE_CHARS, SequenceReader, type Token } from "./sequence_reader.ts";
