@@ -259,7 +259,8 @@ export function installedWaffle(context: BenchContext): Promise<string> {
 const installs = new Map<string, Promise<string>>();
 
 /**
- * The installed artefact (`PREFIX/lib/waffle/waffle.js`) that the benchmark's
+ * The installed artefact (`PREFIX/lib/waffle/waffle.js`, the install's name
+ * for its current build directory) that the benchmark's
  * sandboxes run as their runner, as an installed `waffle` does: sections
  * that drive the library pass it as the `runner` setting.
  *

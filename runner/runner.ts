@@ -30,7 +30,7 @@ import { queuePaths } from "../lib/queue/schema.ts";
 import { ChangeWatcher } from "../lib/queue/watch.ts";
 import { type ExecOutcome, notRun, runCommand } from "./exec.ts";
 import type { HeartbeatMessage } from "./heartbeat_worker.ts";
-import { HEARTBEAT_SOURCE } from "./worker_name.ts";
+import { HEARTBEAT_BUNDLE } from "./worker_name.ts";
 import { logLine } from "./log.ts";
 import { acquireRunnerLock } from "./runner_lock.ts";
 import { enableSubreaper, reapOrphans } from "./subreaper.ts";
@@ -214,14 +214,13 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   // over the timer without delaying that.
   queue.writeHeartbeat({ runnerId, bootId, seq: 0, time: Date.now(), state: "running" });
   mark("runner: first beat");
-  // From the bundled artefact: the worker's own bundle, embedded in it.
-  const embedded = (globalThis as Record<string, unknown>)[HEARTBEAT_SOURCE];
-  const workerUrl = typeof embedded === "string"
-    ? URL.createObjectURL(new Blob([embedded], { type: "text/javascript" }))
-    : new URL("./heartbeat_worker.ts", import.meta.url);
-  const heartbeat = new Worker(workerUrl, {
-    type: "module",
-  });
+  // From the bundled artefact (this module is one of its chunks): the
+  // worker's own bundle beside it; from source, the module.
+  const workerUrl = new URL(
+    import.meta.url.endsWith(".ts") ? "./heartbeat_worker.ts" : `./${HEARTBEAT_BUNDLE}`,
+    import.meta.url,
+  );
+  const heartbeat = new Worker(workerUrl, { type: "module" });
   heartbeat.onmessage = (event): void => {
     const data = event.data as { type?: string; message?: string } | undefined;
     if (data?.type === "failed") {

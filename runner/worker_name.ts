@@ -1,10 +1,11 @@
 /**
- * Where the bundled artefact keeps the heartbeat worker's own bundle: the
- * runner starts it from a blob URL, so the thread loads a few kilobytes
- * instead of the whole artefact.
+ * The heartbeat worker's file in the bundled artefact: the build bundles
+ * `runner/heartbeat_worker.ts` on its own into this file beside the entry,
+ * so the thread loads a few kilobytes (with Deno's code cache) instead of
+ * the whole artefact.
  *
  * @module
  */
 
-/** The global the artefact defines with the heartbeat worker's source. */
-export const HEARTBEAT_SOURCE = "__waffleHeartbeatSource";
+/** The heartbeat worker's bundle, in the artefact's build directory. */
+export const HEARTBEAT_BUNDLE = "heartbeat_worker.js";

@@ -1,27 +1,32 @@
 /**
  * Makes the runner cache beside an installed artefact: a Deno cache
  * (`DENO_DIR`) warmed by running the artefact exactly as a sandbox runs it,
- * at the same path (`PROGRAM_DIR/waffle.js`, set up in a private mount
- * namespace, so nothing outside this process sees it) and with the same V8
- * flags. Sandboxes mount it read-only as their runner's `DENO_DIR`
- * (`runnerCacheOf`), which spares each container start Deno's analysis of
- * the artefact into an empty cache. It needs root and util-linux `unshare`;
- * without them there is no cache and sandboxes start with an empty one.
+ * at the same path (the build directory at `SANDBOX_ARTEFACT_DIR`, set up in
+ * a private mount namespace, so nothing outside this process sees it) and
+ * with the same V8 flags. Sandboxes mount it read-only as their runner's
+ * `DENO_DIR` (`runnerCacheOf`), which spares each container start Deno's
+ * analysis of the runner's modules into an empty cache. It needs root and
+ * util-linux `unshare`; without them there is no cache and sandboxes start
+ * with an empty one.
  *
- * Usage: deno run --allow-all scripts/runner_cache.ts LIBDIR
+ * Usage: deno run --allow-all scripts/runner_cache.ts ARTEFACT
+ *   ARTEFACT: the installed build's entry, `…/lib/waffle/waffle-<digest12>/waffle.js`.
  *
  * @module
  */
 // deno-lint-ignore-file no-console
 import { ARTEFACT_FLAGS, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
-import { PROGRAM_DIR } from "../lib/config/sandbox_paths.ts";
+import { ARTEFACT_ENTRY, installDirOf } from "../lib/config/artefact_dir.ts";
+import { PROGRAM_DIR, SANDBOX_ARTEFACT_DIR } from "../lib/config/sandbox_paths.ts";
 import { isDirectory, onPath } from "../lib/fs.ts";
 
-const [lib] = Deno.args;
-if (lib === undefined || !lib.startsWith("/")) {
-  console.error("runner_cache: give the install's lib directory as an absolute path");
+const [artefact] = Deno.args;
+if (artefact === undefined || !artefact.startsWith("/") || !artefact.endsWith(ARTEFACT_ENTRY)) {
+  console.error(`runner_cache: give the installed build's ${ARTEFACT_ENTRY} as an absolute path`);
   Deno.exit(2);
 }
+const build = artefact.slice(0, artefact.lastIndexOf("/"));
+const lib = installDirOf(artefact);
 const cache = `${lib}/runner-cache`;
 const temp = `${lib}/.runner-cache.${Deno.pid}`;
 const parent = PROGRAM_DIR.slice(0, PROGRAM_DIR.lastIndexOf("/")) || "/";
@@ -35,14 +40,16 @@ if (!usable) {
 }
 await Deno.remove(temp, { recursive: true }).catch(() => {});
 await Deno.mkdir(temp, { mode: 0o755 });
-// $1 lib, $2 cache, $3 program dir, then the runner's Deno flags.
+// $1 build, $2 Deno, $3 program dir, $4 the build's mount point, $5 its
+// entry there, then the runner's Deno flags.
 const script = `
 mount -t tmpfs -o size=1m,mode=0755 waffle "${parent}"
-mkdir -p "$3"; : >"$3/waffle.js"; : >"$3/deno"
-mount --bind -o ro "$1/waffle.js" "$3/waffle.js"
-mount --bind -o ro "$1/deno" "$3/deno"
-shift 3
-DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1 "${PROGRAM_DIR}/deno" "$@" "${PROGRAM_DIR}/waffle.js" runner --help >/dev/null
+mkdir -p "$3" "$4"; : >"$3/deno"
+mount --bind -o ro "$1" "$4"
+mount --bind -o ro "$2" "$3/deno"
+deno="$3/deno"; entry="$5"
+shift 5
+DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1 "$deno" "$@" "$entry" runner --help >/dev/null
 `;
 const made = await new Deno.Command("unshare", {
   args: [
@@ -53,9 +60,11 @@ const made = await new Deno.Command("unshare", {
     "-ec",
     script,
     "sh",
-    lib,
-    temp,
+    build,
+    `${lib}/deno`,
     PROGRAM_DIR,
+    SANDBOX_ARTEFACT_DIR,
+    `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`,
     ...ARTEFACT_FLAGS,
     RUNNER_V8_FLAGS,
   ],

@@ -517,6 +517,19 @@ Deno.test("waffle doctor reports the host's fs.protected_* sysctls and relies on
   assert.ok(line.endsWith(`ms  ${expected}`), line);
 });
 
+Deno.test("waffle --version prints the version deno.json states, before any subcommand", async () => {
+  const { version } = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
+  for (const flag of ["--version", "-V"]) {
+    const out = await runCliProcess([flag]);
+    assert.equal(out.code, 0, out.stderr);
+    assert.equal(out.stdout, `waffle ${version}\n`);
+    assert.equal(out.stderr, "");
+  }
+  // Traced, it loads no subcommand's module.
+  const traced = await runCliProcess(["--version"], { env: { WAFFLE_TRACE: "1" } });
+  assert.doesNotMatch(traced.stderr, /' loaded/);
+});
+
 Deno.test("waffle --help lists the commands; exec --help shows the exit codes", async () => {
   const top = await runCliProcess(["--help"]);
   assert.equal(top.code, 0);

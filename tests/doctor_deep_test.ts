@@ -31,6 +31,7 @@ import { skippedCheck } from "../lib/certify/check.ts";
 import { CERTIFY_OWNER_LABEL } from "../lib/certify/owner.ts";
 import { stressFailures, type StressFigures } from "../lib/certify/stress.ts";
 import { selfCommand } from "../lib/config/self.ts";
+import { sha256Hex } from "../lib/digest.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { EXIT_CANCELLED, EXIT_FAILURE, EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
@@ -685,8 +686,12 @@ liveTest(
         WAFFLE_INSTALL_BUNDLE: "1",
       });
       assert.equal(installed.code, 0, installed.stderr);
-      const artefact = `${prefix}/lib/waffle/waffle.js`;
-      const digest = (await Deno.readTextFile(`${artefact}.sha256`)).split(" ")[0]!;
+      // The header names the build's entry and its digest (over SHA256SUMS: every file).
+      const build = `${prefix}/lib/waffle/${
+        (await Deno.readTextFile(`${prefix}/lib/waffle/artefact`)).trim()
+      }`;
+      const artefact = `${build}/waffle.js`;
+      const digest = sha256Hex(await Deno.readFile(`${build}/SHA256SUMS`));
       const env = { ...dirs.env, PATH: `${prefix}/bin:/usr/bin:/bin` };
       const out = await run(["waffle", "doctor", "--deep", "--seconds", "5"], env);
       assert.equal(out.code, 0, `${out.stdout}\n${out.stderr}`);

@@ -285,7 +285,7 @@ liveTest(
       const [container] = await home.containers();
       const inspected = await docker.inspectContainer(container!.Id);
       assert.ok(
-        inspected?.Config.Cmd.includes("/opt/waffle/waffle.js"),
+        inspected?.Config.Cmd.includes("/opt/waffle/app/waffle.js"),
         inspected?.Config.Cmd.join(" "),
       );
     } finally {

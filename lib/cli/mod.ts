@@ -8,6 +8,7 @@ import { mark } from "../trace.ts";
 import { UnpinnedPackageError, UsageError, WaffleError } from "../errors.ts";
 import { EXIT_WAFFLE } from "../exit_codes.ts";
 import { escapeControls } from "../terminal/control_text.ts";
+import { WAFFLE_VERSION } from "../config/version.ts";
 import type { CliIo } from "./io.ts";
 
 export { type CliIo, processIo } from "./io.ts";
@@ -131,7 +132,7 @@ function usage(): string {
   const lines = [...commands].map(([name, command]) => `  ${name.padEnd(8)} ${command.summary}`);
   return `Usage: waffle <command> [options]\n\nCommands:\n${
     lines.join("\n")
-  }\n\nRun 'waffle <command> --help' for its options.\n`;
+  }\n\nRun 'waffle <command> --help' for its options, 'waffle --version' for the version.\n`;
 }
 
 /**
@@ -147,6 +148,11 @@ export async function runCli(args: string[], io: CliIo): Promise<number> {
   if (name === undefined || name === "--help" || name === "-h" || name === "help") {
     await io.stdout(usage());
     return name === undefined ? EXIT_WAFFLE : 0;
+  }
+  // Before any subcommand's module: the version costs nothing to load.
+  if (name === "--version" || name === "-V") {
+    await io.stdout(`waffle ${WAFFLE_VERSION}\n`);
+    return 0;
   }
   const command = commands.get(name);
   try {

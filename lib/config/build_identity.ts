@@ -5,11 +5,10 @@
  *
  * @module
  */
-import manifest from "../../deno.json" with { type: "json" };
 import { artefactCommand, artefactDigest, selfCommand } from "./self.ts";
+import { WAFFLE_VERSION } from "./version.ts";
 
-/** waffle's version, as `deno.json` states it. */
-export const WAFFLE_VERSION: string = manifest.version;
+export { WAFFLE_VERSION };
 
 /** The build of waffle that runs. */
 export interface BuildIdentity {

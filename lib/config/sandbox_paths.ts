@@ -9,6 +9,8 @@
 
 /** Where a sandbox finds its program: the artefact, Deno, the runtime kit, the runner cache. */
 export const PROGRAM_DIR = "/opt/waffle";
+/** The build directory's mount point (read-only): the artefact's entry and its chunks. */
+export const SANDBOX_ARTEFACT_DIR = `${PROGRAM_DIR}/app`;
 /** The runtime kit's mount point (read-only): glibc's loader and libraries, the spawn helper. */
 export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
 /** The spawn helper the runtime kit brings (`image/spawn_helper.c`), whatever the image has. */

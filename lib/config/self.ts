@@ -5,6 +5,14 @@
  */
 import { sha256Hex } from "../digest.ts";
 import { UsageError } from "../errors.ts";
+import {
+  ARTEFACT_ENTRY,
+  buildDigest,
+  currentBuild,
+  installDirOf,
+  isBuildDir,
+  writeBuildStamp,
+} from "./artefact_dir.ts";
 
 /** The program to execute and the arguments that precede `runner …`. */
 export interface SelfCommand {
@@ -14,7 +22,10 @@ export interface SelfCommand {
   prefix: string[];
   /** Project root when running from source (mounted into containers). */
   sourceRoot: string | undefined;
-  /** The bundled artefact (`waffle.js`) when running from one (mounted into containers). */
+  /**
+   * The bundled artefact's entry (`…/waffle-<digest12>/waffle.js`) when
+   * running from one; its directory is mounted into containers.
+   */
   artefact?: string | undefined;
 }
 
@@ -40,13 +51,13 @@ export const RUNNER_V8_FLAGS = "--v8-flags=--max-semi-space-size=1";
  * The warm Deno cache `scripts/install.sh` makes beside an installed
  * artefact (`…/lib/waffle/runner-cache`), for the runner as sandboxes run it:
  * mounted read-only as its `DENO_DIR`, it spares each container start
- * Deno's analysis of the 600 KB artefact into an empty cache (~115 ms here).
+ * Deno's analysis of the artefact's modules into an empty cache.
  *
  * @param artefact The installed artefact.
  * @returns The cache directory, or undefined when there is none.
  */
 export function runnerCacheOf(artefact: string): string | undefined {
-  const cache = `${artefact.slice(0, artefact.lastIndexOf("/"))}/runner-cache`;
+  const cache = `${installDirOf(artefact)}/runner-cache`;
   try {
     return Deno.statSync(cache).isDirectory ? cache : undefined;
   } catch {
@@ -66,7 +77,7 @@ export function runnerCacheOf(artefact: string): string | undefined {
  */
 export function runtimeKitOf(self: SelfCommand): string {
   const kit = self.artefact !== undefined
-    ? `${self.artefact.slice(0, self.artefact.lastIndexOf("/"))}/runtime`
+    ? `${installDirOf(self.artefact)}/runtime`
     : `${self.sourceRoot}/.tools/runtime`;
   try {
     if (Deno.statSync(`${kit}/ld.so`).isFile) return kit;
@@ -92,14 +103,16 @@ export function selfCommand(): SelfCommand {
   }
   // From a registry (JSR): no checkout to run; the CLI that scripts/install.sh put in /usr/local.
   if (!import.meta.url.startsWith("file:")) return installedBeside("/usr/local/lib/waffle");
-  // Bundled: every module shares the artefact's URL.
+  // Bundled: this module is one of the artefact's files.
   if (import.meta.url.endsWith(".js")) {
     const file = import.meta.filename!;
     // The library bundle (`…/lib/waffle/mod.js`, scripts/install.sh) runs the CLI beside it.
     if (file.endsWith("/lib/waffle/mod.js")) {
       return installedBeside(file.slice(0, -"/mod.js".length));
     }
-    return artefactCommand(file, { executable: Deno.execPath() });
+    // The CLI: its entry is the main module (this module may be a chunk of it).
+    const entry = decodeURIComponent(new URL(Deno.mainModule).pathname);
+    return artefactCommand(entry, { executable: Deno.execPath() });
   }
   // lib/config/ → the checkout's root.
   const sourceRoot = import.meta.dirname!.replace(/\/lib\/config$/, "");
@@ -125,18 +138,21 @@ function installedBeside(dir: string): SelfCommand {
 
 /**
  * How to run an installed artefact: `scripts/install.sh` puts the Deno that
- * runs it beside it (`…/lib/waffle/deno`).
+ * runs it in its `lib/waffle` (`…/lib/waffle/deno`). The install's own name
+ * `…/lib/waffle/waffle.js` stands for its current build.
  *
- * @param artefact The artefact, `…/waffle.js`.
- * @param options The Deno to run it with (default: the one beside it).
+ * @param path The artefact: a build's entry (`…/waffle-<digest12>/waffle.js`)
+ *   or `…/lib/waffle/waffle.js`.
+ * @param options The Deno to run it with (default: the install's).
  * @returns The command.
  * @throws {UsageError} When the artefact or its Deno is not a file.
  */
 export function artefactCommand(
-  artefact: string,
+  path: string,
   options: { executable?: string } = {},
 ): SelfCommand {
-  const executable = options.executable ?? `${artefact.slice(0, artefact.lastIndexOf("/"))}/deno`;
+  const artefact = resolveArtefact(path);
+  const executable = options.executable ?? `${installDirOf(artefact)}/deno`;
   for (const file of [artefact, executable]) {
     let isFile = false;
     try {
@@ -151,6 +167,18 @@ export function artefactCommand(
     }
   }
   return { executable, prefix: [...ARTEFACT_FLAGS, artefact], sourceRoot: undefined, artefact };
+}
+
+// An install's `lib/waffle/waffle.js` is its current build's entry; any other path is itself.
+function resolveArtefact(path: string): string {
+  const lib = path.slice(0, path.lastIndexOf("/"));
+  if (!path.endsWith(`/${ARTEFACT_ENTRY}`) || isBuildDir(lib)) return path;
+  try {
+    if (Deno.statSync(path).isFile) return path;
+  } catch {
+    // not a file: the install's name for its current build
+  }
+  return currentBuild(lib) ?? path;
 }
 
 /** Flags of `waffle runner`, as {@linkcode runnerArgs} renders them. */
@@ -195,14 +223,17 @@ export function runnerArgs(queueDir: string, flags: RunnerFlags): string[] {
 }
 
 /**
- * The SHA-256 of the bundled artefact, so that a new build changes every
- * sandbox's posture (and so recycles it). The install writes it beside the
- * artefact with the file's size and mtime; it is recomputed when they differ.
+ * The SHA-256 of the artefact, so that a new build changes every sandbox's
+ * posture (and so recycles it). A build directory's digest covers all its
+ * files (`SHA256SUMS`); a single file's, the install writes beside it with
+ * the file's size and mtime. Either is recomputed when a file changed.
  *
- * @param artefact The artefact's path.
+ * @param artefact The artefact's path (a build's entry, or the compiled binary).
  * @returns The hex digest.
  */
 export function artefactDigest(artefact: string): string {
+  const dir = artefact.slice(0, artefact.lastIndexOf("/"));
+  if (artefact.endsWith(".js") && isBuildDir(dir)) return buildDigest(dir);
   const stamp = stampOf(artefact);
   try {
     const [hex, ...rest] = Deno.readTextFileSync(`${artefact}.sha256`).trim().split(" ");
@@ -214,12 +245,19 @@ export function artefactDigest(artefact: string): string {
 }
 
 /**
- * Writes the artefact's digest sidecar that {@linkcode artefactDigest} reads
- * (the install calls this once per build).
+ * Records the artefact's digest for {@linkcode artefactDigest} (the install
+ * calls this once per build): a build directory's stamp, after checking its
+ * files against `SHA256SUMS`, or a single file's sidecar.
  *
  * @param artefact The artefact's path.
+ * @throws {UsageError} When a build's file differs from its `SHA256SUMS`.
  */
 export function writeArtefactDigest(artefact: string): void {
+  const dir = artefact.slice(0, artefact.lastIndexOf("/"));
+  if (artefact.endsWith(".js") && isBuildDir(dir)) {
+    writeBuildStamp(dir);
+    return;
+  }
   const hex = sha256Hex(Deno.readFileSync(artefact));
   const temp = `${artefact}.sha256.tmp`;
   Deno.writeTextFileSync(temp, `${hex} ${stampOf(artefact)}\n`, { mode: 0o644 });

@@ -60,11 +60,16 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     ...tls.rootCertificates,
     ...(existsSync(paths.extraCa) ? [Deno.readTextFileSync(paths.extraCa)] : []),
   ];
+  // Loaded now, not at the first TLS connection: in the bundled artefact it
+  // is a chunk of the build this proxy started from, which a later install
+  // may remove while the proxy runs.
+  const minting = import("./ca.ts");
+  minting.catch(() => {}); // reported by the first leaf that needs it
   const leaves = new Map<string, Promise<tls.SecureContext>>();
   const leafFor = (host: string): Promise<tls.SecureContext> => {
     let leaf = leaves.get(host);
     if (leaf === undefined) {
-      leaf = import("./ca.ts").then(async ({ mintLeaf }) => {
+      leaf = minting.then(async ({ mintLeaf }) => {
         const minted = await mintLeaf(ca, host);
         return tls.createSecureContext({ cert: minted.cert, key: minted.key });
       });

@@ -34,9 +34,11 @@ import {
   IMAGE_WORKDIR_VARIABLE,
   PROGRAM_DIR,
   PROXY_EGRESS_DIR,
+  SANDBOX_ARTEFACT_DIR,
   SANDBOX_CHANNEL_DIR,
   SANDBOX_RUNTIME,
 } from "../config/sandbox_paths.ts";
+import { ARTEFACT_ENTRY } from "../config/artefact_dir.ts";
 
 /** Uid and gid every command runs as (the image's `waffle` user). */
 export const SANDBOX_UID = 10001;
@@ -610,14 +612,17 @@ export function programLaunch(config: SandboxConfig): ProgramLaunch {
   ];
   const kitIdentity = `WAFFLE_RUNTIME_KIT=${readKitHash(kit)}`;
   if (self.artefact !== undefined) {
-    // The bundled artefact, nothing else; its digest joins the posture, so
-    // a new build recycles every sandbox.
-    mounts.push(bind(Deno.realPathSync(self.artefact), `${PROGRAM_DIR}/waffle.js`, true));
+    // The bundled artefact's build directory (its entry and chunks), nothing
+    // else; its digest (over every file) joins the posture, so a new build
+    // recycles every sandbox.
+    const build = self.artefact.slice(0, self.artefact.lastIndexOf("/"));
+    mounts.push(bind(Deno.realPathSync(build), SANDBOX_ARTEFACT_DIR, true));
     const cache = runnerCacheOf(self.artefact);
     if (cache !== undefined) mounts.push(bind(Deno.realPathSync(cache), RUNNER_CACHE, true));
+    const entry = `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`;
     return {
       ...(cache === undefined ? {} : { denoDir: RUNNER_CACHE }),
-      argv: [...SANDBOX_DENO_ARGV, ...ARTEFACT_FLAGS, RUNNER_V8_FLAGS, `${PROGRAM_DIR}/waffle.js`],
+      argv: [...SANDBOX_DENO_ARGV, ...ARTEFACT_FLAGS, RUNNER_V8_FLAGS, entry],
       mounts,
       launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`, kitIdentity],
     };
