@@ -1,0 +1,197 @@
+/**
+ * Checks that waffle's layers import downward only: every import (static,
+ * dynamic or type-only) between two units of `lib/`, `runner/` and
+ * `main.ts` must go to a unit of a lower rank. Prints each edge that goes
+ * up or sideways and the import circles among units, and exits 1 when
+ * there is one. The graph is Deno's own (`deno info --json`), so the check
+ * sees exactly what a run loads.
+ *
+ * A unit is a folder of `lib/` (`lib/queue`), `runner`, `main.ts`, or one
+ * of `lib/`'s own files (the base, rank 0, except those named in `RANKS`).
+ *
+ * Usage: deno task layers [--only UNIT,UNIT…] [--json]
+ *   --only   report only edges and circles among these units (e.g.
+ *            lib/config,lib/lifecycle,lib/egress,lib/mcp)
+ *   --json   the edges as JSON lines instead of text
+ *
+ * @module
+ */
+// deno-lint-ignore-file no-console
+
+/**
+ * The layers, lowest first. A unit may import units of a lower rank only;
+ * units of one rank are peers and may not import each other.
+ */
+const RANKS: readonly (readonly string[])[] = [
+  ["lib/*"],
+  ["lib/queue", "lib/docker"],
+  ["lib/config"],
+  ["lib/lifecycle", "lib/host_backend.ts", "runner"],
+  ["lib/egress"],
+  ["lib/files"],
+  ["lib/sandbox"],
+  ["lib/mcp"],
+  ["lib/certify"],
+  ["lib/cli"],
+  ["lib/mod.ts", "main.ts"],
+];
+
+interface Dependency {
+  specifier: string;
+  code?: { specifier: string };
+  type?: { specifier: string };
+  isDynamic?: boolean;
+}
+
+interface InfoModule {
+  specifier: string;
+  dependencies?: Dependency[];
+}
+
+/** One import between two units. */
+interface Edge {
+  from: string;
+  to: string;
+  fromUnit: string;
+  toUnit: string;
+  kind: "static" | "dynamic" | "type";
+}
+
+const repo = new URL("../", import.meta.url).pathname;
+const only = flagValue("--only")?.split(",").filter((unit) => unit !== "");
+const asJson = Deno.args.includes("--json");
+
+const files = [...walk(`${repo}lib`), ...walk(`${repo}runner`), `${repo}main.ts`];
+// One root that imports every file, as a data: URL (no temporary file).
+const root = `data:application/typescript,${
+  encodeURIComponent(files.map((file) => `import ${JSON.stringify(`file://${file}`)};`).join("\n"))
+}`;
+const out = await new Deno.Command(Deno.execPath(), {
+  args: ["info", "--json", "--config", `${repo}deno.json`, root],
+  cwd: repo,
+  env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
+}).output();
+if (!out.success) {
+  console.error(`layers: deno info failed: ${new TextDecoder().decode(out.stderr)}`);
+  Deno.exit(2);
+}
+const info: { modules: InfoModule[] } = JSON.parse(new TextDecoder().decode(out.stdout));
+
+const rankOf = new Map<string, number>();
+RANKS.forEach((units, rank) => units.forEach((unit) => rankOf.set(unit, rank)));
+const edges = collectEdges(info.modules);
+const wanted = (edge: Edge): boolean =>
+  only === undefined || (only.includes(edge.fromUnit) && only.includes(edge.toUnit));
+const wrong = edges.filter((edge) => wanted(edge) && !downward(edge));
+const circles = cyclesOf(edges.filter(wanted));
+
+if (asJson) {
+  for (const edge of wrong) console.log(JSON.stringify(edge));
+} else {
+  const byPair = Map.groupBy(wrong, (edge) => `${edge.fromUnit} -> ${edge.toUnit}`);
+  for (const [pair, list] of [...byPair].sort(([a], [b]) => a.localeCompare(b))) {
+    console.log(`${pair} (${list.length})`);
+    for (const edge of list) console.log(`    ${edge.from} -> ${edge.to} [${edge.kind}]`);
+  }
+  for (const circle of circles) console.log(`circle among: ${circle.join(", ")}`);
+  console.log(
+    `layers: ${wrong.length} import(s) not downward, ${circles.length} circle(s) among units`,
+  );
+}
+Deno.exit(wrong.length > 0 || circles.length > 0 ? 1 : 0);
+
+function flagValue(name: string): string | undefined {
+  const at = Deno.args.indexOf(name);
+  return at < 0 ? undefined : Deno.args[at + 1];
+}
+
+function walk(dir: string): string[] {
+  const found: string[] = [];
+  for (const entry of Deno.readDirSync(dir)) {
+    const path = `${dir}/${entry.name}`;
+    if (entry.isDirectory) found.push(...walk(path));
+    else if (entry.isFile && entry.name.endsWith(".ts")) found.push(path);
+  }
+  return found.sort();
+}
+
+// The unit a repository file belongs to; undefined outside lib/, runner/ and main.ts.
+function unitOf(specifier: string): string | undefined {
+  if (!specifier.startsWith(`file://${repo}`)) return undefined;
+  const path = specifier.slice(`file://${repo}`.length);
+  const parts = path.split("/");
+  if (path === "main.ts") return "main.ts";
+  if (parts[0] === "runner") return "runner";
+  if (parts[0] !== "lib") return undefined;
+  if (parts.length > 2) return `lib/${parts[1]}`;
+  return rankOf.has(path) ? path : "lib/*";
+}
+
+function collectEdges(modules: InfoModule[]): Edge[] {
+  const found: Edge[] = [];
+  for (const module of modules) {
+    const fromUnit = unitOf(module.specifier);
+    if (fromUnit === undefined) continue;
+    for (const dep of module.dependencies ?? []) {
+      const target = dep.code?.specifier ?? dep.type?.specifier;
+      if (target === undefined) continue;
+      const toUnit = unitOf(target);
+      if (toUnit === undefined || toUnit === fromUnit) continue;
+      found.push({
+        from: module.specifier.slice(`file://${repo}`.length),
+        to: target.slice(`file://${repo}`.length),
+        fromUnit,
+        toUnit,
+        kind: dep.isDynamic ? "dynamic" : dep.code === undefined ? "type" : "static",
+      });
+    }
+  }
+  return found;
+}
+
+function downward(edge: Edge): boolean {
+  const from = rankOf.get(edge.fromUnit);
+  const to = rankOf.get(edge.toUnit);
+  // A unit RANKS does not name yet is reported, so a new folder gets a place.
+  return from !== undefined && to !== undefined && to < from;
+}
+
+// The strongly connected components of more than one unit (Tarjan).
+function cyclesOf(list: Edge[]): string[][] {
+  const graph = new Map<string, Set<string>>();
+  for (const edge of list) {
+    if (!graph.has(edge.fromUnit)) graph.set(edge.fromUnit, new Set());
+    graph.get(edge.fromUnit)!.add(edge.toUnit);
+  }
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const components: string[][] = [];
+  const visit = (unit: string): void => {
+    index.set(unit, index.size);
+    low.set(unit, index.get(unit)!);
+    stack.push(unit);
+    onStack.add(unit);
+    for (const next of graph.get(unit) ?? []) {
+      if (!index.has(next)) {
+        visit(next);
+        low.set(unit, Math.min(low.get(unit)!, low.get(next)!));
+      } else if (onStack.has(next)) {
+        low.set(unit, Math.min(low.get(unit)!, index.get(next)!));
+      }
+    }
+    if (low.get(unit) === index.get(unit)) {
+      const component: string[] = [];
+      let top: string;
+      do {
+        top = stack.pop()!;
+        onStack.delete(top);
+        component.push(top);
+      } while (top !== unit);
+      if (component.length > 1) components.push(component.sort());
+    }
+  };
+  for (const unit of [...graph.keys()].sort()) if (!index.has(unit)) visit(unit);
+  return components;
+}
