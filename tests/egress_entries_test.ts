@@ -20,7 +20,7 @@ import {
   parseCidr,
   parseEntry,
 } from "../lib/egress/entries.ts";
-import type { EgressEntry } from "../lib/egress/types.ts";
+import type { EgressEntry } from "../lib/config/egress_types.ts";
 
 Deno.test("parseEntry() reads names, wildcards, ports and IP literals in canonical form", () => {
   const cases: [string, EgressEntry][] = [

@@ -19,7 +19,7 @@ import {
   sandboxEgress,
   serverEgress,
 } from "../egress/policy.ts";
-import type { EgressEntry, EgressSettings, SecretConfig } from "../egress/types.ts";
+import type { EgressEntry, EgressSettings, SecretConfig } from "../config/egress_types.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
 import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";

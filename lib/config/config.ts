@@ -21,7 +21,6 @@ import { UnpinnedPackageError, UsageError } from "../errors.ts";
 import { envNameSchema } from "../env_name.ts";
 import {
   buildPolicy,
-  type ConfigProblem,
   EMPTY_POLICY,
   type McpPolicy,
   POLICY_TABLE_KEYS,
@@ -41,8 +40,8 @@ import {
   secretNamesSchema,
 } from "../egress/policy.ts";
 import { formatEntry } from "../egress/entries.ts";
-import type { EgressEntry, EgressSettings } from "../egress/types.ts";
-import { issueProblem, parseToml } from "./toml.ts";
+import type { EgressEntry, EgressSettings } from "../config/egress_types.ts";
+import { type ConfigProblem, issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";
 import { absolutePathSchema as absolutePath } from "./absolute_path.ts";
 

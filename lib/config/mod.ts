@@ -19,3 +19,9 @@ export {
   SYSTEM_CONFIG,
   type WaffleConfig,
 } from "./config.ts";
+export type { ConfigProblem } from "./toml.ts";
+export * from "./egress_paths.ts";
+export * from "./egress_types.ts";
+export * from "./package_pin.ts";
+export * from "./sandbox_key.ts";
+export * from "./subject.ts";

@@ -14,7 +14,7 @@
  *
  * @module
  */
-import type { EgressEntry } from "./types.ts";
+import type { EgressEntry } from "../config/egress_types.ts";
 
 /** The ports of an entry written without one: 80 and 443. */
 export const DEFAULT_PORTS: readonly number[] = Object.freeze([80, 443]);

@@ -20,36 +20,23 @@ import { join } from "../path.ts";
 import * as z from "../schema.ts";
 import type { WaffleConfig } from "../config/config.ts";
 import type { HostConfigMount } from "../docker/mod.ts";
-import type { SandboxKey } from "../lifecycle/identity.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
 import { bind } from "../lifecycle/posture.ts";
 import {
+  CA_VARIABLES,
   EGRESS_ENV_VARIABLE,
   EGRESS_SOCKET_VARIABLE,
-  type EgressPaths,
-  egressPaths,
+  homeEgress,
   identityPaths,
+  SANDBOX_CA_BUNDLE,
+  SANDBOX_CA_DIR,
   SANDBOX_EGRESS_DIR,
   SANDBOX_PROXY_PORT,
-} from "./paths.ts";
-import { resolveSubject } from "../mcp/subject.ts";
+} from "../config/egress_paths.ts";
+import { resolveSubject } from "../config/subject.ts";
 import { egressPolicy } from "./policy.ts";
-import type { EgressIdentity, EgressPolicy, EgressSettings } from "./types.ts";
+import type { EgressIdentity, EgressPolicy, EgressSettings } from "../config/egress_types.ts";
 
-/** Where a sandbox finds the CA bundle directory (`bundle.pem`). */
-export const SANDBOX_CA_DIR = "/opt/waffle/ca";
-/** The bundle every client in a sandbox is pointed at. */
-export const SANDBOX_CA_BUNDLE = `${SANDBOX_CA_DIR}/bundle.pem`;
-/** The variables that point clients at the bundle (the README's trust table). */
-export const CA_VARIABLES = [
-  "SSL_CERT_FILE",
-  "CURL_CA_BUNDLE",
-  "REQUESTS_CA_BUNDLE",
-  "GIT_SSL_CAINFO",
-  "NODE_EXTRA_CA_CERTS",
-  "DENO_CERT",
-  "PIP_CERT",
-  "NPM_CONFIG_CAFILE",
-] as const;
 /** One proxy identity the host attaches: a sandbox, or a restricted server's session. */
 export interface EgressAttachment {
   /** Its id: the name of its socket directory and policy file. */
@@ -60,16 +47,6 @@ export interface EgressAttachment {
   policy: EgressPolicy;
   /** The proxy-wide settings. */
   settings: EgressSettings;
-}
-
-/**
- * The egress directory of a home.
- *
- * @param home The waffle home.
- * @returns Its paths.
- */
-export function homeEgress(home: string): EgressPaths {
-  return egressPaths(join(home, "egress"));
 }
 
 /**

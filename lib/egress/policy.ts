@@ -19,10 +19,10 @@ import * as z from "../schema.ts";
 import { envNameSchema, isEnvName } from "../env_name.ts";
 import { UsageError } from "../errors.ts";
 import { absolutePathSchema } from "../config/absolute_path.ts";
-import { describeFound } from "../config/toml.ts";
-import { sandboxKey } from "../lifecycle/identity.ts";
-import type { ConfigProblem, McpPolicy, McpServerConfig } from "../mcp/policy.ts";
-import { listed, type ResolvedSubject, resolveSubject } from "../mcp/subject.ts";
+import { sandboxKey } from "../config/sandbox_key.ts";
+import type { McpPolicy, McpServerConfig } from "../mcp/policy.ts";
+import { type ConfigProblem, describeFound } from "../config/toml.ts";
+import { listed, type ResolvedSubject, resolveSubject } from "../config/subject.ts";
 import {
   beyond,
   canonicalIp,
@@ -36,7 +36,12 @@ import {
   parseCidr,
   parseEntry,
 } from "./entries.ts";
-import type { EgressEntry, EgressPolicy, EgressSettings, SecretConfig } from "./types.ts";
+import type {
+  EgressEntry,
+  EgressPolicy,
+  EgressSettings,
+  SecretConfig,
+} from "../config/egress_types.ts";
 
 /** `[egress] max_connections` when unset. */
 export const DEFAULT_MAX_CONNECTIONS = 64;

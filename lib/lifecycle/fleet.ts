@@ -34,13 +34,8 @@ import { INBOUND_UPGRADES, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "
 import type { DatabaseSync } from "node:sqlite";
 import { containerHome, homeMatcher } from "./container_home.ts";
 import { incompatibility, ownedBy, unusableState } from "./ensure.ts";
-import {
-  type SandboxKey,
-  sandboxKey,
-  stateLayout,
-  type StatePaths,
-  statePaths,
-} from "./identity.ts";
+import { stateLayout, type StatePaths, statePaths } from "./identity.ts";
+import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 import { removeVolume } from "./quota.ts";
 import { withLock } from "./lock.ts";
 import {

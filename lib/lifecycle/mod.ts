@@ -15,13 +15,8 @@ export {
   unusableState,
 } from "./ensure.ts";
 export { type ContainerHome, containerHome, homeMatcher } from "./container_home.ts";
-export {
-  type SandboxKey,
-  sandboxKey,
-  stateLayout,
-  type StatePaths,
-  statePaths,
-} from "./identity.ts";
+export { stateLayout, type StatePaths, statePaths } from "./identity.ts";
+export { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 export { withLock } from "./lock.ts";
 export {
   bind,

@@ -27,7 +27,8 @@ import type {
   HostConfigMount,
   ImageSummary,
 } from "../docker/mod.ts";
-import type { SandboxKey, StatePaths } from "./identity.ts";
+import type { StatePaths } from "./identity.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
 import { type EgressLaunch, recordedLaunch } from "../egress/launch.ts";
 import {
   IMAGE_ENV_VARIABLE,

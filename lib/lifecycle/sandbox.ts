@@ -17,19 +17,16 @@ import type { RunnerTrouble } from "../queue/liveness.ts";
 import { makeChannelDir } from "../queue/channel.ts";
 import { initQueue } from "../queue/schema.ts";
 import type { Ensured } from "./ensure.ts";
-import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
+import { type StatePaths, statePaths } from "./identity.ts";
+import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 import { withLock } from "./lock.ts";
 import { outboundInPlace } from "./outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
 import { processesOf, type SandboxProcesses } from "./run.ts";
-import {
-  type EgressAttachment,
-  homeEgress,
-  recordAttachment,
-  sandboxAttachment,
-} from "../egress/launch.ts";
+import { type EgressAttachment, recordAttachment, sandboxAttachment } from "../egress/launch.ts";
+import { homeEgress } from "../config/egress_paths.ts";
 import { controlCall, writePolicy } from "../egress/policy_writer.ts";
 
 /** Options for {@linkcode openSandbox}. */

@@ -14,7 +14,7 @@
  * @module
  */
 import { join } from "../path.ts";
-import type { EgressEntry } from "../egress/types.ts";
+import type { EgressEntry } from "../config/egress_types.ts";
 import { planEgress, type PlannedEgress } from "../egress/policy.ts";
 import {
   type ClientRequestMethod,
@@ -24,10 +24,10 @@ import {
   type McpServerConfig,
 } from "./policy.ts";
 import { type ServerState, serverState } from "./server_state.ts";
-import { type ResolvedSubject, resolveSubject } from "./subject.ts";
+import { type ResolvedSubject, resolveSubject } from "../config/subject.ts";
 
 export { CONTAINER_WORKSPACE } from "./policy.ts";
-export { DEFAULT_GROUP } from "./subject.ts";
+export { DEFAULT_GROUP } from "../config/subject.ts";
 export type { PlannedEgress } from "../egress/policy.ts";
 
 /** Where a launched server executes: the host, the user's sandbox, or a restricted container. */

@@ -20,8 +20,9 @@ import {
   secretNamesSchema,
   type UserEgress,
 } from "../egress/policy.ts";
-import type { EgressEntry, SecretConfig } from "../egress/types.ts";
-import { isExactVersion } from "./npm_version.ts";
+import type { EgressEntry, SecretConfig } from "../config/egress_types.ts";
+import { isExactVersion } from "../config/package_pin.ts";
+import type { ConfigProblem } from "../config/toml.ts";
 
 /** Where a server's process executes. */
 export type Execution = "host" | "sandbox";
@@ -123,16 +124,6 @@ export interface McpPolicy {
   secrets: Record<string, SecretConfig>;
   /** `[users.<user>]` tables by user id. */
   users: Record<string, UserEgress>;
-}
-
-/** A config problem at one key: `'<key>' <detail>` once the file is named. */
-export interface ConfigProblem {
-  /** Dotted key path, e.g. `mcp.everything.execution`. */
-  key: string;
-  /** What was expected and what was found, e.g. `must be "host", found "sandbox"`. */
-  detail: string;
-  /** Set when the problem is a `package` without an exact version: its name and what was asked. */
-  unpinned?: { packageName: string; requested: string } | undefined;
 }
 
 /** The policy of a config without any `[mcp]`, `[groups]` or `[cron]` table. */
