@@ -19,7 +19,7 @@ import {
   mergeEntries,
   parseCidr,
   parseEntry,
-} from "../lib/egress/entries.ts";
+} from "../lib/config/egress_entries.ts";
 import type { EgressEntry } from "../lib/config/egress_types.ts";
 
 Deno.test("parseEntry() reads names, wildcards, ports and IP literals in canonical form", () => {

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { loadWaffleConfig, sandboxToml, type WaffleConfig } from "../lib/config/config.ts";
 import { UsageError } from "../lib/errors.ts";
-import { formatEntry, parseEntry } from "../lib/egress/entries.ts";
+import { formatEntry, parseEntry } from "../lib/config/egress_entries.ts";
 import { egressPolicy, sandboxEgress, serverEgress } from "../lib/egress/policy.ts";
 import { type LaunchPlan, planLaunch } from "../lib/mcp/plan.ts";
 import { runCli } from "../lib/cli/mod.ts";

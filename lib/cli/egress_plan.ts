@@ -11,7 +11,7 @@
  */
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import { allows, formatEntry } from "../egress/entries.ts";
+import { allows, formatEntry } from "../config/egress_entries.ts";
 import {
   type ComposedEgress,
   egressPolicy,

@@ -39,7 +39,7 @@ import {
   egressShape,
   secretNamesSchema,
 } from "../egress/policy.ts";
-import { formatEntry } from "../egress/entries.ts";
+import { formatEntry } from "./egress_entries.ts";
 import type { EgressEntry, EgressSettings } from "../config/egress_types.ts";
 import { type ConfigProblem, issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";

@@ -20,6 +20,7 @@ export {
   type WaffleConfig,
 } from "./config.ts";
 export type { ConfigProblem } from "./toml.ts";
+export * from "./egress_entries.ts";
 export * from "./egress_paths.ts";
 export * from "./egress_types.ts";
 export * from "./package_pin.ts";

@@ -35,7 +35,7 @@ import {
   mergeEntries,
   parseCidr,
   parseEntry,
-} from "./entries.ts";
+} from "../config/egress_entries.ts";
 import type {
   EgressEntry,
   EgressPolicy,
