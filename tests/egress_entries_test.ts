@@ -1,5 +1,5 @@
 /**
- * Egress list entries and addresses (lib/egress/entries.ts): parsing,
+ * Egress list entries and addresses (lib/config/egress_entries.ts): parsing,
  * display, matching, intersection and address classification. Pure: no I/O.
  */
 import assert from "node:assert/strict";

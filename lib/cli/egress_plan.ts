@@ -18,7 +18,7 @@ import {
   type EgressSubject,
   sandboxEgress,
   serverEgress,
-} from "../egress/policy.ts";
+} from "../config/egress_compose.ts";
 import type { EgressEntry, EgressSettings, SecretConfig } from "../config/egress_types.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
 import { table } from "./report.ts";

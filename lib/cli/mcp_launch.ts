@@ -16,7 +16,7 @@ import type { ServerConnection } from "../mcp/connection.ts";
 import { type HostServerConnection, openHostServer } from "../mcp/host_server.ts";
 import { fetchPackage, isCached, mcpCacheDir } from "../mcp/package_cache.ts";
 import { planLaunch, type PlannedServer, type Where } from "../mcp/plan.ts";
-import { DEFAULT_MAX_MESSAGE_BYTES, type McpServerConfig } from "../mcp/policy.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, type McpServerConfig } from "../config/mcp_types.ts";
 import type { RelayContext, RelayOptions } from "../mcp/relay.ts";
 import { openSandboxServer } from "../mcp/sandbox_server.ts";
 import { type Parsed, stringFlag } from "./args.ts";

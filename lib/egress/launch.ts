@@ -34,7 +34,7 @@ import {
   SANDBOX_PROXY_PORT,
 } from "../config/egress_paths.ts";
 import { resolveSubject } from "../config/subject.ts";
-import { egressPolicy } from "./policy.ts";
+import { egressPolicy } from "../config/egress_compose.ts";
 import type { EgressIdentity, EgressPolicy, EgressSettings } from "../config/egress_types.ts";
 
 /** One proxy identity the host attaches: a sandbox, or a restricted server's session. */

@@ -17,7 +17,7 @@ import type { EgressAttachment } from "./launch.ts";
 import { homeEgress, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { controlCall, writePolicy } from "./policy_writer.ts";
-import { egressPolicy } from "./policy.ts";
+import { egressPolicy } from "../config/egress_compose.ts";
 import { egressAuditFile, proxyContainerName } from "./proxy_container.ts";
 
 /** One identity the proxy serves, as status shows it. */
