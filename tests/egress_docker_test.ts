@@ -25,7 +25,7 @@ import { startGitServer, testCa } from "./_egress_upstreams.ts";
 import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
 import { removeSandbox } from "../lib/lifecycle/fleet.ts";
-import { recordedLaunch } from "../lib/egress/launch.ts";
+import { recordedLaunch } from "../lib/lifecycle/egress_record.ts";
 import { homeEgress, identityPaths } from "../lib/config/egress_paths.ts";
 import { lexists } from "../lib/fs.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";

@@ -11,7 +11,8 @@
 import { escapeControls } from "../terminal/control_text.ts";
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError, WaffleError } from "../errors.ts";
-import { type EgressAttachment, restrictedAttachment } from "../egress/launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
+import { restrictedAttachment } from "../config/resolve.ts";
 import type { ServerConnection } from "../mcp/connection.ts";
 import { type HostServerConnection, openHostServer } from "../mcp/host_server.ts";
 import { fetchPackage, isCached, mcpCacheDir } from "../mcp/package_cache.ts";

@@ -89,3 +89,15 @@ export interface UserEgress {
   /** The secrets this user's sandbox gets instead of `[sandbox] secrets` (a subset); absent = those. */
   secrets?: string[] | undefined;
 }
+
+/** One proxy identity the host attaches: a sandbox, or a restricted server's session. */
+export interface EgressAttachment {
+  /** Its id: the name of its socket directory and policy file. */
+  id: string;
+  /** Who it is. */
+  identity: EgressIdentity;
+  /** What it may reach. */
+  policy: EgressPolicy;
+  /** The proxy-wide settings. */
+  settings: EgressSettings;
+}

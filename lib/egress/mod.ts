@@ -9,7 +9,6 @@
  */
 export * from "./audit.ts";
 export * from "./ca.ts";
-export * from "./launch.ts";
 export * from "./policy_file.ts";
 export * from "./policy_writer.ts";
 export * from "./proxy.ts";

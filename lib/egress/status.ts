@@ -13,7 +13,7 @@ import { lexists } from "../fs.ts";
 import type { WaffleConfig } from "../config/config.ts";
 import { sandboxKey } from "../config/sandbox_key.ts";
 import { formatEntry } from "../config/egress_entries.ts";
-import type { EgressAttachment } from "./launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { homeEgress, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { controlCall, writePolicy } from "./policy_writer.ts";

@@ -19,7 +19,7 @@ import { hostCanChown, LABELS } from "../lifecycle/posture.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
 import { type EgressPaths, homeEgress } from "../config/egress_paths.ts";
 import type { EgressSettings } from "../config/egress_types.ts";
-import type { EgressAttachment } from "./launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { egressAuditFile, proxyContainerSpec, proxyUser } from "./proxy_container.ts";
 import { controlCall, writeOwned, writePolicy } from "./policy_writer.ts";
 import { lexists } from "../fs.ts";

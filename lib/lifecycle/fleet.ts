@@ -50,7 +50,7 @@ import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
 import { purgeState, stateExists } from "./state_dir.ts";
 import { writeWarm } from "./warm.ts";
-import { recordedLaunch } from "../egress/launch.ts";
+import { recordedLaunch } from "./egress_record.ts";
 import { forgetIdentity } from "../egress/policy_writer.ts";
 
 /** One sandbox container as `waffle ps` shows it. */

@@ -13,7 +13,8 @@
 import { join } from "../path.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
-import { type EgressAttachment, type EgressLaunch, egressLaunch } from "../egress/launch.ts";
+import { egressLaunch } from "../config/egress_launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { RunnerError } from "../errors.ts";
 import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
@@ -22,6 +23,8 @@ import { resolveImage } from "./ensure.ts";
 import { restrictedChannelDir, type StatePaths, statePaths } from "./identity.ts";
 import { sandboxKey } from "../config/sandbox_key.ts";
 import { withLock } from "./lock.ts";
+import { containerEgress } from "./egress_mounts.ts";
+import type { ContainerEgress } from "./egress_record.ts";
 import { containerSpec } from "./posture.ts";
 import { removeTree } from "./remove_tree.ts";
 import { prepareState } from "./state_dir.ts";
@@ -140,12 +143,12 @@ export async function openRestricted(
 async function attachEgress(
   docker: DockerClient,
   options: { attachment: EgressAttachment | undefined; config: SandboxConfig },
-): Promise<EgressLaunch | undefined> {
+): Promise<ContainerEgress | undefined> {
   const { attachment, config } = options;
   if (attachment === undefined) return undefined;
   const { ensureEgress } = await import("../egress/supervisor.ts");
   await ensureEgress(docker, attachment, { home: config.home, config });
-  return egressLaunch(config.home, attachment);
+  return containerEgress(egressLaunch(config.home, attachment));
 }
 
 /** Names the host process that owns a restricted session's directory. */

@@ -18,14 +18,16 @@ import { makeChannelDir } from "../queue/channel.ts";
 import { initQueue } from "../queue/schema.ts";
 import type { Ensured } from "./ensure.ts";
 import { type StatePaths, statePaths } from "./identity.ts";
-import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
 import { withLock } from "./lock.ts";
 import { outboundInPlace } from "./outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "./posture.ts";
 import type { VolumeStatus } from "./quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
 import { processesOf, type SandboxProcesses } from "./run.ts";
-import { type EgressAttachment, recordAttachment, sandboxAttachment } from "../egress/launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
+import { type ResolvedSandbox, resolveSandbox, sandboxAttachment } from "../config/resolve.ts";
+import { recordAttachment } from "./egress_mounts.ts";
 import { homeEgress } from "../config/egress_paths.ts";
 import { controlCall, writePolicy } from "../egress/policy_writer.ts";
 
@@ -69,14 +71,14 @@ export interface Sandbox extends Backend, SandboxProcesses {
  */
 export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
   const whole = loadWaffleConfig({ overrides: options.config ?? {} });
-  const config = whole.sandbox;
-  const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
+  const resolved = resolveSandbox(whole, { tenant: options.tenant ?? "default", user });
+  const { key, config } = resolved;
   const paths = statePaths(config.home, key);
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
-  const currentEgress = egressTracker(whole, {
-    key,
+  const currentEgress = egressTracker(resolved, {
+    path: whole.path,
     root: paths.root,
     reload: () => loadWaffleConfig({ overrides: options.config ?? {} }),
   });
@@ -198,18 +200,18 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
 // posture. Its lists apply live: each call reads the config file again when
 // it changed, so an edited waffle.toml governs the next connection.
 function egressTracker(
-  whole: WaffleConfig,
-  options: { key: SandboxKey; root: string; reload: () => WaffleConfig },
+  resolved: ResolvedSandbox,
+  options: { path: string | undefined; root: string; reload: () => WaffleConfig },
 ): () => EgressAttachment | undefined {
-  const home = whole.sandbox.home;
-  let egress = sandboxAttachment(whole, options.key);
+  const home = resolved.config.home;
+  let egress = resolved.egress;
   recordAttachment(options.root, { home, attachment: egress });
-  let seen = fileStamp(whole.path);
+  let seen = fileStamp(options.path);
   return () => {
-    const stamp = fileStamp(whole.path);
+    const stamp = fileStamp(options.path);
     if (stamp === seen) return egress;
     seen = stamp;
-    egress = sandboxAttachment(options.reload(), options.key);
+    egress = sandboxAttachment(options.reload(), resolved.key);
     recordAttachment(options.root, { home, attachment: egress });
     return egress;
   };

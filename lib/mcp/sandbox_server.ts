@@ -8,7 +8,7 @@
 import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import type { EgressAttachment } from "../egress/launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
 import { openSandbox } from "../lifecycle/sandbox.ts";
 import type { ExecResult } from "../queue/protocol.ts";
