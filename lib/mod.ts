@@ -28,16 +28,12 @@ export {
   listSandboxes,
   type ListSandboxesOptions,
   listSnapshots,
-  openSandbox,
-  removeSandbox,
   removeSnapshot,
   type RestoredSnapshot,
   restoreSnapshot,
   type RestoreSnapshotOptions,
-  type Sandbox,
   type SandboxConfig,
   type SandboxKey,
-  type SandboxOptions,
   type SandboxStatus,
   saveSnapshot,
   type SaveSnapshotOptions,
@@ -50,6 +46,7 @@ export {
   type SweepOptions,
   type VolumeStatus,
 } from "./lifecycle/mod.ts";
+export { openSandbox, removeSandbox, type Sandbox, type SandboxOptions } from "./sandbox/mod.ts";
 export {
   launchable,
   type LaunchPlan,

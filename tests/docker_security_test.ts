@@ -25,7 +25,7 @@ import { statePaths } from "../lib/lifecycle/identity.ts";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { bind, containerSpec, RUNNER_CAPS, SANDBOX_UID } from "../lib/lifecycle/posture.ts";
 import { loadConfig } from "../lib/config/config.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { queuePaths } from "../lib/queue/schema.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { type Attacker, bothWays, COMMAND, RUNNER } from "./_hostile_helpers.ts";

@@ -24,7 +24,7 @@ import {
 import { startGitServer, testCa } from "./_egress_upstreams.ts";
 import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
 import { recordedLaunch } from "../lib/lifecycle/egress_record.ts";
 import { homeEgress, identityPaths } from "../lib/config/egress_paths.ts";
 import { lexists } from "../lib/fs.ts";

@@ -11,7 +11,7 @@
 import { loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { UsageError, WaffleError } from "../errors.ts";
-import { removeSandbox } from "../lifecycle/fleet.ts";
+import { removeSandbox } from "../sandbox/remove.ts";
 import { sandboxKey } from "../config/sandbox_key.ts";
 import { removeTree } from "../lifecycle/remove_tree.ts";
 import type { ServerConnection } from "../mcp/connection.ts";

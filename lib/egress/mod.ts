@@ -1,9 +1,9 @@
 /**
  * Controlled egress: sandboxes and restricted MCP servers stay network-less
  * and reach only named destinations through waffle's egress proxy, which
- * injects secrets the sandbox sees only as placeholders: the entries and
- * addresses of its lists, the config's egress policy, what a sandbox is
- * attached with, the proxy and its container, its CA, audit and status.
+ * injects secrets the sandbox sees only as placeholders: the proxy and its
+ * container, each identity's policy file, the CA, audit and status. What an
+ * identity may reach is the config's (`lib/config/egress_*.ts`).
  *
  * @module
  */

@@ -19,7 +19,7 @@ import { escapeControls } from "../terminal/control_text.ts";
 import * as z from "../schema.ts";
 import { concat } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
-import type { Sandbox } from "../lifecycle/sandbox.ts";
+import type { Sandbox } from "../sandbox/open.ts";
 import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import type { WaitOptions } from "../queue/queue.ts";

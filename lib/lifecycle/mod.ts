@@ -1,6 +1,7 @@
 /**
  * Per-user persistent sandbox containers: identity, posture, state, ensure,
- * and the fleet operations (ps, sweep, stop, rm).
+ * and the fleet operations (ps, sweep, stop). Opening a sandbox and removing
+ * one compose these with egress: `lib/sandbox/`.
  *
  * @module
  */
@@ -34,8 +35,6 @@ export {
   removeVolume,
   type VolumeStatus,
 } from "./quota.ts";
-export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
-export { openRestricted, type RestrictedOptions, type RestrictedSandbox } from "./restricted.ts";
 export {
   inspectState,
   prepareState,
@@ -49,7 +48,6 @@ export { removeTree, type RemoveTreeOptions, settleRemovals } from "./remove_tre
 export {
   listSandboxes,
   type ListSandboxesOptions,
-  removeSandbox,
   type SandboxStatus,
   stopSandbox,
   sweep,

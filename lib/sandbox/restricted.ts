@@ -6,7 +6,7 @@
  * itself when its runner idles out after a host died). When the session's
  * server has egress of its own (`restrictedAttachment`), its network is
  * still "none": its runner bridges the proxy port to the identity's socket,
- * as a sandbox's does.
+ * as a sandbox's does, and the egress proxy (loaded only then) serves it.
  *
  * @module
  */
@@ -19,15 +19,15 @@ import { RunnerError } from "../errors.ts";
 import { processMark } from "../process_mark.ts";
 import type { Backend } from "../host_backend.ts";
 import { Queue } from "../queue/queue.ts";
-import { resolveImage } from "./ensure.ts";
-import { restrictedChannelDir, type StatePaths, statePaths } from "./identity.ts";
+import { resolveImage } from "../lifecycle/ensure.ts";
+import { restrictedChannelDir, type StatePaths, statePaths } from "../lifecycle/identity.ts";
 import { sandboxKey } from "../config/sandbox_key.ts";
-import { withLock } from "./lock.ts";
-import { containerEgress } from "./egress_mounts.ts";
-import type { ContainerEgress } from "./egress_record.ts";
-import { containerSpec } from "./posture.ts";
-import { removeTree } from "./remove_tree.ts";
-import { prepareState } from "./state_dir.ts";
+import { withLock } from "../lifecycle/lock.ts";
+import { containerEgress } from "../lifecycle/egress_mounts.ts";
+import type { ContainerEgress } from "../lifecycle/egress_record.ts";
+import { containerSpec } from "../lifecycle/posture.ts";
+import { removeTree } from "../lifecycle/remove_tree.ts";
+import { prepareState } from "../lifecycle/state_dir.ts";
 import { makeChannelDir, removeChannelDir } from "../queue/channel.ts";
 
 /** A restricted container: a backend whose `close` removes it and its queue. */
