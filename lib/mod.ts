@@ -16,12 +16,7 @@
 export * from "./errors.ts";
 export * from "./exit_codes.ts";
 export * from "./queue/mod.ts";
-export {
-  type Backend,
-  type HostBackendOptions,
-  openHostBackend,
-  runnerAlive,
-} from "./host_backend.ts";
+export { type HostBackendOptions, openHostBackend, runnerAlive } from "./host_backend.ts";
 export {
   type EnsureAction,
   type Ensured,

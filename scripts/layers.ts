@@ -24,7 +24,7 @@
  */
 const RANKS: readonly (readonly string[])[] = [
   ["lib/*"],
-  ["lib/queue", "lib/docker"],
+  ["lib/queue", "lib/docker", "lib/terminal", "lib/http"],
   ["lib/config"],
   ["lib/lifecycle", "lib/host_backend.ts", "runner"],
   ["lib/egress"],

@@ -16,7 +16,7 @@ import type { SandboxKey } from "../config/sandbox_key.ts";
 import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
-import type { Backend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
 import type { SandboxFiles } from "../files/mod.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";

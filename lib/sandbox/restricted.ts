@@ -17,7 +17,7 @@ import { egressLaunch } from "../config/egress_launch.ts";
 import type { EgressAttachment } from "../config/egress_types.ts";
 import { RunnerError } from "../errors.ts";
 import { processMark } from "../process_mark.ts";
-import type { Backend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
 import { Queue } from "../queue/queue.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
 import { restrictedChannelDir, type StatePaths, statePaths } from "../lifecycle/identity.ts";
