@@ -1,8 +1,9 @@
 /**
  * What `waffle exec` (and `wait`, the same module) loads: for a sandbox
- * without egress, no egress and no MCP module. Read from Deno's own module
- * graph (`deno info --json`), so the test sees exactly what a run loads.
- * Deterministic: nothing runs, no Docker.
+ * without egress, no egress and no MCP module; and the layers of `lib/`
+ * (`deno task layers`): every import goes downward. Read from Deno's own
+ * module graph (`deno info --json`), so the test sees exactly what a run
+ * loads. Deterministic: nothing runs, no Docker.
  */
 import assert from "node:assert/strict";
 
@@ -68,4 +69,15 @@ Deno.test("waffle exec reaches lib/egress only through a dynamic import, and lib
   assert.ok(loaded.includes("lib/lifecycle/ensure.ts"), loaded.join("\n"));
   assert.ok(loaded.includes("lib/docker/client.ts"), loaded.join("\n"));
   assert.deepEqual(loaded.filter(egressOrMcp), []);
+});
+
+Deno.test("deno task layers: every import between lib's folders goes downward, no circle", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-read", "--allow-run", `${REPO}scripts/layers.ts`],
+    cwd: REPO,
+    env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  assert.match(text, /^layers: 0 import\(s\) not downward, 0 circle\(s\) among units$/m, text);
+  assert.equal(out.code, 0, text);
 });
