@@ -50,7 +50,7 @@ export function statePaths(home: string, key: SandboxKey): StatePaths {
 
 /**
  * The channel directory of one restricted container of a sandbox (see
- * `restricted.ts`): its own, beside the sandbox's, so neither container
+ * `lib/sandbox/restricted.ts`): its own, beside the sandbox's, so neither container
  * sees the other's session sockets.
  *
  * @param paths The sandbox's state paths.
