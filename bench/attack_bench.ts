@@ -27,8 +27,8 @@
 // deno-lint-ignore-file no-console
 import { join } from "node:path";
 import { DockerClient } from "../lib/docker/mod.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import {
   CHURN_SCRIPT,
   DAMAGE_SCRIPT,

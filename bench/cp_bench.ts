@@ -14,9 +14,9 @@ import { sandboxToml } from "../lib/config/config.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import { DockerClient } from "../lib/docker/mod.ts";
 import { onPath } from "../lib/fs.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
 import { quotaSupport } from "../lib/lifecycle/quota.ts";
-import { openSandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox } from "../lib/sandbox/open.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
 

@@ -16,8 +16,8 @@
 // deno-lint-ignore-file no-console
 import { join } from "node:path";
 import { DockerClient } from "../lib/docker/mod.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { installedRunner } from "./cli_bench.ts";
 import { roundtripIteration } from "./queue_bench.ts";
 import type { BenchContext, Section } from "./section.ts";

@@ -33,7 +33,7 @@ import process from "node:process";
 import { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { installedRunner } from "./cli_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";

@@ -17,8 +17,8 @@
 // deno-lint-ignore-file no-console
 import { join } from "node:path";
 import { DockerClient } from "../lib/docker/mod.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
-import { openSandbox } from "../lib/lifecycle/sandbox.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
+import { openSandbox } from "../lib/sandbox/open.ts";
 import { installedWaffle } from "./cli_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";

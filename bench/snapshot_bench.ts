@@ -22,9 +22,9 @@
 // deno-lint-ignore-file no-console
 import { join } from "node:path";
 import { DockerClient } from "../lib/docker/mod.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
 import { quotaSupport } from "../lib/lifecycle/quota.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { removeSnapshot, restoreSnapshot, saveSnapshot } from "../lib/lifecycle/snapshot.ts";
 import { onPath } from "../lib/fs.ts";
 import type { BenchContext, Section } from "./section.ts";

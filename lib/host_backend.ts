@@ -9,8 +9,8 @@
 import { join } from "./path.ts";
 import { RunnerError } from "./errors.ts";
 import { EXIT_LOCKED } from "./exit_codes.ts";
-import { Queue, type SubmitOptions } from "./queue/queue.ts";
-import type { RunnerTrouble } from "./queue/liveness.ts";
+import { Queue } from "./queue/queue.ts";
+import type { Backend } from "./queue/backend.ts";
 import { runnerArgs, selfCommand } from "./config/self.ts";
 
 /** Options for {@linkcode openHostBackend}. */
@@ -23,30 +23,6 @@ export interface HostBackendOptions {
   pollMs?: number;
   /** Runner concurrency. */
   concurrency?: number;
-}
-
-/** A queue plus the means to keep a runner serving it. */
-export interface Backend {
-  /** The host side of the queue. */
-  readonly queue: Queue;
-  /**
-   * Makes sure a live runner serves the queue (starting one if needed). A
-   * waiting host passes what it found wrong with the runner, which the
-   * backend then repairs (see `WaitOptions.revive`).
-   */
-  ensure(trouble?: RunnerTrouble): Promise<void>;
-  /**
-   * Ensures a runner and submits, as one step: a Docker backend holds the
-   * sandbox lock across both, so a recycle never races a submission.
-   */
-  submit(options: SubmitOptions): Promise<string>;
-  /** Closes the queue; the runner keeps going until its idle exit. */
-  close(): void;
-  /**
-   * The host directory the runner sees at `SANDBOX_CHANNEL_DIR`: sessions
-   * stream over a socket there (`queue/channel.ts`). None: over rows.
-   */
-  readonly channelDir?: string | undefined;
 }
 
 /**

@@ -16,28 +16,19 @@
 export * from "./errors.ts";
 export * from "./exit_codes.ts";
 export * from "./queue/mod.ts";
-export {
-  type Backend,
-  type HostBackendOptions,
-  openHostBackend,
-  runnerAlive,
-} from "./host_backend.ts";
+export { type HostBackendOptions, openHostBackend, runnerAlive } from "./host_backend.ts";
 export {
   type EnsureAction,
   type Ensured,
   listSandboxes,
   type ListSandboxesOptions,
   listSnapshots,
-  openSandbox,
-  removeSandbox,
   removeSnapshot,
   type RestoredSnapshot,
   restoreSnapshot,
   type RestoreSnapshotOptions,
-  type Sandbox,
   type SandboxConfig,
   type SandboxKey,
-  type SandboxOptions,
   type SandboxStatus,
   saveSnapshot,
   type SaveSnapshotOptions,
@@ -50,6 +41,7 @@ export {
   type SweepOptions,
   type VolumeStatus,
 } from "./lifecycle/mod.ts";
+export { openSandbox, removeSandbox, type Sandbox, type SandboxOptions } from "./sandbox/mod.ts";
 export {
   launchable,
   type LaunchPlan,

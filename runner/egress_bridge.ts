@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { SANDBOX_PROXY_PORT } from "../lib/egress/paths.ts";
+import { SANDBOX_PROXY_PORT } from "../lib/config/egress_paths.ts";
 import { settlesWithin } from "../lib/async.ts";
 
 /** Most connections bridged at once; more are closed at once. */

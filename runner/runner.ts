@@ -10,7 +10,7 @@ import { concat } from "../lib/bytes.ts";
 import { connectChannel, type RunnerChannel } from "../lib/queue/channel.ts";
 import { SANDBOX_CHANNEL_DIR } from "../lib/config/sandbox_paths.ts";
 import { openPty, type Pty, reservePtys } from "./pty.ts";
-import { EGRESS_ENV_VARIABLE, EGRESS_SOCKET_VARIABLE } from "../lib/egress/paths.ts";
+import { EGRESS_ENV_VARIABLE, EGRESS_SOCKET_VARIABLE } from "../lib/config/egress_paths.ts";
 import { startEgressBridge } from "./egress_bridge.ts";
 import { imageEnv, imageWorkdir as defaultWorkdir } from "./image_defaults.ts";
 import { mark } from "../lib/trace.ts";

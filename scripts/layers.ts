@@ -10,9 +10,14 @@
  * of `lib/`'s own files (the base, rank 0, except those named in `RANKS`).
  *
  * Usage: deno task layers [--only UNIT,UNIT…] [--json]
- *   --only   report only edges and circles among these units (e.g.
- *            lib/config,lib/lifecycle,lib/egress,lib/mcp)
- *   --json   the edges as JSON lines instead of text
+ *        deno task layers --closure FILE
+ *   --only     report only edges and circles among these units (e.g.
+ *              lib/config,lib/lifecycle,lib/egress,lib/mcp)
+ *   --json     the edges as JSON lines instead of text
+ *   --closure  instead, what a run of FILE loads before its first dynamic
+ *              import (e.g. lib/cli/exec.ts for `waffle exec`): its modules
+ *              and their bytes of source by unit, npm packages and node:
+ *              modules, and the lib/egress and lib/mcp modules among them
  *
  * @module
  */
@@ -24,7 +29,7 @@
  */
 const RANKS: readonly (readonly string[])[] = [
   ["lib/*"],
-  ["lib/queue", "lib/docker"],
+  ["lib/queue", "lib/docker", "lib/terminal", "lib/http"],
   ["lib/config"],
   ["lib/lifecycle", "lib/host_backend.ts", "runner"],
   ["lib/egress"],
@@ -45,6 +50,7 @@ interface Dependency {
 
 interface InfoModule {
   specifier: string;
+  size?: number;
   dependencies?: Dependency[];
 }
 
@@ -60,25 +66,21 @@ interface Edge {
 const repo = new URL("../", import.meta.url).pathname;
 const only = flagValue("--only")?.split(",").filter((unit) => unit !== "");
 const asJson = Deno.args.includes("--json");
+const rankOf = new Map<string, number>();
+RANKS.forEach((units, rank) => units.forEach((unit) => rankOf.set(unit, rank)));
+const closureOf = flagValue("--closure");
+if (closureOf !== undefined) {
+  printClosure(await infoOf(closureOf.startsWith("/") ? closureOf : `${repo}${closureOf}`));
+  Deno.exit(0);
+}
 
 const files = [...walk(`${repo}lib`), ...walk(`${repo}runner`), `${repo}main.ts`];
 // One root that imports every file, as a data: URL (no temporary file).
 const root = `data:application/typescript,${
   encodeURIComponent(files.map((file) => `import ${JSON.stringify(`file://${file}`)};`).join("\n"))
 }`;
-const out = await new Deno.Command(Deno.execPath(), {
-  args: ["info", "--json", "--config", `${repo}deno.json`, root],
-  cwd: repo,
-  env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
-}).output();
-if (!out.success) {
-  console.error(`layers: deno info failed: ${new TextDecoder().decode(out.stderr)}`);
-  Deno.exit(2);
-}
-const info: { modules: InfoModule[] } = JSON.parse(new TextDecoder().decode(out.stdout));
+const info = await infoOf(root);
 
-const rankOf = new Map<string, number>();
-RANKS.forEach((units, rank) => units.forEach((unit) => rankOf.set(unit, rank)));
 const edges = collectEdges(info.modules);
 const wanted = (edge: Edge): boolean =>
   only === undefined || (only.includes(edge.fromUnit) && only.includes(edge.toUnit));
@@ -99,6 +101,57 @@ if (asJson) {
   );
 }
 Deno.exit(wrong.length > 0 || circles.length > 0 ? 1 : 0);
+
+// Deno's module graph of a root.
+async function infoOf(
+  rootSpecifier: string,
+): Promise<{ roots: string[]; modules: InfoModule[]; redirects: Record<string, string> }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["info", "--json", "--config", `${repo}deno.json`, rootSpecifier],
+    cwd: repo,
+    env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
+  }).output();
+  if (!out.success) {
+    console.error(`layers: deno info failed: ${new TextDecoder().decode(out.stderr)}`);
+    Deno.exit(2);
+  }
+  return JSON.parse(new TextDecoder().decode(out.stdout));
+}
+
+// What a run of the root loads before its first dynamic import: code
+// imports only (a type-only one loads nothing).
+function printClosure(
+  graph: { roots: string[]; modules: InfoModule[]; redirects: Record<string, string> },
+): void {
+  const byName = new Map(graph.modules.map((module) => [module.specifier, module]));
+  const seen = new Set<string>();
+  const stack = [...graph.roots];
+  while (stack.length > 0) {
+    const at = stack.pop()!;
+    if (seen.has(at)) continue;
+    seen.add(at);
+    for (const dep of byName.get(at)?.dependencies ?? []) {
+      const code = dep.code?.specifier;
+      if (code !== undefined && !dep.isDynamic) stack.push(graph.redirects[code] ?? code);
+    }
+  }
+  const local = [...seen].filter((specifier) => unitOf(specifier) !== undefined);
+  const size = (specifier: string): number => byName.get(specifier)?.size ?? 0;
+  const total = local.reduce((sum, specifier) => sum + size(specifier), 0);
+  console.log(`${graph.roots[0]}: ${local.length} modules, ${total} bytes of source`);
+  const byUnit = Map.groupBy(local, (specifier) => unitOf(specifier)!);
+  for (const [unit, list] of [...byUnit].sort(([a], [b]) => a.localeCompare(b))) {
+    const bytes = list.reduce((sum, specifier) => sum + size(specifier), 0);
+    console.log(`    ${unit.padEnd(18)} ${String(list.length).padStart(3)} ${bytes}`);
+  }
+  const outside = [...seen].filter((s) => s.startsWith("npm:") || s.startsWith("node:")).sort();
+  console.log(`npm and node: ${outside.join(" ") || "none"}`);
+  const egressOrMcp = local.filter((s) => /^lib\/(egress|mcp)$/.test(unitOf(s)!)).sort();
+  console.log(`lib/egress and lib/mcp: ${egressOrMcp.length}`);
+  for (const specifier of egressOrMcp) {
+    console.log(`    ${specifier.slice(`file://${repo}`.length)} ${size(specifier)}`);
+  }
+}
 
 function flagValue(name: string): string | undefined {
   const at = Deno.args.indexOf(name);

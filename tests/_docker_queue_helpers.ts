@@ -10,7 +10,7 @@
 import type { SandboxConfig } from "../lib/config/config.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { removeHomeVolumes } from "./_sandbox_helpers.ts";
 
 /**

@@ -14,7 +14,7 @@
 import { join } from "node:path";
 import { type CertifiedKey, mintCa } from "../lib/egress/ca.ts";
 import { runProxy } from "../lib/egress/proxy.ts";
-import { type EgressPaths, egressPaths, identityPaths } from "../lib/egress/paths.ts";
+import { type EgressPaths, egressPaths, identityPaths } from "../lib/config/egress_paths.ts";
 import type { PolicyFile } from "../lib/egress/policy_file.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import type { HeldSecret } from "../lib/egress/inject.ts";

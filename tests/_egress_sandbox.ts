@@ -7,7 +7,7 @@
  * @module
  */
 import type { DockerClient } from "../lib/docker/mod.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import { egressAuditFile } from "../lib/egress/proxy_container.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import { startUpstream, testCa, type Upstream, writeCaFile } from "./_egress_upstreams.ts";

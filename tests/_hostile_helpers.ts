@@ -15,7 +15,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import { liveTest, type LiveTestFn, type LiveTestOptions } from "./_docker_gate.ts";
 import { dockerCli, runOk } from "./_sandbox_helpers.ts";
 

@@ -14,7 +14,7 @@ import { listSandboxes } from "../lib/lifecycle/fleet.ts";
 import type { ContainerSummary } from "../lib/docker/types.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import type { SubmitOptions } from "../lib/queue/queue.ts";
 import { runCliProcess, text, waitFor } from "./_helpers.ts";

@@ -12,7 +12,7 @@ import { connectChannel, HostChannel, readFrames } from "../lib/queue/channel.ts
 import { MAX_CHUNK_BYTES } from "../lib/queue/protocol.ts";
 import { QueueSession } from "../lib/queue/session.ts";
 import { SANDBOX_CHANNEL_DIR } from "../lib/config/sandbox_paths.ts";
-import { openRestricted } from "../lib/lifecycle/restricted.ts";
+import { openRestricted } from "../lib/sandbox/restricted.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { runCliProcess } from "./_helpers.ts";
 import { bothWays, containerOf, RUNNER, spawnAsRunner, victimFile } from "./_hostile_helpers.ts";

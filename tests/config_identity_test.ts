@@ -7,7 +7,8 @@ import { join } from "node:path";
 import { loadConfig, loadWaffleConfig, sandboxToml } from "../lib/config/config.ts";
 import { UncoverableVolumeError, UsageError } from "../lib/errors.ts";
 import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
-import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
+import { statePaths } from "../lib/lifecycle/identity.ts";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import {
   containerSpec,
   imageVolumeMasks,

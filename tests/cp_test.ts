@@ -18,7 +18,7 @@ import { extractTar } from "../lib/files/extract.ts";
 import { helperOutput } from "../lib/files/mod.ts";
 import { newStats, packTree } from "../lib/files/pack.ts";
 import { padding, TAR_END, tarHeader, type TarType } from "../lib/files/tar.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import { text } from "./_helpers.ts";
 import { liveTest } from "./_docker_gate.ts";
 import {

@@ -14,9 +14,11 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { selfCommand } from "../lib/config/self.ts";
-import { removeSandbox, stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
+import { stopSandbox, sweep } from "../lib/lifecycle/fleet.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
 import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
-import { sandboxKey, statePaths } from "../lib/lifecycle/identity.ts";
+import { statePaths } from "../lib/lifecycle/identity.ts";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { containerSpec, LABELS } from "../lib/lifecycle/posture.ts";
 import { resolveImage } from "../lib/lifecycle/ensure.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";

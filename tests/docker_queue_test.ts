@@ -32,7 +32,7 @@ import {
   waitForCommandExit,
 } from "../lib/certify/mod.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import { BUSY_TIMEOUT_MS } from "../lib/queue/connection.ts";
 import { HEARTBEAT_INTERVAL_MS } from "../lib/queue/protocol.ts";
 import { Queue } from "../lib/queue/queue.ts";

@@ -25,9 +25,9 @@ import {
 import { startGitServer, testCa } from "./_egress_upstreams.ts";
 import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
-import { removeSandbox } from "../lib/lifecycle/fleet.ts";
-import { homeEgress, recordedLaunch } from "../lib/egress/launch.ts";
-import { identityPaths } from "../lib/egress/paths.ts";
+import { removeSandbox } from "../lib/sandbox/remove.ts";
+import { recordedLaunch } from "../lib/lifecycle/egress_record.ts";
+import { homeEgress, identityPaths } from "../lib/config/egress_paths.ts";
 import { lexists } from "../lib/fs.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 

@@ -1,5 +1,5 @@
 /**
- * Egress list entries and addresses (lib/egress/entries.ts): parsing,
+ * Egress list entries and addresses (lib/config/egress_entries.ts): parsing,
  * display, matching, intersection and address classification. Pure: no I/O.
  */
 import assert from "node:assert/strict";
@@ -19,8 +19,8 @@ import {
   mergeEntries,
   parseCidr,
   parseEntry,
-} from "../lib/egress/entries.ts";
-import type { EgressEntry } from "../lib/egress/types.ts";
+} from "../lib/config/egress_entries.ts";
+import type { EgressEntry } from "../lib/config/egress_types.ts";
 
 Deno.test("parseEntry() reads names, wildcards, ports and IP literals in canonical form", () => {
   const cases: [string, EgressEntry][] = [

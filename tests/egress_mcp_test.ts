@@ -14,7 +14,7 @@ import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { loadWaffleConfig } from "../lib/config/config.ts";
 import type { ContainerSummary, DockerClient } from "../lib/docker/mod.ts";
-import { restrictedAttachment } from "../lib/egress/launch.ts";
+import { restrictedAttachment } from "../lib/config/resolve.ts";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import { SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
 import { liveTest } from "./_docker_gate.ts";

@@ -1,6 +1,6 @@
 /**
- * The egress policy of `waffle.toml` (lib/egress/policy.ts): its keys and
- * their one-line errors, the composition of one identity's policy by
+ * The egress policy of `waffle.toml` (lib/config/egress_{schema,checks,compose}.ts):
+ * its keys and their one-line errors, the composition of one identity's policy by
  * intersection, and the launch plan's egress rules. Deterministic: no
  * Docker, nothing is started.
  */
@@ -8,8 +8,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { loadWaffleConfig, sandboxToml, type WaffleConfig } from "../lib/config/config.ts";
 import { UsageError } from "../lib/errors.ts";
-import { formatEntry, parseEntry } from "../lib/egress/entries.ts";
-import { egressPolicy, sandboxEgress, serverEgress } from "../lib/egress/policy.ts";
+import { formatEntry, parseEntry } from "../lib/config/egress_entries.ts";
+import { egressPolicy, sandboxEgress, serverEgress } from "../lib/config/egress_compose.ts";
 import { type LaunchPlan, planLaunch } from "../lib/mcp/plan.ts";
 import { runCli } from "../lib/cli/mod.ts";
 import type { CliIo } from "../lib/cli/io.ts";

@@ -14,7 +14,7 @@ import tls from "node:tls";
 import { Duplex } from "node:stream";
 import type { EgressAuditLine } from "../lib/egress/audit.ts";
 import type { HeldSecret } from "../lib/egress/inject.ts";
-import type { EgressIdentity } from "../lib/egress/types.ts";
+import type { EgressIdentity } from "../lib/config/egress_types.ts";
 import {
   type EgressProxy,
   nameEntry,

@@ -34,7 +34,7 @@ import {
   type SweepAction,
 } from "../lib/lifecycle/fleet.ts";
 import { containerHome, homeMatcher } from "../lib/lifecycle/container_home.ts";
-import { sandboxKey } from "../lib/lifecycle/identity.ts";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 
 /** A CLI run from source in a fresh process, with its peak resident memory. */

@@ -29,7 +29,7 @@ import process from "node:process";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { selfCommand } from "../lib/config/self.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { LOCK_WAIT_MS, type WaitOptions } from "../lib/queue/queue.ts";
@@ -351,7 +351,7 @@ function cliWithin(home: TestHome, args: string[], limitMs?: number): Promise<Ch
 }
 
 const PROJECT = new URL("../", import.meta.url);
-const SANDBOX_MODULE = new URL("lib/lifecycle/sandbox.ts", PROJECT).href;
+const SANDBOX_MODULE = new URL("lib/sandbox/open.ts", PROJECT).href;
 const HELPERS_MODULE = new URL("tests/_sandbox_helpers.ts", PROJECT).href;
 
 /** What a library call in a child process reported. */

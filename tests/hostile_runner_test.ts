@@ -27,7 +27,7 @@ import { libc } from "../lib/libc.ts";
 import { ensureContainer, type Ensured } from "../lib/lifecycle/ensure.ts";
 import { withLock } from "../lib/lifecycle/lock.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
-import { openSandbox, type Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import { LOCK_WAIT_MS } from "../lib/queue/queue.ts";
 import { type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/liveness.ts";

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { UsageError } from "../lib/errors.ts";
-import type { Backend } from "../lib/host_backend.ts";
+import type { Backend } from "../lib/queue/backend.ts";
 import { runIn, spawnIn } from "../lib/lifecycle/run.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { tempHome, uniqueUser } from "./_sandbox_helpers.ts";

@@ -21,7 +21,7 @@ import {
   resolveEnv,
   unsetHostEnv,
 } from "../lib/mcp/plan.ts";
-import { DEFAULT_MAX_MESSAGE_BYTES, type EnvSource } from "../lib/mcp/policy.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, type EnvSource } from "../lib/config/mcp_types.ts";
 import { runCli } from "../lib/cli/mod.ts";
 import type { CliIo } from "../lib/cli/io.ts";
 

@@ -27,7 +27,7 @@ import { selfCommand } from "../lib/config/self.ts";
 import { libc } from "../lib/libc.ts";
 import { outboundReplaced } from "../lib/lifecycle/outbound_in_place.ts";
 import { removeTree } from "../lib/lifecycle/remove_tree.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import { inspectState, RESET_KILL_ENV, type ResetStep } from "../lib/lifecycle/state_dir.ts";
 import { readWarm } from "../lib/lifecycle/warm.ts";
 import { liveTest } from "./_docker_gate.ts";
@@ -331,7 +331,7 @@ liveTest(
     await Deno.writeTextFile(
       script,
       TWO_USERS({
-        sandbox: new URL("../lib/lifecycle/sandbox.ts", import.meta.url).href,
+        sandbox: new URL("../lib/sandbox/open.ts", import.meta.url).href,
         removals: new URL("../lib/lifecycle/remove_tree.ts", import.meta.url).href,
       }),
     );

@@ -12,8 +12,8 @@ import { loadConfig } from "../lib/config/config.ts";
 import { UsageError } from "../lib/errors.ts";
 import { onPath } from "../lib/fs.ts";
 import { settleRemovals } from "../lib/lifecycle/remove_tree.ts";
-import { openRestricted } from "../lib/lifecycle/restricted.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import { openRestricted } from "../lib/sandbox/restricted.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import {
   listSnapshots,
   removeSnapshot,

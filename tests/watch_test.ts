@@ -15,7 +15,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import process from "node:process";
 import { libc } from "../lib/libc.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/open.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import { Bell, ChangeWatcher, REWATCH_GAP_MS } from "../lib/queue/watch.ts";
 import { liveTest } from "./_docker_gate.ts";

@@ -11,7 +11,7 @@
 import { CertifyError } from "../errors.ts";
 import { join } from "../path.ts";
 import type { DockerClient } from "../docker/client.ts";
-import { openSandbox, type Sandbox } from "../lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../sandbox/open.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { QueuePaths } from "../queue/schema.ts";
 import type { QueueMount } from "./check.ts";

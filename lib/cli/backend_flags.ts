@@ -6,8 +6,9 @@
 import { absoluteConfigPath } from "../config/config.ts";
 import type { ParseArgsConfig } from "node:util";
 import { UsageError } from "../errors.ts";
-import { type Backend, openHostBackend } from "../host_backend.ts";
-import { openSandbox } from "../lifecycle/sandbox.ts";
+import { openHostBackend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
+import { openSandbox } from "../sandbox/open.ts";
 import { type Parsed, stringFlag } from "./args.ts";
 
 /** Flag definitions for backend selection. */

@@ -10,7 +10,7 @@ import { absoluteConfigPath } from "../config/config.ts";
 import { createHash } from "node:crypto";
 import { FilesError, UsageError } from "../errors.ts";
 import { basename, resolve } from "../path.ts";
-import { openSandbox } from "../lifecycle/sandbox.ts";
+import { openSandbox } from "../sandbox/open.ts";
 import { entryComponents, extractTar, refuseSpecial, rootNameOf } from "../files/extract.ts";
 import { packInSandbox, unpackInSandbox } from "../files/mod.ts";
 import { newStats, type PackStats, packTree } from "../files/pack.ts";

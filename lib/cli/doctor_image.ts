@@ -7,7 +7,7 @@
  */
 import * as z from "../schema.ts";
 import { SANDBOX_DENO_ARGV, SANDBOX_DENO_ENV } from "../lifecycle/posture.ts";
-import type { Sandbox } from "../lifecycle/sandbox.ts";
+import type { Sandbox } from "../sandbox/open.ts";
 
 /** The tools `doctor` looks for on the commands' PATH. */
 const TOOLS = ["sh", "bash", "python3", "pip3", "git", "curl", "node", "tar"] as const;

@@ -17,7 +17,7 @@ import {
 } from "../config/config.ts";
 import { exists } from "../fs.ts";
 import { unsetHostEnv } from "../mcp/plan.ts";
-import type { McpServerConfig } from "../mcp/policy.ts";
+import type { McpServerConfig } from "../config/mcp_types.ts";
 import { probeConfiguredServer } from "./mcp_probe.ts";
 import { notOfferedWarning, unsetEnvWarning } from "./mcp_warnings.ts";
 import type { CheckOutcome, DoctorCheck } from "./doctor.ts";

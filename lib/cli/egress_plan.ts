@@ -11,15 +11,15 @@
  */
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import { allows, formatEntry } from "../egress/entries.ts";
+import { allows, formatEntry } from "../config/egress_entries.ts";
 import {
   type ComposedEgress,
   egressPolicy,
   type EgressSubject,
   sandboxEgress,
   serverEgress,
-} from "../egress/policy.ts";
-import type { EgressEntry, EgressSettings, SecretConfig } from "../egress/types.ts";
+} from "../config/egress_compose.ts";
+import type { EgressEntry, EgressSettings, SecretConfig } from "../config/egress_types.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
 import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";

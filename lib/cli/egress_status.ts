@@ -8,7 +8,7 @@
 import { loadWaffleConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/client.ts";
 import { egressStatus, reloadPolicies } from "../egress/status.ts";
-import { homeEgress } from "../egress/launch.ts";
+import { homeEgress } from "../config/egress_paths.ts";
 import { controlCall } from "../egress/policy_writer.ts";
 import { EXIT_FAILURE } from "../exit_codes.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";

@@ -15,7 +15,7 @@ import {
   EXIT_TIMEOUT,
   EXIT_WAFFLE,
 } from "../exit_codes.ts";
-import type { Backend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import {
   DEFAULT_OUTPUT_CAP,

@@ -7,8 +7,9 @@
 import { loadConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
-import { listSandboxes, removeSandbox, stopSandbox, sweep } from "../lifecycle/fleet.ts";
-import { sandboxKey } from "../lifecycle/identity.ts";
+import { listSandboxes, stopSandbox, sweep } from "../lifecycle/fleet.ts";
+import { removeSandbox } from "../sandbox/remove.ts";
+import { sandboxKey } from "../config/sandbox_key.ts";
 import { noPositionals, numberFlag, parse, stringFlag } from "./args.ts";
 import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";

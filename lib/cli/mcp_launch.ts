@@ -11,12 +11,13 @@
 import { escapeControls } from "../terminal/control_text.ts";
 import { configSource, loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { UsageError, WaffleError } from "../errors.ts";
-import { type EgressAttachment, restrictedAttachment } from "../egress/launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
+import { restrictedAttachment } from "../config/resolve.ts";
 import type { ServerConnection } from "../mcp/connection.ts";
 import { type HostServerConnection, openHostServer } from "../mcp/host_server.ts";
 import { fetchPackage, isCached, mcpCacheDir } from "../mcp/package_cache.ts";
 import { planLaunch, type PlannedServer, type Where } from "../mcp/plan.ts";
-import { DEFAULT_MAX_MESSAGE_BYTES, type McpServerConfig } from "../mcp/policy.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, type McpServerConfig } from "../config/mcp_types.ts";
 import type { RelayContext, RelayOptions } from "../mcp/relay.ts";
 import { openSandboxServer } from "../mcp/sandbox_server.ts";
 import { type Parsed, stringFlag } from "./args.ts";

@@ -11,8 +11,8 @@
 import { loadWaffleConfig, type WaffleConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { UsageError, WaffleError } from "../errors.ts";
-import { removeSandbox } from "../lifecycle/fleet.ts";
-import { sandboxKey } from "../lifecycle/identity.ts";
+import { removeSandbox } from "../sandbox/remove.ts";
+import { sandboxKey } from "../config/sandbox_key.ts";
 import { removeTree } from "../lifecycle/remove_tree.ts";
 import type { ServerConnection } from "../mcp/connection.ts";
 import { openHostServer } from "../mcp/host_server.ts";

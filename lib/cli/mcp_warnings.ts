@@ -7,7 +7,7 @@
  * @module
  */
 import { unsetHostEnv } from "../mcp/plan.ts";
-import type { EnvSource } from "../mcp/policy.ts";
+import type { EnvSource } from "../config/mcp_types.ts";
 import type { CliIo } from "./io.ts";
 
 /**

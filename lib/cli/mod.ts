@@ -80,7 +80,7 @@ const commands = new Map<string, Subcommand>([
   ["files", {
     summary: "(internal) file transfer inside a sandbox",
     load: lazy(
-      () => import("../files/inside.ts"),
+      () => import("./files.ts"),
       (m) => ({ help: m.FILES_HELP, run: m.filesCommand }),
     ),
   }],

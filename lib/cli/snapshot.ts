@@ -6,7 +6,7 @@
 import { absoluteConfigPath } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
 import { EXIT_WAFFLE } from "../exit_codes.ts";
-import { openSandbox, type Sandbox } from "../lifecycle/sandbox.ts";
+import { openSandbox, type Sandbox } from "../sandbox/open.ts";
 import type { SnapshotInfo } from "../lifecycle/snapshot_store.ts";
 import { noPositionals, numberFlag, parse, type Parsed, stringFlag } from "./args.ts";
 import type { CliIo } from "./io.ts";

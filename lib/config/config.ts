@@ -19,30 +19,24 @@ import { join, resolve } from "../path.ts";
 import * as z from "../schema.ts";
 import { UnpinnedPackageError, UsageError } from "../errors.ts";
 import { envNameSchema } from "../env_name.ts";
-import {
-  buildPolicy,
-  type ConfigProblem,
-  EMPTY_POLICY,
-  type McpPolicy,
-  POLICY_TABLE_KEYS,
-  policyShape,
-  tableNameProblem,
-} from "../mcp/policy.ts";
+import { buildPolicy } from "./mcp_policy.ts";
+import { EMPTY_POLICY, type McpPolicy } from "./mcp_types.ts";
+import { POLICY_TABLE_KEYS, policyShape, tableNameProblem } from "./mcp_schema.ts";
 import { stringify } from "npm:smol-toml@1.9.1";
 import {
   EGRESS_TABLE_KEYS,
   egressAddressesSchema,
-  egressConfigProblem,
   egressEntrySchema,
   egressListSchema,
   egressNameProblem,
   egressSettings,
   egressShape,
   secretNamesSchema,
-} from "../egress/policy.ts";
-import { formatEntry } from "../egress/entries.ts";
-import type { EgressEntry, EgressSettings } from "../egress/types.ts";
-import { issueProblem, parseToml } from "./toml.ts";
+} from "./egress_schema.ts";
+import { egressConfigProblem } from "./egress_checks.ts";
+import { formatEntry } from "./egress_entries.ts";
+import type { EgressEntry, EgressSettings } from "./egress_types.ts";
+import { type ConfigProblem, issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";
 import { absolutePathSchema as absolutePath } from "./absolute_path.ts";
 

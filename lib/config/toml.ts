@@ -6,8 +6,17 @@
  */
 import { parse, TomlError } from "npm:smol-toml@1.9.1";
 import type * as z from "../schema.ts";
-import type { ConfigProblem } from "../mcp/policy.ts";
 import { UsageError } from "../errors.ts";
+
+/** A config problem at one key: `'<key>' <detail>` once the file is named. */
+export interface ConfigProblem {
+  /** Dotted key path, e.g. `mcp.everything.execution`. */
+  key: string;
+  /** What was expected and what was found, e.g. `must be "host", found "sandbox"`. */
+  detail: string;
+  /** Set when the problem is a `package` without an exact version: its name and what was asked. */
+  unpinned?: { packageName: string; requested: string } | undefined;
+}
 
 /**
  * Parses a TOML document.

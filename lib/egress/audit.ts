@@ -12,7 +12,7 @@
  */
 import { egressLog } from "./log.ts";
 import { appendFileSync, renameSync } from "node:fs";
-import type { EgressIdentity } from "./types.ts";
+import type { EgressIdentity } from "../config/egress_types.ts";
 
 /** One connection's audit line. */
 export interface EgressAuditLine extends EgressIdentity {

@@ -22,7 +22,7 @@ import net, { type Socket } from "node:net";
 import tls from "node:tls";
 import { lookup } from "node:dns/promises";
 import type { Buffer } from "node:buffer";
-import { addressRefusal, allows, canonicalIp, isIpLiteral } from "./entries.ts";
+import { addressRefusal, allows, canonicalIp, isIpLiteral } from "../config/egress_entries.ts";
 import { collect, readHead, type RequestHead, serializeHead, upstreamHead } from "./http_head.ts";
 import { injectSecrets } from "./inject.ts";
 import { EgressFailed, EgressRefused, refusalResponse } from "./refusal.ts";

@@ -1,22 +1,17 @@
 /**
  * Controlled egress: sandboxes and restricted MCP servers stay network-less
  * and reach only named destinations through waffle's egress proxy, which
- * injects secrets the sandbox sees only as placeholders: the entries and
- * addresses of its lists, the config's egress policy, what a sandbox is
- * attached with, the proxy and its container, its CA, audit and status.
+ * injects secrets the sandbox sees only as placeholders: the proxy and its
+ * container, each identity's policy file, the CA, audit and status. What an
+ * identity may reach is the config's (`lib/config/egress_*.ts`).
  *
  * @module
  */
 export * from "./audit.ts";
 export * from "./ca.ts";
-export * from "./entries.ts";
-export * from "./launch.ts";
-export * from "./paths.ts";
-export * from "./policy.ts";
 export * from "./policy_file.ts";
 export * from "./policy_writer.ts";
 export * from "./proxy.ts";
 export * from "./proxy_container.ts";
 export * from "./status.ts";
 export * from "./supervisor.ts";
-export * from "./types.ts";

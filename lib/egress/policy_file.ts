@@ -7,7 +7,7 @@
  * @module
  */
 import * as z from "../schema.ts";
-import type { EgressEntry, EgressIdentity } from "./types.ts";
+import type { EgressEntry, EgressIdentity } from "../config/egress_types.ts";
 import type { HeldSecret } from "./inject.ts";
 
 /** The largest policy file the proxy reads. */

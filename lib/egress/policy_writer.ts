@@ -8,9 +8,9 @@
  */
 import { DockerError } from "../errors.ts";
 import { hostCanChown } from "../lifecycle/posture.ts";
-import { type EgressPaths, identityPaths } from "./paths.ts";
-import type { SecretConfig } from "./types.ts";
-import { type EgressAttachment, homeEgress, placeholderOf } from "./launch.ts";
+import { type EgressPaths, homeEgress, identityPaths } from "../config/egress_paths.ts";
+import type { EgressAttachment, SecretConfig } from "../config/egress_types.ts";
+import { placeholderOf } from "../config/egress_launch.ts";
 import { parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { proxyUser } from "./proxy_container.ts";
 import type { HeldSecret } from "./inject.ts";

@@ -14,7 +14,7 @@ import tls from "node:tls";
 import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { EgressAudit } from "./audit.ts";
 import { type ConnectionContext, endSoon, serveConnection } from "./connection.ts";
-import { type EgressPaths, egressPaths, identityPaths } from "./paths.ts";
+import { type EgressPaths, egressPaths, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { ByteBucket } from "./throttle.ts";
 import type { CertifiedKey } from "./ca.ts";

@@ -22,7 +22,7 @@ import {
   maskImageEnv,
   programLaunch,
 } from "../lifecycle/posture.ts";
-import { egressPaths, PROXY_AUDIT_FILE, PROXY_EGRESS_DIR } from "./paths.ts";
+import { egressPaths, PROXY_AUDIT_FILE, PROXY_EGRESS_DIR } from "../config/egress_paths.ts";
 
 /** The uid (and gid) the proxy runs as when the host is root: neither root nor the sandbox's. */
 export const PROXY_UID = 10002;

@@ -20,7 +20,7 @@
  *
  * @module
  */
-import { canonicalIp } from "./entries.ts";
+import { canonicalIp } from "../config/egress_entries.ts";
 import { headerValues, type RequestHead } from "./http_head.ts";
 import { EgressFailed, EgressRefused } from "./refusal.ts";
 

@@ -11,13 +11,13 @@
 import type { DockerClient } from "../docker/mod.ts";
 import { lexists } from "../fs.ts";
 import type { WaffleConfig } from "../config/config.ts";
-import { sandboxKey } from "../lifecycle/identity.ts";
-import { formatEntry } from "./entries.ts";
-import { type EgressAttachment, homeEgress } from "./launch.ts";
-import { identityPaths } from "./paths.ts";
+import { sandboxKey } from "../config/sandbox_key.ts";
+import { formatEntry } from "../config/egress_entries.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
+import { homeEgress, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
 import { controlCall, writePolicy } from "./policy_writer.ts";
-import { egressPolicy } from "./policy.ts";
+import { egressPolicy } from "../config/egress_compose.ts";
 import { egressAuditFile, proxyContainerName } from "./proxy_container.ts";
 
 /** One identity the proxy serves, as status shows it. */

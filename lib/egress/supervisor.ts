@@ -17,9 +17,9 @@ import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import { withLock } from "../lifecycle/lock.ts";
 import { hostCanChown, LABELS } from "../lifecycle/posture.ts";
 import { resolveImage } from "../lifecycle/ensure.ts";
-import type { EgressPaths } from "./paths.ts";
-import type { EgressSettings } from "./types.ts";
-import { type EgressAttachment, homeEgress } from "./launch.ts";
+import { type EgressPaths, homeEgress } from "../config/egress_paths.ts";
+import type { EgressSettings } from "../config/egress_types.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { egressAuditFile, proxyContainerSpec, proxyUser } from "./proxy_container.ts";
 import { controlCall, writeOwned, writePolicy } from "./policy_writer.ts";
 import { lexists } from "../fs.ts";
@@ -55,7 +55,7 @@ export async function ensureEgress(
 }
 
 /**
- * Makes a home's egress directory (see paths.ts for who may write which),
+ * Makes a home's egress directory (see `lib/config/egress_paths.ts` for who may write which),
  * its CA (once: `install.sh` makes it for the default home through
  * `waffle egress ca`), the sandboxes' CA bundle and the audit's link.
  *

@@ -2,7 +2,7 @@
  * Files in and out of a sandbox, streamed and bounded: the host half of
  * `waffle cp` and the library's `sandbox.files`. Every path inside the
  * sandbox is resolved by `waffle files …` running inside it as the
- * commands' uid (see `inside.ts`); the host only streams bytes through a
+ * commands' uid (see `lib/cli/files.ts`); the host only streams bytes through a
  * queue session, and extracts what comes out with `extract.ts`'s rules.
  *
  * @example
@@ -19,7 +19,8 @@ import { escapeControls } from "../terminal/control_text.ts";
 import * as z from "../schema.ts";
 import { concat } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
-import type { Sandbox } from "../lifecycle/sandbox.ts";
+import type { SandboxConfig } from "../config/config.ts";
+import type { Backend } from "../queue/backend.ts";
 import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import type { WaitOptions } from "../queue/queue.ts";
@@ -46,6 +47,15 @@ const entrySchema = z.object({
   mode: z.int().check(z.nonnegative()),
   mtime: z.number(),
 });
+
+/**
+ * What the files API uses of a sandbox: `openSandbox`'s result is one (its
+ * sessions run `waffle files` inside it).
+ */
+export interface FilesTarget extends Backend {
+  /** Its settings: how a command inside it runs waffle. */
+  readonly config: SandboxConfig;
+}
 
 /** The library's files API of one sandbox (`sandbox.files`). */
 export interface SandboxFiles {
@@ -87,12 +97,12 @@ interface Finished {
   stderr: string;
 }
 
-async function open(sandbox: Sandbox, args: string[]): Promise<QueueSession> {
+async function open(sandbox: FilesTarget, args: string[]): Promise<QueueSession> {
   const { argv, env } = sandboxWaffleCommand(sandbox.config, ["files", ...args]);
   return await QueueSession.open(sandbox, { argv, env, ...SESSION }, waitOf(sandbox));
 }
 
-function waitOf(sandbox: Sandbox): WaitOptions {
+function waitOf(sandbox: FilesTarget): WaitOptions {
   return { revive: (trouble) => sandbox.ensure(trouble) };
 }
 
@@ -173,7 +183,7 @@ async function drain(
  * @returns Its stdout (at most 1 MiB).
  */
 async function feed(
-  sandbox: Sandbox,
+  sandbox: FilesTarget,
   args: string[],
   data: AsyncIterable<Uint8Array>,
 ): Promise<Uint8Array> {
@@ -212,7 +222,7 @@ async function feed(
  * @returns Its stdout.
  */
 export async function* helperOutput(
-  sandbox: Sandbox,
+  sandbox: FilesTarget,
   args: string[],
 ): AsyncGenerator<Uint8Array> {
   const session = await open(sandbox, args);
@@ -262,7 +272,7 @@ const unpackedSchema = z.object({
  * @returns What the sandbox says it wrote.
  */
 export async function unpackInSandbox(
-  sandbox: Sandbox,
+  sandbox: FilesTarget,
   tar: AsyncIterable<Uint8Array>,
   dest: string,
   rootName?: string,
@@ -290,7 +300,7 @@ export async function unpackInSandbox(
  * @returns The archive's bytes.
  */
 export function packInSandbox(
-  sandbox: Sandbox,
+  sandbox: FilesTarget,
   path: string,
   rootName: string,
 ): AsyncGenerator<Uint8Array> {
@@ -315,7 +325,7 @@ async function* chunksOf(
  * @param data The bytes or a stream of them.
  */
 export async function writeFile(
-  sandbox: Sandbox,
+  sandbox: FilesTarget,
   path: string,
   data: Uint8Array | ReadableStream<Uint8Array>,
 ): Promise<void> {
@@ -330,7 +340,7 @@ export async function writeFile(
  * @param path Inside the sandbox.
  * @returns The file's bytes.
  */
-export function readFile(sandbox: Sandbox, path: string): ReadableStream<Uint8Array> {
+export function readFile(sandbox: FilesTarget, path: string): ReadableStream<Uint8Array> {
   return ReadableStream.from(helperOutput(sandbox, ["read", path]));
 }
 
@@ -342,7 +352,7 @@ export function readFile(sandbox: Sandbox, path: string): ReadableStream<Uint8Ar
  * @param path Inside the sandbox.
  * @returns Entries by name.
  */
-export async function listFiles(sandbox: Sandbox, path: string): Promise<FileEntry[]> {
+export async function listFiles(sandbox: FilesTarget, path: string): Promise<FileEntry[]> {
   const chunks: Uint8Array[] = [];
   let bytes = 0;
   for await (const chunk of helperOutput(sandbox, ["list", path])) {
@@ -364,7 +374,7 @@ export async function listFiles(sandbox: Sandbox, path: string): Promise<FileEnt
  * @param sandbox The sandbox.
  * @param path Inside the sandbox.
  */
-export async function removeFile(sandbox: Sandbox, path: string): Promise<void> {
+export async function removeFile(sandbox: FilesTarget, path: string): Promise<void> {
   for await (const _ of helperOutput(sandbox, ["remove", path])) {
     // nothing is printed
   }
@@ -376,7 +386,7 @@ export async function removeFile(sandbox: Sandbox, path: string): Promise<void> 
  * @param sandbox The sandbox.
  * @returns `write`, `read`, `list` and `remove`.
  */
-export function sandboxFiles(sandbox: Sandbox): SandboxFiles {
+export function sandboxFiles(sandbox: FilesTarget): SandboxFiles {
   return {
     write: (path, data) => writeFile(sandbox, path, data),
     read: (path) => readFile(sandbox, path),

@@ -19,7 +19,8 @@
  * @module
  */
 import { dirname, normalize, resolve } from "../path.ts";
-import { type SandboxKey, sandboxKey, statePaths } from "./identity.ts";
+import { statePaths } from "./identity.ts";
+import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 import { LABELS } from "./posture.ts";
 
 /** Where a container's labels place it. */

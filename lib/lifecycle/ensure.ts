@@ -15,7 +15,8 @@ import { DockerError, RunnerError } from "../errors.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { mark } from "../trace.ts";
-import type { SandboxKey, StatePaths } from "./identity.ts";
+import type { StatePaths } from "./identity.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
 import {
   type ContainerSpec,
   containerSpec,

@@ -1,13 +1,15 @@
 /**
- * Operations over the waffle containers on the daemon: list, sweep, stop,
- * remove. They work from labels and the state directories alone, so a fresh
- * host process reconciles containers it never saw (or whose host died).
+ * Operations over the waffle containers on the daemon: list, sweep, stop
+ * (removal, which also forgets an egress identity, is
+ * `lib/sandbox/remove.ts`'s). They work from labels and the state
+ * directories alone, so a fresh host process reconciles containers it never
+ * saw (or whose host died).
  *
  * Several waffle homes can share one daemon (CI runs, two users of one
  * machine, tests). `listSandboxes` and `sweep` act on this home's containers
  * (by the home their `waffle.state` label names, see `container_home.ts`)
- * unless asked for `all`; `stopSandbox` and `removeSandbox` only ever act on
- * this home's. Restricted sessions' containers carry no `waffle.key` label
+ * unless asked for `all`; `stopSandbox` (and `removeSandbox`) only ever act
+ * on this home's. Restricted sessions' containers carry no `waffle.key` label
  * and none of these lists them.
  *
  * What they read of each sandbox is small and the host's own wherever it can
@@ -34,29 +36,13 @@ import { INBOUND_UPGRADES, OUTBOUND_SCHEMA, type QueuePaths, queuePaths } from "
 import type { DatabaseSync } from "node:sqlite";
 import { containerHome, homeMatcher } from "./container_home.ts";
 import { incompatibility, ownedBy, unusableState } from "./ensure.ts";
-import {
-  type SandboxKey,
-  sandboxKey,
-  stateLayout,
-  type StatePaths,
-  statePaths,
-} from "./identity.ts";
-import { removeVolume } from "./quota.ts";
+import { stateLayout, type StatePaths, statePaths } from "./identity.ts";
+import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 import { withLock } from "./lock.ts";
-import {
-  containerSpec,
-  findUncoverableVolume,
-  hostCanChown,
-  type ImageFacts,
-  LABELS,
-  SANDBOX_UID,
-} from "./posture.ts";
+import { containerSpec, findUncoverableVolume, type ImageFacts, LABELS } from "./posture.ts";
 import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
-import { purgeState, stateExists } from "./state_dir.ts";
-import { writeWarm } from "./warm.ts";
-import { recordedLaunch } from "../egress/launch.ts";
-import { forgetIdentity } from "../egress/policy_writer.ts";
+import { stateExists } from "./state_dir.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
@@ -511,50 +497,6 @@ export async function stopSandbox(
       throw new UsageError(`No sandbox for user '${key.user}' of tenant '${key.tenant}'`);
     }
     return await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
-  });
-}
-
-/**
- * Removes a user's container; with `purge`, also their state (queue and workspace).
- *
- * @param docker The Docker client.
- * @param key Whose sandbox.
- * @param options Config and purge.
- * @returns True when a container was removed.
- */
-export async function removeSandbox(
-  docker: DockerClient,
-  key: SandboxKey,
-  options: { config: SandboxConfig; purge?: boolean },
-): Promise<boolean> {
-  const paths = statePaths(options.config.home, key);
-  return await withLock(paths.lock, async () => {
-    // The name may be held by the same (tenant, user) of another WAFFLE_HOME: leave that one.
-    const container = await docker.inspectContainer(key.containerName);
-    const ours = container !== null && ownedBy(container, paths.root);
-    if (options.purge && ours && !hostCanChown()) {
-      // A host that is not root cannot delete what commands wrote (uid
-      // SANDBOX_UID): empty the workspace as that uid, inside the container.
-      if (!container.State.Running) await docker.startContainer(container.Id);
-      await docker.exec(container.Id, [
-        "/bin/sh",
-        "-c",
-        "chmod -R u+rwX /workspace; find /workspace -mindepth 1 -maxdepth 1 -exec rm -rf {} +",
-      ], { user: `${SANDBOX_UID}:${SANDBOX_UID}`, timeoutMs: 60_000 });
-    }
-    const removed = ours && await docker.removeContainer(container.Id, { force: true });
-    if (!options.purge) {
-      // The state stays for the next call to heal: no warm record outlives its container.
-      writeWarm(paths.root, undefined);
-      return removed;
-    }
-    await removeVolume(paths.root);
-    const egress = recordedLaunch(paths.root);
-    if (egress !== undefined) await forgetIdentity(options.config.home, egress.id);
-    // Never a recursive delete in this process: the workspace and outbound/
-    // are trees the sandbox shaped (see remove_tree.ts).
-    await purgeState(paths);
-    return removed;
   });
 }
 

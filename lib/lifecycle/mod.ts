@@ -1,6 +1,7 @@
 /**
  * Per-user persistent sandbox containers: identity, posture, state, ensure,
- * and the fleet operations (ps, sweep, stop, rm).
+ * and the fleet operations (ps, sweep, stop). Opening a sandbox and removing
+ * one compose these with egress: `lib/sandbox/`.
  *
  * @module
  */
@@ -15,13 +16,8 @@ export {
   unusableState,
 } from "./ensure.ts";
 export { type ContainerHome, containerHome, homeMatcher } from "./container_home.ts";
-export {
-  type SandboxKey,
-  sandboxKey,
-  stateLayout,
-  type StatePaths,
-  statePaths,
-} from "./identity.ts";
+export { stateLayout, type StatePaths, statePaths } from "./identity.ts";
+export { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 export { withLock } from "./lock.ts";
 export {
   bind,
@@ -39,8 +35,6 @@ export {
   removeVolume,
   type VolumeStatus,
 } from "./quota.ts";
-export { openSandbox, type Sandbox, type SandboxOptions } from "./sandbox.ts";
-export { openRestricted, type RestrictedOptions, type RestrictedSandbox } from "./restricted.ts";
 export {
   inspectState,
   prepareState,
@@ -54,7 +48,6 @@ export { removeTree, type RemoveTreeOptions, settleRemovals } from "./remove_tre
 export {
   listSandboxes,
   type ListSandboxesOptions,
-  removeSandbox,
   type SandboxStatus,
   stopSandbox,
   sweep,

@@ -27,8 +27,9 @@ import type {
   HostConfigMount,
   ImageSummary,
 } from "../docker/mod.ts";
-import type { SandboxKey, StatePaths } from "./identity.ts";
-import { type EgressLaunch, recordedLaunch } from "../egress/launch.ts";
+import type { StatePaths } from "./identity.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
+import { type ContainerEgress, recordedLaunch } from "./egress_record.ts";
 import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
@@ -133,7 +134,7 @@ export function containerSpec(
     paths: StatePaths;
     restricted?: { id: string } | undefined;
     /** A restricted session's own egress; a sandbox's is what its last open recorded. */
-    egress?: EgressLaunch | undefined;
+    egress?: ContainerEgress | undefined;
   },
 ): ContainerSpec {
   const { image, paths, restricted } = options;

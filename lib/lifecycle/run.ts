@@ -17,7 +17,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
-import type { Backend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { type ExecResult, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";

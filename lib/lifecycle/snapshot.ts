@@ -41,7 +41,10 @@ import { withLock } from "./lock.ts";
 import { LABELS } from "./posture.ts";
 import { quotaSupport, type VolumeStatus } from "./quota.ts";
 import { removeTree } from "./remove_tree.ts";
-import type { Sandbox } from "./sandbox.ts";
+import type { SandboxConfig } from "../config/config.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
+import type { Ensured } from "./ensure.ts";
+import type { StatePaths } from "./identity.ts";
 import {
   copyFrozenImage,
   copyWorkspaceOut,
@@ -99,6 +102,25 @@ export interface RestoredSnapshot {
 }
 
 /**
+ * What the snapshot functions use of a sandbox: `openSandbox`'s result is
+ * one (they act under its lock, on its state and container).
+ */
+export interface SnapshotSandbox {
+  /** Whose sandbox, and its container name. */
+  readonly key: SandboxKey;
+  /** The sandbox's state directories on the host. */
+  readonly paths: StatePaths;
+  /** Its settings (`max_snapshots`, `snapshot_bytes`). */
+  readonly config: SandboxConfig;
+  /** Its queue: whether a request still runs. */
+  readonly queue: Queue;
+  /** What the last ensure did (undefined before the first). */
+  readonly lastEnsure: Ensured | undefined;
+  /** Creates, adopts or starts its container (the sandbox's `ensure`). */
+  ensure(): Promise<void>;
+}
+
+/**
  * Saves the workspace of a sandbox as snapshot `name`.
  *
  * @param sandbox The sandbox (from `openSandbox`).
@@ -118,7 +140,7 @@ export interface RestoredSnapshot {
  * ```
  */
 export async function saveSnapshot(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   name: string,
   options: SaveSnapshotOptions = {},
 ): Promise<SnapshotInfo> {
@@ -142,7 +164,7 @@ export async function saveSnapshot(
 // a process a command left behind (one parked in a splice into the volume)
 // could otherwise hold fsfreeze forever, and the lock with it.
 async function saveLocked(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   name: string,
   options: SaveSnapshotOptions & { docker: DockerClient; stop: { wasRunning: boolean } },
 ): Promise<SnapshotInfo> {
@@ -202,7 +224,7 @@ async function saveLocked(
  * ```
  */
 export async function restoreSnapshot(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   name: string,
   options: RestoreSnapshotOptions = {},
 ): Promise<RestoredSnapshot> {
@@ -235,7 +257,7 @@ export async function restoreSnapshot(
 
 // The restore itself, under the sandbox's lock (see the module doc).
 async function restoreLocked(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   name: string,
   options: { docker: DockerClient; waitMs: number; stop: { wasRunning: boolean } },
 ): Promise<{ snapshot: SnapshotInfo; containerId: string | undefined }> {
@@ -284,7 +306,7 @@ async function restoreLocked(
  * for (const s of await listSnapshots(openSandbox("alice"))) console.log(s.name, s.bytes);
  * ```
  */
-export function listSnapshots(sandbox: Sandbox): Promise<SnapshotInfo[]> {
+export function listSnapshots(sandbox: SnapshotSandbox): Promise<SnapshotInfo[]> {
   return Promise.resolve(readSnapshots(sandbox.paths.root));
 }
 
@@ -303,7 +325,10 @@ export function listSnapshots(sandbox: Sandbox): Promise<SnapshotInfo[]> {
  * await removeSnapshot(openSandbox("alice"), "before-migration");
  * ```
  */
-export async function removeSnapshot(sandbox: Sandbox, name: string): Promise<SnapshotInfo> {
+export async function removeSnapshot(
+  sandbox: SnapshotSandbox,
+  name: string,
+): Promise<SnapshotInfo> {
   checkSnapshotName(name);
   const { paths } = sandbox;
   return await withLock(paths.lock, async () => {
@@ -317,7 +342,7 @@ export async function removeSnapshot(sandbox: Sandbox, name: string): Promise<Sn
   });
 }
 
-function who(sandbox: Sandbox): string {
+function who(sandbox: SnapshotSandbox): string {
   const { tenant, user } = sandbox.key;
   return tenant === "default" ? `user '${user}'` : `user '${user}' of tenant '${tenant}'`;
 }
@@ -337,7 +362,7 @@ function requireSupport(): void {
 
 // Undoes what a killed call left (a frozen volume, work directories, a
 // half-copied or swapped-out workspace), then mounts the volume if needed.
-async function healAndPrepare(sandbox: Sandbox): Promise<VolumeStatus> {
+async function healAndPrepare(sandbox: SnapshotSandbox): Promise<VolumeStatus> {
   const { paths, config } = sandbox;
   const real = Deno.realPathSync(paths.root);
   // First: a frozen volume would block the preparation's own writes.
@@ -364,7 +389,7 @@ function allocated(path: string): number {
 }
 
 function checkLimits(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   replacing: SnapshotInfo | undefined,
   estimate: number,
 ): void {
@@ -404,7 +429,7 @@ function publish(work: string, final: string): boolean {
 // Stops the sandbox's container (recording whether it ran) so that nothing
 // writes the volume while it is copied; no warm path leads into it meanwhile.
 async function stopForCopy(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   options: { docker: DockerClient; stop: { wasRunning: boolean } },
 ): Promise<ContainerInspect | null> {
   const found = await options.docker.inspectContainer(sandbox.key.containerName);
@@ -433,7 +458,7 @@ async function stopped(docker: DockerClient, id: string): Promise<void> {
 const IDLE_POLL_MS = 100;
 
 async function untilIdle(
-  sandbox: Sandbox,
+  sandbox: SnapshotSandbox,
   options: { what: string; waitMs: number; docker?: DockerClient },
 ): Promise<void> {
   const deadline = Date.now() + options.waitMs;
@@ -453,7 +478,10 @@ async function untilIdle(
 
 // What keeps a save (requests) or a restore (also restricted sessions, which
 // mount the workspace themselves) from going ahead, or undefined.
-async function busyWith(sandbox: Sandbox, docker?: DockerClient): Promise<string | undefined> {
+async function busyWith(
+  sandbox: SnapshotSandbox,
+  docker?: DockerClient,
+): Promise<string | undefined> {
   const running = runningRequests(sandbox.queue);
   if (running.length > 0) {
     const count = running.length === 1 ? "1 request is" : `${running.length} requests are`;

@@ -22,7 +22,7 @@ import type {
 } from "@modelcontextprotocol/server";
 import type { ServerConnection } from "./connection.ts";
 import { relay, type RelayOptions, type RelayResult } from "./relay.ts";
-import { DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES } from "../config/mcp_types.ts";
 
 /** A JSON-RPC id. */
 type Id = string | number;

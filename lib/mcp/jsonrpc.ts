@@ -9,7 +9,7 @@
  * @module
  */
 import * as z from "../schema.ts";
-import { DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES } from "../config/mcp_types.ts";
 
 /** A JSON-RPC id: a string or a number (null only in an error response to an unreadable request). */
 export type JsonRpcId = string | number;

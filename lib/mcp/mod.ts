@@ -20,7 +20,6 @@ export * from "./npm_registry.ts";
 export * from "./npm_version.ts";
 export * from "./package_cache.ts";
 export * from "./plan.ts";
-export * from "./policy.ts";
 export * from "./probe.ts";
 export * from "./relay.ts";
 export * from "./sandbox_server.ts";

@@ -1,14 +1,15 @@
 /**
- * npm versions as a pinned MCP server package needs them: whether a version
- * is exact (`1.2.3`, a prerelease `1.2.3-rc.1` and build `+b5` allowed), and
- * which version npm would install for a tag (`latest`) or a range (`^1`,
- * `1.x`, `>=1 <2`, `1 - 2`, `a || b`), as npm's manifest picker decides: the
- * `latest` tag's version when it satisfies the range, else the highest
- * satisfying one, prereleases only when the range names one of the same
- * `major.minor.patch`. Pure: the registry's answer is passed in.
+ * npm versions as a pinned MCP server package needs them: which version npm
+ * would install for a tag (`latest`) or a range (`^1`, `1.x`, `>=1 <2`,
+ * `1 - 2`, `a || b`), as npm's manifest picker decides: the `latest` tag's
+ * version when it satisfies the range, else the highest satisfying one,
+ * prereleases only when the range names one of the same
+ * `major.minor.patch`. Pure: the registry's answer is passed in. Whether a
+ * version is exact is `lib/config/package_pin.ts`'s rule.
  *
  * @module
  */
+import { EXACT_VERSION } from "../config/package_pin.ts";
 
 /** A parsed version: numbers and prerelease identifiers (the build is ignored, as npm does). */
 interface Version {
@@ -16,32 +17,6 @@ interface Version {
   minor: number;
   patch: number;
   prerelease: (string | number)[];
-}
-
-const NUMERIC = "0|[1-9]\\d*";
-const IDENT = `(?:${NUMERIC}|\\d*[A-Za-z-][0-9A-Za-z-]*)`;
-const EXACT = new RegExp(
-  `^(${NUMERIC})\\.(${NUMERIC})\\.(${NUMERIC})(?:-(${IDENT}(?:\\.${IDENT})*))?(?:\\+([0-9A-Za-z-]+(?:\\.[0-9A-Za-z-]+)*))?$`,
-);
-
-/**
- * Whether a version string is one exact version (semver 2.0.0): three
- * numbers without leading zeros, an optional prerelease and build.
- *
- * @example
- * ```ts
- * import { isExactVersion } from "./npm_version.ts";
- * isExactVersion("2026.8.31"); // true
- * isExactVersion("1.0.0-rc.1+build.5"); // true
- * isExactVersion("latest"); // false
- * isExactVersion("^1"); // false
- * ```
- *
- * @param version The version as written after `@`.
- * @returns True for an exact version.
- */
-export function isExactVersion(version: string): boolean {
-  return EXACT.test(version);
 }
 
 /** What a registry says about a package: its versions and dist-tags. */
@@ -87,7 +62,7 @@ export function pickVersion(known: PackageVersions, wanted: string): string | un
 }
 
 function parseVersion(text: string): Version | undefined {
-  const match = EXACT.exec(text.trim().replace(/^[=v]+/, ""));
+  const match = EXACT_VERSION.exec(text.trim().replace(/^[=v]+/, ""));
   if (match === null) return undefined;
   return {
     major: Number(match[1]),

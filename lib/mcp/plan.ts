@@ -14,21 +14,21 @@
  * @module
  */
 import { join } from "../path.ts";
-import type { EgressEntry } from "../egress/types.ts";
-import { planEgress, type PlannedEgress } from "../egress/policy.ts";
+import type { EgressEntry } from "../config/egress_types.ts";
+import { planEgress, type PlannedEgress } from "../config/egress_compose.ts";
 import {
   type ClientRequestMethod,
   CONTAINER_WORKSPACE,
   type EnvSource,
   type McpPolicy,
   type McpServerConfig,
-} from "./policy.ts";
+} from "../config/mcp_types.ts";
 import { type ServerState, serverState } from "./server_state.ts";
-import { type ResolvedSubject, resolveSubject } from "./subject.ts";
+import { type ResolvedSubject, resolveSubject } from "../config/subject.ts";
 
-export { CONTAINER_WORKSPACE } from "./policy.ts";
-export { DEFAULT_GROUP } from "./subject.ts";
-export type { PlannedEgress } from "../egress/policy.ts";
+export { CONTAINER_WORKSPACE } from "../config/mcp_types.ts";
+export { DEFAULT_GROUP } from "../config/subject.ts";
+export type { PlannedEgress } from "../config/egress_compose.ts";
 
 /** Where a launched server executes: the host, the user's sandbox, or a restricted container. */
 export type Where = "host" | "sandbox" | "restricted";

@@ -39,7 +39,7 @@ import {
   readLines,
 } from "./jsonrpc.ts";
 import { oneLineOf } from "../errors.ts";
-import { DEFAULT_CLIENT_REQUESTS, DEFAULT_MAX_MESSAGE_BYTES } from "./policy.ts";
+import { DEFAULT_CLIENT_REQUESTS, DEFAULT_MAX_MESSAGE_BYTES } from "../config/mcp_types.ts";
 import { ServerRequestGate } from "./server_request_gate.ts";
 
 /** The client side: the CLI's stdin and stdout. */

@@ -8,9 +8,9 @@
 import { settlesWithin } from "../async.ts";
 import type { SandboxConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
-import type { EgressAttachment } from "../egress/launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { SANDBOX_DENO_ARGV, SANDBOX_MCP_CACHE } from "../lifecycle/posture.ts";
-import { openSandbox } from "../lifecycle/sandbox.ts";
+import { openSandbox } from "../sandbox/open.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
 import { BorrowedStream } from "./borrowed_stream.ts";
@@ -75,7 +75,7 @@ export async function openSandboxServer(
     options.onProgress?.(`starting a restricted container for '${planned.name}'`);
     // Docker's client loads only for a restricted container: a warm sandbox
     // session needs none of it (it is most of a cold CLI start).
-    const { openRestricted } = await import("../lifecycle/restricted.ts");
+    const { openRestricted } = await import("../sandbox/restricted.ts");
     const restricted = await openRestricted(options.user, {
       tenant: options.tenant,
       config: options.config,

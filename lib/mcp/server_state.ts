@@ -25,7 +25,7 @@
 import { join } from "../path.ts";
 import { WaffleError } from "../errors.ts";
 import { RESTRICTED_HOME } from "../lifecycle/posture.ts";
-import { CONTAINER_WORKSPACE } from "./policy.ts";
+import { CONTAINER_WORKSPACE } from "../config/mcp_types.ts";
 
 /** Where a server executes (the plan's `where`). */
 export type StateWhere = "host" | "sandbox" | "restricted";

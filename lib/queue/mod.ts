@@ -62,3 +62,4 @@ export {
 } from "./session.ts";
 export { initQueue, type InitQueueOptions, type QueuePaths, queuePaths } from "./schema.ts";
 export { ChangeWatcher } from "./watch.ts";
+export type { Backend } from "./backend.ts";

@@ -6,24 +6,28 @@
  * itself when its runner idles out after a host died). When the session's
  * server has egress of its own (`restrictedAttachment`), its network is
  * still "none": its runner bridges the proxy port to the identity's socket,
- * as a sandbox's does.
+ * as a sandbox's does, and the egress proxy (loaded only then) serves it.
  *
  * @module
  */
 import { join } from "../path.ts";
 import { loadConfig, type SandboxConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
-import { type EgressAttachment, type EgressLaunch, egressLaunch } from "../egress/launch.ts";
+import { egressLaunch } from "../config/egress_launch.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
 import { RunnerError } from "../errors.ts";
 import { processMark } from "../process_mark.ts";
-import type { Backend } from "../host_backend.ts";
+import type { Backend } from "../queue/backend.ts";
 import { Queue } from "../queue/queue.ts";
-import { resolveImage } from "./ensure.ts";
-import { restrictedChannelDir, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
-import { withLock } from "./lock.ts";
-import { containerSpec } from "./posture.ts";
-import { removeTree } from "./remove_tree.ts";
-import { prepareState } from "./state_dir.ts";
+import { resolveImage } from "../lifecycle/ensure.ts";
+import { restrictedChannelDir, type StatePaths, statePaths } from "../lifecycle/identity.ts";
+import { sandboxKey } from "../config/sandbox_key.ts";
+import { withLock } from "../lifecycle/lock.ts";
+import { containerEgress } from "../lifecycle/egress_mounts.ts";
+import type { ContainerEgress } from "../lifecycle/egress_record.ts";
+import { containerSpec } from "../lifecycle/posture.ts";
+import { removeTree } from "../lifecycle/remove_tree.ts";
+import { prepareState } from "../lifecycle/state_dir.ts";
 import { makeChannelDir, removeChannelDir } from "../queue/channel.ts";
 
 /** A restricted container: a backend whose `close` removes it and its queue. */
@@ -139,12 +143,12 @@ export async function openRestricted(
 async function attachEgress(
   docker: DockerClient,
   options: { attachment: EgressAttachment | undefined; config: SandboxConfig },
-): Promise<EgressLaunch | undefined> {
+): Promise<ContainerEgress | undefined> {
   const { attachment, config } = options;
   if (attachment === undefined) return undefined;
   const { ensureEgress } = await import("../egress/supervisor.ts");
   await ensureEgress(docker, attachment, { home: config.home, config });
-  return egressLaunch(config.home, attachment);
+  return containerEgress(egressLaunch(config.home, attachment));
 }
 
 /** Names the host process that owns a restricted session's directory. */

@@ -1,36 +1,36 @@
 /**
  * The Docker backend: a per-(tenant, user) persistent container whose runner
  * serves the user's queue. This is waffle's sandbox; there is no fallback to
- * unsandboxed execution on any error.
+ * unsandboxed execution on any error. It composes what the config resolves
+ * (`resolveSandbox`) with the container's lifecycle and, only for a sandbox
+ * attached to egress, the egress proxy: a sandbox without egress loads no
+ * egress module.
  *
  * @module
  */
 import { mark } from "../trace.ts";
-import { loadWaffleConfig, type SandboxConfig, type WaffleConfig } from "../config/config.ts";
+import { loadWaffleConfig, type SandboxConfig } from "../config/config.ts";
+import type { EgressAttachment } from "../config/egress_types.ts";
+import { resolveSandbox } from "../config/resolve.ts";
+import type { SandboxKey } from "../config/sandbox_key.ts";
 import type { DockerClient } from "../docker/client.ts";
 import { type DockerEndpoint, dockerHostEnv, parseDockerHost } from "../docker/endpoint.ts";
 import { quickGet } from "../docker/quick_get.ts";
-import type { Backend } from "../host_backend.ts";
-import { type SandboxFiles, sandboxFiles } from "../files/mod.ts";
+import type { Backend } from "../queue/backend.ts";
+import type { SandboxFiles } from "../files/mod.ts";
 import { Queue, type SubmitOptions } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { makeChannelDir } from "../queue/channel.ts";
 import { initQueue } from "../queue/schema.ts";
-import type { Ensured } from "./ensure.ts";
-import { type SandboxKey, sandboxKey, type StatePaths, statePaths } from "./identity.ts";
-import { withLock } from "./lock.ts";
-import { outboundInPlace } from "./outbound_in_place.ts";
-import { containerSpec, hostCanChown } from "./posture.ts";
-import type { VolumeStatus } from "./quota.ts";
-import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "./warm.ts";
-import { processesOf, type SandboxProcesses } from "./run.ts";
-import {
-  type EgressAttachment,
-  homeEgress,
-  recordAttachment,
-  sandboxAttachment,
-} from "../egress/launch.ts";
-import { controlCall, writePolicy } from "../egress/policy_writer.ts";
+import type { Ensured } from "../lifecycle/ensure.ts";
+import { type StatePaths, statePaths } from "../lifecycle/identity.ts";
+import { withLock } from "../lifecycle/lock.ts";
+import { outboundInPlace } from "../lifecycle/outbound_in_place.ts";
+import { containerSpec, hostCanChown } from "../lifecycle/posture.ts";
+import type { VolumeStatus } from "../lifecycle/quota.ts";
+import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "../lifecycle/warm.ts";
+import { processesOf, type SandboxProcesses } from "../lifecycle/run.ts";
+import { egressServing, egressTracker } from "./egress_tracker.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -72,14 +72,14 @@ export interface Sandbox extends Backend, SandboxProcesses {
  */
 export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
   const whole = loadWaffleConfig({ overrides: options.config ?? {} });
-  const config = whole.sandbox;
-  const key = sandboxKey(options.tenant ?? "default", user, { home: config.home });
+  const resolved = resolveSandbox(whole, { tenant: options.tenant ?? "default", user });
+  const { key, config } = resolved;
   const paths = statePaths(config.home, key);
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
-  const currentEgress = egressTracker(whole, {
-    key,
+  const currentEgress = egressTracker(resolved, {
+    path: whole.path,
     root: paths.root,
     reload: () => loadWaffleConfig({ overrides: options.config ?? {} }),
   });
@@ -107,8 +107,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       return;
     }
     const [{ prepareState }, { ensureContainer }, { DockerClient }] = await Promise.all([
-      import("./state_dir.ts"),
-      import("./ensure.ts"),
+      import("../lifecycle/state_dir.ts"),
+      import("../lifecycle/ensure.ts"),
       import("../docker/client.ts"),
     ]);
     docker ??= new DockerClient();
@@ -191,54 +191,25 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       }),
     close: () => queue.close(),
     get files(): SandboxFiles {
-      return sandboxFiles(this as unknown as Sandbox);
+      return lazyFiles(this as unknown as Sandbox);
     },
   };
   return Object.assign(sandbox, processesOf(sandbox));
 }
 
-// Whether (and as whom) a sandbox reaches the egress proxy, recorded for its
-// posture. Its lists apply live: each call reads the config file again when
-// it changed, so an edited waffle.toml governs the next connection.
-function egressTracker(
-  whole: WaffleConfig,
-  options: { key: SandboxKey; root: string; reload: () => WaffleConfig },
-): () => EgressAttachment | undefined {
-  const home = whole.sandbox.home;
-  let egress = sandboxAttachment(whole, options.key);
-  recordAttachment(options.root, { home, attachment: egress });
-  let seen = fileStamp(whole.path);
-  return () => {
-    const stamp = fileStamp(whole.path);
-    if (stamp === seen) return egress;
-    seen = stamp;
-    egress = sandboxAttachment(options.reload(), options.key);
-    recordAttachment(options.root, { home, attachment: egress });
-    return egress;
+// The files API, lib/files loaded on first use: a command that never moves
+// a file never loads it.
+function lazyFiles(sandbox: Sandbox): SandboxFiles {
+  const files = (): Promise<typeof import("../files/mod.ts")> => import("../files/mod.ts");
+  return {
+    write: async (path, data) => await (await files()).writeFile(sandbox, path, data),
+    read: (path) =>
+      ReadableStream.from((async function* (): AsyncGenerator<Uint8Array> {
+        yield* (await files()).readFile(sandbox, path);
+      })()),
+    list: async (path) => await (await files()).listFiles(sandbox, path),
+    remove: async (path) => await (await files()).removeFile(sandbox, path),
   };
-}
-
-// A file's modification time and size, to notice an edit; "" when absent.
-function fileStamp(path: string | undefined): string {
-  if (path === undefined) return "";
-  try {
-    const stat = Deno.statSync(path);
-    return `${stat.mtime?.getTime()}:${stat.size}`;
-  } catch {
-    return "";
-  }
-}
-
-// The policy written (the config may have changed since the last call) and
-// the proxy serving it; false when either fails.
-async function egressServing(home: string, egress: EgressAttachment): Promise<boolean> {
-  try {
-    writePolicy(home, egress);
-    await controlCall(homeEgress(home), "sync");
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 // The tag's image id, asked without the Docker client; undefined when the

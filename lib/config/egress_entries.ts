@@ -12,9 +12,13 @@
  * 127.0.0.1, so no such spelling is ever allowed. IP addresses are compared in
  * canonical form (RFC 5952 for IPv6; an IPv4-mapped address is its IPv4).
  *
+ * The config's grammar and the proxy's matching are one file: both rest on
+ * the same name and address parsing, which has one owner here (the proxy, in
+ * `lib/egress/`, imports it from below).
+ *
  * @module
  */
-import type { EgressEntry } from "./types.ts";
+import type { EgressEntry } from "./egress_types.ts";
 
 /** The ports of an entry written without one: 80 and 443. */
 export const DEFAULT_PORTS: readonly number[] = Object.freeze([80, 443]);
@@ -53,7 +57,7 @@ type Address = { v6: boolean; value: bigint };
  *
  * @example
  * ```ts
- * import { parseEntry } from "./entries.ts";
+ * import { parseEntry } from "./egress_entries.ts";
  * parseEntry("*.PyPI.org:443"); // { kind: "suffix", host: "pypi.org", ports: [443] }
  * parseEntry("api.github.com"); // { kind: "name", host: "api.github.com", ports: [80, 443] }
  * ```
@@ -76,7 +80,7 @@ export function parseEntry(text: string): EgressEntry {
  *
  * @example
  * ```ts
- * import { checkEntry } from "./entries.ts";
+ * import { checkEntry } from "./egress_entries.ts";
  * checkEntry("*.com"); // { problem: "too broad: a wildcard needs at least two labels after '*.', such as '*.example.com'" }
  * ```
  *
@@ -188,7 +192,7 @@ function nameProblem(name: string): string | undefined {
  *
  * @example
  * ```ts
- * import { formatEntry } from "./entries.ts";
+ * import { formatEntry } from "./egress_entries.ts";
  * formatEntry({ kind: "suffix", host: "pypi.org", ports: [80, 443] }); // "*.pypi.org"
  * formatEntry({ kind: "ip", host: "fd00::1", ports: [8443] }); // "[fd00::1]:8443"
  * ```
@@ -216,7 +220,7 @@ export function formatEntry(entry: EgressEntry): string {
  *
  * @example
  * ```ts
- * import { allows, parseEntry } from "./entries.ts";
+ * import { allows, parseEntry } from "./egress_entries.ts";
  * const list = [parseEntry("*.pypi.org"), parseEntry("[fd00::1]:443")];
  * allows(list, "Files.PyPI.org.", 443); // true
  * allows(list, "[FD00:0::1]", 443); // true
@@ -253,7 +257,7 @@ function coversName(entry: EgressEntry, name: string): boolean {
  *
  * @example
  * ```ts
- * import { intersect, parseEntry } from "./entries.ts";
+ * import { intersect, parseEntry } from "./egress_entries.ts";
  * intersect([parseEntry("*.github.com")], [parseEntry("api.github.com:443")]);
  * // [{ kind: "name", host: "api.github.com", ports: [443] }]
  * ```
@@ -290,7 +294,7 @@ function within(x: EgressEntry, y: EgressEntry): boolean {
  *
  * @example
  * ```ts
- * import { mergeEntries, parseEntry } from "./entries.ts";
+ * import { mergeEntries, parseEntry } from "./egress_entries.ts";
  * mergeEntries([parseEntry("a.com:443"), parseEntry("A.com:80")]); // [{ kind: "name", host: "a.com", ports: [80, 443] }]
  * ```
  *
@@ -318,7 +322,7 @@ export function mergeEntries(list: readonly EgressEntry[]): EgressEntry[] {
  *
  * @example
  * ```ts
- * import { beyond, parseEntry } from "./entries.ts";
+ * import { beyond, parseEntry } from "./egress_entries.ts";
  * beyond([parseEntry("*.pypi.org"), parseEntry("a.com")], [parseEntry("*.pypi.org")]);
  * // [{ kind: "name", host: "a.com", ports: [80, 443] }]
  * ```
@@ -347,7 +351,7 @@ function sortedPorts(ports: readonly number[]): number[] {
  *
  * @example
  * ```ts
- * import { isIpLiteral } from "./entries.ts";
+ * import { isIpLiteral } from "./egress_entries.ts";
  * isIpLiteral("[::1]"); // true
  * isIpLiteral("127.1"); // false: not dotted decimal
  * ```
@@ -368,7 +372,7 @@ export function isIpLiteral(host: string): boolean {
  *
  * @example
  * ```ts
- * import { canonicalIp } from "./entries.ts";
+ * import { canonicalIp } from "./egress_entries.ts";
  * canonicalIp("[FD00:0:0::01]"); // "fd00::1"
  * canonicalIp("::ffff:10.0.0.1"); // "10.0.0.1"
  * canonicalIp("010.0.0.1"); // undefined
@@ -490,7 +494,7 @@ const V6_KINDS: [string, number, AddressKind][] = [
  *
  * @example
  * ```ts
- * import { addressKind } from "./entries.ts";
+ * import { addressKind } from "./egress_entries.ts";
  * addressKind("169.254.169.254"); // "metadata"
  * addressKind("64:ff9b::7f00:1"); // "loopback"
  * addressKind("1.1.1.1"); // "public"
@@ -568,7 +572,7 @@ const HOST_LOOPBACK: { net: Address; bits: number }[] = (() => {
  *
  * @example
  * ```ts
- * import { hostLoopbackIn } from "./entries.ts";
+ * import { hostLoopbackIn } from "./egress_entries.ts";
  * hostLoopbackIn("0.0.0.0/0"); // "127.0.0.0/8"
  * hostLoopbackIn("127.0.0.1"); // "127.0.0.1/32"
  * hostLoopbackIn("::/0"); // "::1/128"
@@ -601,7 +605,7 @@ export function hostLoopbackIn(text: string): string | undefined {
  *
  * @example
  * ```ts
- * import { parseCidr } from "./entries.ts";
+ * import { parseCidr } from "./egress_entries.ts";
  * parseCidr("127.0.0.1"); // { ip: "127.0.0.1", bits: 32 }
  * parseCidr("FD00::/8"); // { ip: "fd00::", bits: 8 }
  * ```
@@ -621,7 +625,7 @@ export function parseCidr(text: string): Cidr {
  *
  * @example
  * ```ts
- * import { checkCidr } from "./entries.ts";
+ * import { checkCidr } from "./egress_entries.ts";
  * checkCidr("10.1.0.0/8"); // { problem: "bits set past /8: did you mean '10.0.0.0/8'?" }
  * ```
  *
@@ -654,7 +658,7 @@ export function checkCidr(text: string): { cidr: Cidr } | { problem: string } {
  *
  * @example
  * ```ts
- * import { formatCidr, parseCidr } from "./entries.ts";
+ * import { formatCidr, parseCidr } from "./egress_entries.ts";
  * formatCidr(parseCidr("127.0.0.1")); // "127.0.0.1/32"
  * ```
  *
@@ -670,7 +674,7 @@ export function formatCidr(cidr: Cidr): string {
  *
  * @example
  * ```ts
- * import { inCidrs } from "./entries.ts";
+ * import { inCidrs } from "./egress_entries.ts";
  * inCidrs("10.1.2.3", ["10.0.0.0/8"]); // true
  * inCidrs("::ffff:10.1.2.3", ["10.0.0.0/8"]); // true
  * ```
@@ -695,7 +699,7 @@ export function inCidrs(ip: string, cidrs: readonly string[]): boolean {
  *
  * @example
  * ```ts
- * import { addressRefusal } from "./entries.ts";
+ * import { addressRefusal } from "./egress_entries.ts";
  * addressRefusal("127.0.0.1", []); // "'127.0.0.1' is a loopback address (not in egress_addresses)"
  * addressRefusal("127.0.0.1", ["127.0.0.0/8"]); // undefined
  * addressRefusal("8.8.8.8", []); // undefined

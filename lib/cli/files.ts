@@ -7,11 +7,11 @@
  * @module
  */
 import { FilesError, UsageError } from "../errors.ts";
-import { parse, stringFlag } from "../cli/args.ts";
-import type { CliIo } from "../cli/io.ts";
+import { parse, stringFlag } from "./args.ts";
+import type { CliIo } from "./io.ts";
 import { basename, dirname } from "../path.ts";
-import { extractTar, fsError, rootNameOf } from "./extract.ts";
-import { packTree, READ_CHUNK } from "./pack.ts";
+import { extractTar, fsError, rootNameOf } from "../files/extract.ts";
+import { packTree, READ_CHUNK } from "../files/pack.ts";
 
 /** Help of the internal `waffle files`. */
 export const FILES_HELP = `Usage: waffle files pack|unpack|read|write|list|remove PATH [options]

@@ -14,7 +14,7 @@
  * @module
  */
 import { join } from "../path.ts";
-import { PROXY_EGRESS_DIR } from "../config/sandbox_paths.ts";
+import { PROXY_EGRESS_DIR } from "./sandbox_paths.ts";
 
 export { PROXY_EGRESS_DIR };
 /** Where the proxy's container writes the audit (`$WAFFLE_HOME/egress.jsonl` links to it). */
@@ -88,4 +88,30 @@ export function identityPaths(
     socket: join(dir, "proxy.s"),
     bundle: join(dir, "ca.pem"),
   };
+}
+
+/** Where a sandbox finds the CA bundle directory (`bundle.pem`). */
+export const SANDBOX_CA_DIR = "/opt/waffle/ca";
+/** The bundle every client in a sandbox is pointed at. */
+export const SANDBOX_CA_BUNDLE = `${SANDBOX_CA_DIR}/bundle.pem`;
+/** The variables that point clients at the bundle (the README's trust table). */
+export const CA_VARIABLES = [
+  "SSL_CERT_FILE",
+  "CURL_CA_BUNDLE",
+  "REQUESTS_CA_BUNDLE",
+  "GIT_SSL_CAINFO",
+  "NODE_EXTRA_CA_CERTS",
+  "DENO_CERT",
+  "PIP_CERT",
+  "NPM_CONFIG_CAFILE",
+] as const;
+
+/**
+ * The egress directory of a home.
+ *
+ * @param home The waffle home.
+ * @returns Its paths.
+ */
+export function homeEgress(home: string): EgressPaths {
+  return egressPaths(join(home, "egress"));
 }

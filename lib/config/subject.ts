@@ -6,7 +6,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
-import type { CronConfig, McpPolicy } from "./policy.ts";
+import type { CronConfig, McpPolicy } from "./mcp_types.ts";
 
 /** The group used when neither a group nor a cron job is named; it need not be declared. */
 export const DEFAULT_GROUP = "default";

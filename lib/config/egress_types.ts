@@ -1,7 +1,8 @@
 /**
- * The types shared by egress's config side (lib/egress/policy.ts: what
- * `waffle.toml` allows) and its proxy side (lib/egress/proxy.ts: what one
- * connection may do). Pure data, no behaviour.
+ * The egress types of `waffle.toml`, shared by the config's side (what it
+ * allows: `egress_schema.ts`, `egress_compose.ts`) and egress's proxy side
+ * (`lib/egress/proxy.ts`: what one connection may do). Pure data, no
+ * behaviour.
  *
  * @module
  */
@@ -77,4 +78,26 @@ export interface EgressIdentity {
   cron: string | null;
   /** The MCP server, for a restricted server's session; else null. */
   server: string | null;
+}
+
+/** One `[users.<user>]` table: how one user's sandbox is narrowed. */
+export interface UserEgress {
+  /** The table key: a user id as `waffle exec --user` takes it. */
+  name: string;
+  /** Intersected with `[sandbox] egress`; absent = no narrowing. */
+  egress?: EgressEntry[] | undefined;
+  /** The secrets this user's sandbox gets instead of `[sandbox] secrets` (a subset); absent = those. */
+  secrets?: string[] | undefined;
+}
+
+/** One proxy identity the host attaches: a sandbox, or a restricted server's session. */
+export interface EgressAttachment {
+  /** Its id: the name of its socket directory and policy file. */
+  id: string;
+  /** Who it is. */
+  identity: EgressIdentity;
+  /** What it may reach. */
+  policy: EgressPolicy;
+  /** The proxy-wide settings. */
+  settings: EgressSettings;
 }
