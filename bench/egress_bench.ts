@@ -21,7 +21,7 @@
  */
 // deno-lint-ignore-file no-console
 import { DockerClient } from "../lib/docker/mod.ts";
-import type { Sandbox } from "../lib/lifecycle/sandbox.ts";
+import type { Sandbox } from "../lib/sandbox/mod.ts";
 import { dockerCli, uniqueUser } from "../tests/_sandbox_helpers.ts";
 import {
   CONNECT_FLOOD,
