@@ -7,12 +7,15 @@
  * - `docker_exec_cli`: `docker exec C true` with the docker CLI on that same
  *   user's container, interleaved with the above in blocks so both see the
  *   same machine load;
+ * - `cli_version`: `waffle --version` as a whole process (the CLI's start);
+ * - `deno_eval_0`: `deno eval 0` with the install's Deno (its floor),
+ *   interleaved with the above in blocks;
  * - `library_submit_warm`: in this process, as the README shows:
  *   `openSandbox("u2", …)` once, then `sandbox.submit({argv: ["true"]})` →
  *   `sandbox.queue.collect(id)` → `sandbox.queue.ack(id)` per sample.
  *
- * Ratios: `cli_exec_warm / docker_exec_cli` and `library_submit_warm /
- * floor`, the latter with the queue section's `floor` of the same run (no
+ * Ratios: `cli_exec_warm / docker_exec_cli`, `cli_version / deno_eval_0`
+ * and `library_submit_warm / floor`, the latter with the queue section's `floor` of the same run (no
  * ratio, and a note saying so, when `--only` left `floor` out).
  *
  * `waffle` is installed into a prefix under the temp root with
@@ -33,7 +36,13 @@ import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
 
 /** Case names of this section. */
-export const CLI_CASES = ["cli_exec_warm", "docker_exec_cli", "library_submit_warm"] as const;
+export const CLI_CASES = [
+  "cli_version",
+  "deno_eval_0",
+  "cli_exec_warm",
+  "docker_exec_cli",
+  "library_submit_warm",
+] as const;
 
 /** The CLI section. */
 export const cliSection: Section = {
@@ -48,6 +57,8 @@ const LIBRARY_USER = "u2";
 const BLOCK = 10;
 /** Whole processes cost ~0.1 s each: fewer samples. */
 const PROCESS_MAX = 50;
+/** With `--quick`. */
+const QUICK_PROCESS_MAX = 20;
 /** Unmeasured process runs first (page cache, the sandbox's runner JIT). */
 const PROCESS_WARMUP = 5;
 
@@ -83,6 +94,9 @@ export async function runCliSection(context: BenchContext): Promise<BenchReport>
   });
   const results: BenchResult[] = [];
   try {
+    if (context.wants("cli_version") || context.wants("deno_eval_0")) {
+      results.push(...await measureStart(context, await installedWaffle(context), home));
+    }
     if (context.wants("cli_exec_warm") || context.wants("docker_exec_cli")) {
       const waffle = await installedWaffle(context);
       const env = childEnv(home, waffle);
@@ -111,7 +125,7 @@ export async function runCliSection(context: BenchContext): Promise<BenchReport>
       }
       const wantCli = context.wants("cli_exec_warm");
       const wantDocker = context.wants("docker_exec_cli");
-      const count = Math.min(context.n, PROCESS_MAX);
+      const count = processCount(context);
       const cli: Samples = { ms: [], errors: 0 };
       const cliDocker: Samples = { ms: [], errors: 0 };
       const label = [wantCli ? "cli_exec_warm" : "", wantDocker ? "docker_exec_cli" : ""]
@@ -207,18 +221,65 @@ export async function runCliSection(context: BenchContext): Promise<BenchReport>
       "cli_exec_warm / docker_exec_cli",
       find("cli_exec_warm"),
       find("docker_exec_cli"),
-      "p50_ms",
-      "≤ 0.5",
     ),
-    ratioOf(
-      "library_submit_warm / floor",
-      find("library_submit_warm"),
-      find("floor"),
-      "p50_ms",
-      "≤ 2",
-    ),
+    ratioOf("cli_version / deno_eval_0", find("cli_version"), find("deno_eval_0")),
+    ratioOf("library_submit_warm / floor", find("library_submit_warm"), find("floor")),
   ].filter((ratio) => ratio !== undefined);
   return { results, ratios };
+}
+
+function processCount(context: BenchContext): number {
+  return Math.min(context.n, context.quick ? QUICK_PROCESS_MAX : PROCESS_MAX);
+}
+
+// `waffle --version` and `deno eval 0` (the install's Deno, else this one),
+// interleaved in blocks so both see the same load.
+async function measureStart(
+  context: BenchContext,
+  waffle: string,
+  home: string,
+): Promise<BenchResult[]> {
+  const env = childEnv(home, waffle);
+  let deno = join(waffle, "..", "..", "lib", "waffle", "deno");
+  try {
+    await Deno.stat(deno);
+  } catch {
+    deno = Deno.execPath();
+  }
+  const cases = [
+    { name: "cli_version", run: () => timedRun(waffle, ["--version"], env) },
+    { name: "deno_eval_0", run: () => timedRun(deno, ["eval", "0"], env) },
+  ].filter((entry) => context.wants(entry.name));
+  const count = processCount(context);
+  const samples = cases.map((): Samples => ({ ms: [], errors: 0 }));
+  for (let i = 0; i < Math.min(context.warmup, PROCESS_WARMUP); i++) {
+    for (const entry of cases) await entry.run();
+  }
+  const label = cases.map((entry) => entry.name).join(" + ");
+  for (let done = 0; done < count; done += BLOCK) {
+    for (const [index, entry] of cases.entries()) {
+      for (let i = done; i < Math.min(count, done + BLOCK); i++) {
+        record(samples[index]!, await entry.run());
+      }
+    }
+    context.progress.step(
+      label,
+      Math.min(count, done + BLOCK) * cases.length,
+      count * cases.length,
+    );
+  }
+  return cases.map((entry, index) => {
+    const taken = samples[index]!;
+    if (taken.firstError !== undefined) {
+      context.progress.note(`${entry.name}: ${taken.errors} errors, first: ${taken.firstError}`);
+    }
+    return summarize(entry.name, taken.ms, {
+      details: { errors: taken.errors },
+      note: entry.name === "cli_version"
+        ? "`waffle --version`, installed launcher, whole process"
+        : `\`deno eval 0\`, ${deno === Deno.execPath() ? "this" : "the install's"} Deno`,
+    });
+  });
 }
 
 /** Successful samples' milliseconds, and the failures. */

@@ -135,13 +135,13 @@ export async function runCpSection(context: BenchContext): Promise<BenchReport> 
     const by = (name: string): BenchResult | undefined => results.find((r) => r.name === name);
     const ratios = [
       ratioOf(
-        "waffle_cp_in / docker_cp_in (MB/s)",
+        "waffle_cp_in / docker_cp_in (per_s)",
         by("waffle_cp_in"),
         by("docker_cp_in"),
         "per_s",
       ),
       ratioOf(
-        "waffle_cp_out / docker_cp_out (MB/s)",
+        "waffle_cp_out / docker_cp_out (per_s)",
         by("waffle_cp_out"),
         by("docker_cp_out"),
         "per_s",

@@ -15,7 +15,7 @@
  *   Fleets grow: `fleet_10` reuses the sandbox of `fleet_1` and starts nine
  *   more, five at a time, each warmed with a few unmeasured commands.
  * - `idle_sandbox_memory`: after the largest fleet (50 when no fleet case is
- *   wanted) has sat idle for 5 s, the median of its containers' memory.
+ *   wanted, 1 with `--quick`) has sat idle for 5 s, the median of its containers' memory.
  *   `mib` is cgroup usage minus inactive file pages (page cache the kernel
  *   reclaims first: what a sandbox really holds); `usage_mib` is the raw
  *   `memory.usage_in_bytes` (what `docker stats` shows on cgroup v1 before
@@ -167,7 +167,8 @@ export async function runFleetSection(context: BenchContext): Promise<BenchRepor
       );
     }
     if (context.wants("idle_sandbox_memory")) {
-      const size = sizes.at(-1) ?? SIZES.at(-1)!;
+      // --quick: one sandbox's memory, not the median of 50.
+      const size = sizes.at(-1) ?? (context.quick ? 1 : SIZES.at(-1)!);
       await grow(size);
       const members = fleet.slice(0, size);
       context.progress.note(`idle_sandbox_memory: ${members.length} sandboxes idle for 5 s`);
@@ -207,7 +208,7 @@ export async function runFleetSection(context: BenchContext): Promise<BenchRepor
   }
   const find = (name: string): BenchResult | undefined => results.find((r) => r.name === name);
   const ratios = [
-    ratioOf("fleet_10 / fleet_1 (per_s)", find("fleet_10"), find("fleet_1"), "per_s", "≥ 1.6"),
+    ratioOf("fleet_10 / fleet_1 (per_s)", find("fleet_10"), find("fleet_1"), "per_s"),
   ].filter((ratio) => ratio !== undefined);
   return { results, ratios };
 }

@@ -118,17 +118,17 @@ export async function runImageSection(context: BenchContext): Promise<BenchRepor
   const byName = (name: string): BenchResult | undefined => results.find((r) => r.name === name);
   const ratios = [
     ratioOf(
-      "python_cold_vs_docker_run",
+      "python_cold_waffle / python_cold_docker_run",
       byName("python_cold_waffle"),
       byName("python_cold_docker_run"),
     ),
     ratioOf(
-      "python_warm_vs_docker_run",
+      "python_warm_waffle / python_cold_docker_run",
       byName("python_warm_waffle"),
       byName("python_cold_docker_run"),
     ),
     ratioOf(
-      "stdin_stream_vs_docker_exec",
+      "stdin_stream_64m_waffle / stdin_stream_64m_docker_exec",
       byName("stdin_stream_64m_waffle"),
       byName("stdin_stream_64m_docker_exec"),
     ),

@@ -6,6 +6,8 @@
  * deno task bench --json                # only {"results":[…],"ratios":[…]} on stdout
  * deno task bench --n 500 --seconds 10  # more samples, longer throughput runs
  * deno task bench --only floor,queue_roundtrip
+ * deno task bench --quick --check       # a subset in under a minute, judged against bench/budgets.json
+ * deno task bench --check --json        # {"results","ratios","check":[…]}; exit 1 when over a budget
  * ```
  *
  * Flags (environment defaults in brackets): `--n` measured iterations of
@@ -13,7 +15,10 @@
  * [WAFFLE_BENCH_WARMUP, 20]; `--seconds` per throughput case
  * [WAFFLE_BENCH_SECONDS, 5]; `--only` comma-separated case names; `--dir`
  * parent directory of the temp root (choose the filesystem) [TMPDIR];
- * `--quiet` no progress lines.
+ * `--quiet` no progress lines; `--quick` only {@linkcode QUICK_CASES} with
+ * fewer samples (unless `--only`/`--n` say otherwise); `--check` judges the
+ * run against `bench/budgets.json` (see `budgets.ts`) and exits 1 when a
+ * figure is worse than its budget by more than its recorded spread.
  *
  * @module
  */
@@ -29,6 +34,7 @@ import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
 import { snapshotSection } from "./snapshot_bench.ts";
+import { applyTargets, checkExitCode, judge, loadBudgets, renderCheck } from "./budgets.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
 import { type BenchReport, machineLoad, Progress, renderJson, renderTable } from "./stats.ts";
 
@@ -46,9 +52,33 @@ export const SECTIONS: readonly Section[] = [
   egressSection,
 ];
 
+/**
+ * What `--quick` runs: CLI start, `waffle exec` warm, queue and library
+ * against the floor, one idle sandbox's memory.
+ */
+export const QUICK_CASES: readonly string[] = [
+  "floor",
+  "queue_roundtrip",
+  "cli_version",
+  "deno_eval_0",
+  "cli_exec_warm",
+  "docker_exec_cli",
+  "library_submit_warm",
+  "idle_sandbox_memory",
+];
+
+/** `--quick`'s sample count, unless `--n` or WAFFLE_BENCH_N says otherwise. */
+const QUICK_N = "100";
+/** `--quick`'s warm-up count, unless `--warmup` or WAFFLE_BENCH_WARMUP says otherwise. */
+const QUICK_WARMUP = "5";
+
 /** Parsed command line. */
 export interface BenchOptions {
   json: boolean;
+  /** Judge the run against the budgets. */
+  check: boolean;
+  /** The quick subset, fewer samples. */
+  quick: boolean;
   quiet: boolean;
   n: number;
   warmup: number;
@@ -61,7 +91,10 @@ export interface BenchOptions {
 }
 
 const HELP = `Usage: deno task bench [--json] [--n N] [--warmup N] [--seconds S]
-                       [--only NAME,NAME] [--dir DIR] [--quiet]
+                       [--only NAME,NAME] [--dir DIR] [--quiet] [--quick] [--check]
+
+--quick   only ${QUICK_CASES.join(", ")}, fewer samples (under a minute)
+--check   judge the run against bench/budgets.json; exit 1 when one is over
 
 Cases: ${SECTIONS.flatMap((section) => section.cases).join(", ")}
 `;
@@ -82,6 +115,8 @@ export function parseBenchArgs(
     args,
     options: {
       json: { type: "boolean", default: false },
+      check: { type: "boolean", default: false },
+      quick: { type: "boolean", default: false },
       quiet: { type: "boolean", default: false },
       n: { type: "string" },
       warmup: { type: "string" },
@@ -95,7 +130,8 @@ export function parseBenchArgs(
   });
   if (positionals.length > 0) throw new Error(`Unexpected argument '${positionals[0]}'`);
   const known = new Set(SECTIONS.flatMap((section) => section.cases));
-  let only: Set<string> | undefined;
+  const quick = values.quick ?? false;
+  let only: Set<string> | undefined = quick ? new Set(QUICK_CASES) : undefined;
   if (values.only !== undefined) {
     only = new Set(values.only.split(",").map((name) => name.trim()).filter((name) => name));
     const unknown = [...only].filter((name) => !known.has(name));
@@ -105,9 +141,16 @@ export function parseBenchArgs(
   }
   return {
     json: values.json ?? false,
+    check: values.check ?? false,
+    quick,
     quiet: values.quiet ?? false,
-    n: positive("n", values.n ?? env("WAFFLE_BENCH_N") ?? "300", true),
-    warmup: positive("warmup", values.warmup ?? env("WAFFLE_BENCH_WARMUP") ?? "20", true, true),
+    n: positive("n", values.n ?? env("WAFFLE_BENCH_N") ?? (quick ? QUICK_N : "300"), true),
+    warmup: positive(
+      "warmup",
+      values.warmup ?? env("WAFFLE_BENCH_WARMUP") ?? (quick ? QUICK_WARMUP : "20"),
+      true,
+      true,
+    ),
     seconds: positive("seconds", values.seconds ?? env("WAFFLE_BENCH_SECONDS") ?? "5", false),
     only,
     dir: values.dir,
@@ -153,6 +196,7 @@ export async function runBench(options: BenchOptions): Promise<BenchReport> {
         n: options.n,
         warmup: options.warmup,
         seconds: options.seconds,
+        quick: options.quick,
         root,
         progress,
         results: report.results,
@@ -209,15 +253,21 @@ if (import.meta.main) {
     Deno.exit(0);
   }
   try {
+    // Read first: a broken budgets file should not cost a whole run.
+    const budgets = await loadBudgets();
     const before = machineLoad();
     const report = await runBench(options);
     const after = machineLoad();
+    applyTargets(report, budgets);
+    const check = options.check ? judge(report, budgets) : undefined;
     if (options.json) {
-      console.log(renderJson(report));
+      console.log(renderJson(check === undefined ? report : { ...report, check }));
     } else {
       console.log(renderTable(report).trimEnd());
       if (before !== undefined) console.log(`\nmachine: ${before} before, ${after} after`);
+      if (check !== undefined) console.log(`\n${renderCheck(check).trimEnd()}`);
     }
+    if (check !== undefined) Deno.exit(checkExitCode(check));
   } catch (error) {
     if (error instanceof BenchInterrupted) Deno.exit(130);
     console.error(`bench: failed: ${error instanceof Error ? error.stack : String(error)}`);

@@ -21,6 +21,8 @@ export interface BenchContext {
   warmup: number;
   /** Time budget of each time-based (throughput) case, in seconds. */
   seconds: number;
+  /** `--quick`: sections take fewer samples (e.g. one idle sandbox instead of 50). */
+  quick: boolean;
   /** A fresh directory; every case's files live under it, on one filesystem. */
   root: string;
   /** Progress lines on stderr. */

@@ -161,13 +161,13 @@ export function ratioOf(
 }
 
 /**
- * The report as the `--json` document: `{"results":[…],"ratios":[…]}`,
- * numbers rounded to microseconds.
+ * The report as the `--json` document: `{"results":[…],"ratios":[…]}` (and
+ * `"check":[…]` with `--check`), numbers rounded to microseconds.
  *
- * @param report The report.
+ * @param report The report, and the check's lines when there are some.
  * @returns One line of JSON.
  */
-export function renderJson(report: BenchReport): string {
+export function renderJson(report: BenchReport & { check?: unknown }): string {
   return JSON.stringify(report, (_key, value) => typeof value === "number" ? round(value) : value);
 }
 
