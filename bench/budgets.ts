@@ -93,7 +93,8 @@ export type Verdict = "pass" | "noise" | "fail" | "not measured";
 /** One line of the check. */
 export interface Judged {
   name: string;
-  measured: number | undefined;
+  /** Null when this run did not measure it (null, not absent, in `--json`). */
+  measured: number | null;
   direction: "<=" | ">=";
   target: number;
   unit: string | undefined;
@@ -150,7 +151,7 @@ export function judge(report: BenchReport, budgets: BudgetsFile): Judged[] {
     const measured = measuredValue(report, budget);
     return {
       name: budget.name,
-      measured,
+      measured: measured ?? null,
       direction: budget.direction,
       target: budget.target,
       unit: budget.unit,
@@ -180,7 +181,7 @@ export function checkExitCode(judged: readonly Judged[]): 0 | 1 {
 export function renderCheck(judged: readonly Judged[]): string {
   const rows = judged.map((line) => [
     line.name,
-    line.measured === undefined ? "-" : `${line.measured.toFixed(2)}${unitOf(line)}`,
+    line.measured === null ? "-" : `${line.measured.toFixed(2)}${unitOf(line)}`,
     `${line.direction === "<=" ? "≤" : "≥"} ${line.target}${unitOf(line)}`,
     line.spread === null ? "not measured yet" : `±${(line.spread * 100).toFixed(0)}%`,
     line.verdict,

@@ -125,7 +125,7 @@ Deno.test("judge() reads ratios and result details, and lists what the run did n
   const lines = judge(report({ "a / b": 1.55 }, 40), FILE);
   assert.deepEqual(
     lines.map((line) => [line.name, line.measured, line.verdict]),
-    [["a / b", 1.55, "noise"], ["c / d", undefined, "not measured"], ["idle", 40, "fail"]],
+    [["a / b", 1.55, "noise"], ["c / d", null, "not measured"], ["idle", 40, "fail"]],
   );
   const table = renderCheck(lines);
   assert.match(table, /^ratio\s+measured\s+budget\s+spread\s+verdict$/m);
