@@ -10,7 +10,10 @@ import assert from "node:assert/strict";
 import {
   escapeControls,
   EscapeKeys,
+  localeIsUtf8,
   MAX_SEQUENCE_CHARS,
+  QUERY_BURST,
+  QUERY_INTERVAL_MS,
   ScreenFilter,
 } from "../lib/terminal/mod.ts";
 
@@ -78,6 +81,7 @@ const HOSTILE: { name: string; bytes: string; leaves?: string }[] = [
   { name: "kitty keyboard query", bytes: "\x1b[?u" },
   { name: "DECCOLM", bytes: "\x1b[?3h" },
   { name: "charset ESC % @", bytes: "\x1b%@" },
+  { name: "modifyOtherKeys", bytes: "\x1b[>4;2m" },
 ];
 
 // Every way to cut `bytes` in two, and one byte at a time.
@@ -136,7 +140,7 @@ const ORDINARY = [
   "\x1b[?2004h\x1b[?1000;1002;1006h\x1b[?25l\x1b[?1h\x1b=\x1b[?7l\x1b[?12h\x1b[?2026h",
   "\x1b]0;vim: notes.txt\x07\x1b]2;title two\x07",
   "\x1b[c\x1b[>c\x1b[6n\x1b[5n\x1b[?6n\x1b[?2026$p\x1b[4$p",
-  "\x1b[2 q\x1b[>4;2m\x1b[>4;m\x1b[!p\x1b(0lqk\x1b(B\x0e\x0f\x07\b\t\x0b\x0c",
+  "\x1b[2 q\x1b[!p\x1b(0lqk\x1b(B\x0e\x0f\x07\b\t\x0b\x0c",
   "\x1b[?2026l\x1b[?2004l\x1b[?1000;1002;1006l\x1b[?25h\x1b[?1049l\x1b[4h\x1b[4l\x1b[?J\x1b[3g\x1bH",
 ].join("");
 
@@ -159,7 +163,7 @@ Deno.test("ScreenFilter's trailer restores the modes the session changed, and on
   const filter = new ScreenFilter();
   assert.equal(decoder.decode(filter.start()), "\x1b[22;0t");
   filter.push(encoder.encode(
-    "\x1b[?1049h\x1b[?2004h\x1b[?1000;1006h\x1b[?25l\x1b[31m\x1b[2;10r\x1b[5 q\x1b[>4;2m" +
+    "\x1b[?1049h\x1b[?2004h\x1b[?1000;1006h\x1b[?25l\x1b[31m\x1b[2;10r\x1b[5 q\x1b=" +
       "\x1b[?1h\x1b[?6h\x1b[4h\x1bH\x1b]0;owned\x07",
   ));
   const trailer = decoder.decode(filter.end());
@@ -171,9 +175,9 @@ Deno.test("ScreenFilter's trailer restores the modes the session changed, and on
       "\x1b7\x1b[r\x1b8",
       "\x1b[?5W",
       "\x1b[0 q",
-      "\x1b[>4m",
       "\x1b[?9;1000;1002;1003;1004;1005;1006;1015;1016;2004;2026l",
       "\x1b[?25h",
+      "\x1b>",
       "\x1b[0m",
       "\x1b(B\x0f",
     ]
@@ -189,10 +193,11 @@ Deno.test("ScreenFilter's trailer restores the modes the session changed, and on
 
 Deno.test("ScreenFilter with raw still restores the modes, and cancels a sequence left open", () => {
   const filter = new ScreenFilter({ raw: true });
-  filter.push(encoder.encode("\x1b[>1u\x1b[?1047h\x1b]52;c;unterminated"));
+  filter.push(encoder.encode("\x1b[>1u\x1b[>4;2m\x1b[?1047h\x1b]52;c;unterminated"));
   const trailer = decoder.decode(filter.end());
   assert.ok(trailer.startsWith("\x18\x1b[?1047l"), JSON.stringify(trailer));
   assert.ok(trailer.includes("\x1b[<1u"), JSON.stringify(trailer));
+  assert.ok(trailer.includes("\x1b[>4m"), JSON.stringify(trailer));
 });
 
 Deno.test("ScreenFilter holds a never-ended OSC, DCS or CSI in bounded memory and drops it", () => {
@@ -241,4 +246,105 @@ Deno.test("escapeControls shows control characters as escapes, tab kept, newline
   );
   assert.equal(escapeControls("a\tb\nc", { keepNewlines: true }), "a\tb\nc");
   assert.equal(escapeControls("plain 'text' é 😀"), "plain 'text' é 😀");
+});
+
+Deno.test("ScreenFilter's trailer leaves the application keypad (DECKPAM) for the numeric one", () => {
+  const filter = new ScreenFilter();
+  assert.equal(decoder.decode(filter.push(encoder.encode("\x1b=keypad"))), "\x1b=keypad");
+  const trailer = decoder.decode(filter.end());
+  assert.ok(trailer.includes("\x1b>"), JSON.stringify(trailer));
+});
+
+Deno.test("ScreenFilter rations the queries the terminal answers on the user's stdin", () => {
+  let now = 0;
+  const filter = new ScreenFilter({ now: () => now });
+  const flood = (query: string): string =>
+    decoder.decode(filter.push(encoder.encode(query.repeat(1000))));
+  // A loop asking 1000 times gets a burst per kind, the rest dropped.
+  for (const query of ["\x1b[5n", "\x1b[6n", "\x1b[?6n", "\x1b[c", "\x1b[>c", "\x1b[?2004$p"]) {
+    assert.equal(flood(query), query.repeat(QUERY_BURST), JSON.stringify(query));
+  }
+  assert.equal(flood("\x1b[5n"), "", "the budget is spent");
+  now += QUERY_INTERVAL_MS;
+  assert.equal(flood("\x1b[5n"), "\x1b[5n", "one more after an interval");
+  now += 100 * QUERY_INTERVAL_MS;
+  assert.equal(flood("\x1b[5n"), "\x1b[5n".repeat(QUERY_BURST), "a burst again, no more");
+  assert.equal(decoder.decode(filter.push(encoder.encode("text\x1b[31m"))), "text\x1b[31m");
+});
+
+Deno.test("ScreenFilter on a terminal not in UTF-8 writes non-ASCII as ?, and never a C1 byte", () => {
+  // U+00DD is C3 9D: 0x9D is OSC to a latin-1 terminal; U+009D is C2 9D.
+  const attack = Uint8Array.of(0xc3, 0x9d, ...encoder.encode("52;c;Y3VybA==\x07 é 😀"));
+  const latin1 = new ScreenFilter({ utf8: false });
+  const out = latin1.push(attack);
+  assert.ok(out.every((byte) => byte < 0x80), JSON.stringify(decoder.decode(out)));
+  assert.equal(decoder.decode(out), "?52;c;Y3VybA==\x07 ? ?");
+  const title = new ScreenFilter({ utf8: false }).push(encoder.encode("\x1b]0;\u00dd\x07"));
+  assert.equal(decoder.decode(title), "\x1b]0;?\x07");
+  // In UTF-8, every C1 control (C2 80 to C2 9F) is read as a control: none reaches the terminal.
+  for (let code = 0x80; code <= 0x9f; code++) {
+    const filter = new ScreenFilter();
+    const bytes = [
+      ...filter.push(encoder.encode(`a${String.fromCharCode(code)}52;c;Y3VybA==\x07b`)),
+      ...filter.end(),
+    ];
+    const c1 = bytes.findIndex((byte, i) => byte === 0xc2 && bytes[i + 1]! <= 0x9f);
+    assert.equal(c1, -1, `U+00${code.toString(16)}`);
+  }
+});
+
+Deno.test("localeIsUtf8 reads LC_ALL, LC_CTYPE, LANG, the first set wins", () => {
+  const env = (vars: Record<string, string>) => (name: string) => vars[name];
+  assert.equal(localeIsUtf8(env({ LANG: "en_US.UTF-8" })), true);
+  assert.equal(localeIsUtf8(env({ LANG: "C.utf8" })), true);
+  assert.equal(localeIsUtf8(env({ LC_ALL: "de_DE.ISO-8859-1", LANG: "en_US.UTF-8" })), false);
+  assert.equal(localeIsUtf8(env({ LC_ALL: "", LC_CTYPE: "en_US.UTF-8", LANG: "C" })), true);
+  assert.equal(localeIsUtf8(env({ LC_CTYPE: "POSIX", LANG: "en_US.UTF-8" })), false);
+  assert.equal(localeIsUtf8(env({})), false, "no locale: C, ASCII");
+});
+
+Deno.test("escapeControls on a terminal not in UTF-8 escapes what it would read as C1", () => {
+  const attack = "\u00dd52;c;Y3VybA==\u015c"; // C3 9D … C5 9C: OSC … ST to latin-1
+  assert.equal(escapeControls(attack, { utf8: false }), "\\u00dd52;c;Y3VybA==\\u015c");
+  assert.equal(escapeControls(attack, { utf8: true }), attack);
+  assert.equal(escapeControls("é 中 😀", { utf8: false }), "é 中 \\u{1f600}");
+  assert.equal(escapeControls("\u009d", { utf8: false }), "\\x9d");
+});
+
+Deno.test("EscapeKeys reads past the terminal's answers, reports and keys' sequences", () => {
+  const run = (chunks: string[]): { forward: string; disconnect: boolean }[] => {
+    const keys = new EscapeKeys();
+    return chunks.map((chunk) => {
+      const { forward, disconnect } = keys.feed(encoder.encode(chunk));
+      return { forward: decoder.decode(forward), disconnect };
+    });
+  };
+  // The review's attack: a status report lands between Enter and `~`.
+  assert.deepEqual(run(["ls\r", "\x1b[0n", "~", "."]), [
+    { forward: "ls\r", disconnect: false },
+    { forward: "\x1b[0n", disconnect: false },
+    { forward: "", disconnect: false },
+    { forward: "", disconnect: true },
+  ]);
+  const ends = (chunks: string[]): boolean => run(chunks).some((step) => step.disconnect);
+  // Between `~` and `.`, split anywhere: a cursor report, DA, DECRQM, focus, SGR and X10 mouse, SS3.
+  for (
+    const report of ["\x1b[12;40R", "\x1b[?62;22c", "\x1b[?2004;2$y", "\x1b[I", "\x1b[O"]
+      .concat(["\x1b[<0;3;4M", "\x1b[M !~", "\x1bOP", "\x1b[A"])
+  ) {
+    assert.ok(ends(["\r~", report, "."]), JSON.stringify(report));
+    assert.ok(ends(["\r", ...report, "~."]), `${JSON.stringify(report)} byte by byte`);
+    assert.ok(ends(["x\r", report, report, "~", report, "."]), JSON.stringify(report));
+  }
+  // Alt and a key after `~` are keys: the `~` goes first.
+  assert.deepEqual(run(["\r~\x1bx."]), [{ forward: "\r~\x1bx.", disconnect: false }]);
+  // In a bracketed paste, `~.` after a newline is data; after it, Enter then `~.` still ends.
+  const paste = "\x1b[200~line\n~.\r~.\x1b[201~";
+  assert.deepEqual(run([paste, "~."]), [
+    { forward: paste, disconnect: false },
+    { forward: "~.", disconnect: false },
+  ]);
+  assert.ok(ends([paste, "\r~."]));
+  // A lone Escape is forwarded at once.
+  assert.deepEqual(run(["\x1b"]), [{ forward: "\x1b", disconnect: false }]);
 });

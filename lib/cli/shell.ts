@@ -18,6 +18,7 @@ import type { RunnerTrouble } from "../queue/liveness.ts";
 import { QueueSession } from "../queue/session.ts";
 import { EscapeKeys } from "../terminal/escape_keys.ts";
 import { ScreenFilter } from "../terminal/screen_filter.ts";
+import { terminalIsUtf8 } from "../terminal/locale.ts";
 import { envFlags, parse, stringFlag } from "./args.ts";
 import { BACKEND_OPTIONS, openBackend } from "./backend_flags.ts";
 import type { CliIo } from "./io.ts";
@@ -108,7 +109,7 @@ async function attach(
   options: { io: CliIo; raw: boolean },
 ): Promise<number> {
   const { io } = options;
-  const screen = new ScreenFilter({ raw: options.raw });
+  const screen = new ScreenFilter({ raw: options.raw, utf8: terminalIsUtf8() });
   const terminal = rawTerminal(session);
   let restored = false;
   // The trailer first (the terminal still raw), then termios.

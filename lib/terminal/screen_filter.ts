@@ -8,13 +8,19 @@
  *
  * Text is read as UTF-8: a byte that is not part of a well-formed character
  * becomes U+FFFD, so a lone 8-bit C1 byte (0x9B is CSI to a terminal that is
- * not in UTF-8 mode) never reaches the terminal.
+ * not in UTF-8 mode) never reaches the terminal. On a terminal whose locale
+ * is not UTF-8 (`utf8: false`), every non-ASCII character is written as `?`:
+ * to a latin-1 terminal the bytes of a valid character such as U+00DD (C3
+ * 9D) hold a C1 control (0x9D is OSC).
+ *
+ * The queries the policy keeps are rationed ({@linkcode QueryLimit}).
  *
  * @module
  */
 import { SequenceReader, type Token } from "./sequence_reader.ts";
 import { screenToken } from "./screen_policy.ts";
 import { ScreenModes, TITLE_PUSH } from "./screen_modes.ts";
+import { QueryLimit } from "./query_limit.ts";
 
 const encoder = new TextEncoder();
 
@@ -22,6 +28,10 @@ const encoder = new TextEncoder();
 export interface ScreenFilterOptions {
   /** Pass every byte unchanged (modes are still restored at the end). */
   raw?: boolean;
+  /** The terminal reads UTF-8 (default); false: non-ASCII text is written as `?` (see `localeIsUtf8`). */
+  utf8?: boolean;
+  /** The clock the query budget counts with, in milliseconds (default `performance.now`). */
+  now?: () => number;
 }
 
 /**
@@ -40,13 +50,17 @@ export class ScreenFilter {
   readonly #decoder = new TextDecoder();
   readonly #reader = new SequenceReader();
   readonly #modes = new ScreenModes();
+  readonly #utf8: boolean;
+  readonly #queries: QueryLimit;
   #ended = false;
 
   /**
-   * @param options Whether to pass every byte unchanged.
+   * @param options Whether to pass every byte unchanged, whether the terminal reads UTF-8, the clock.
    */
   constructor(options: ScreenFilterOptions = {}) {
     this.#raw = options.raw === true;
+    this.#utf8 = options.utf8 !== false;
+    this.#queries = new QueryLimit(options.now);
   }
 
   /**
@@ -92,10 +106,12 @@ export class ScreenFilter {
     for (const token of this.#reader.feed(text)) {
       const kept = this.#raw ? token : screenToken(token);
       if (kept === null) continue;
+      if (!this.#raw && !this.#queries.allows(kept)) continue;
       this.#modes.observe(kept);
       if (!this.#raw) out += serialize(kept);
     }
-    return out;
+    // deno-lint-ignore no-control-regex
+    return this.#utf8 ? out : out.replace(/[^\u0000-\u007f]/gu, "?");
   }
 }
 

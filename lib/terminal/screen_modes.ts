@@ -21,8 +21,12 @@ const ANSI_ON_BY_DEFAULT: ReadonlySet<number> = new Set([12]);
  * paste, synchronized output; and the cursor shown.
  */
 const ALWAYS_OFF = [9, 1000, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026];
-/** The end of every trailer: {@linkcode ALWAYS_OFF}, the cursor shown, SGR reset, G0 US ASCII invoked (SI). */
-const ALWAYS = `\x1b[?${ALWAYS_OFF.join(";")}l\x1b[?25h\x1b[0m\x1b(B\x0f`;
+/**
+ * The end of every trailer: {@linkcode ALWAYS_OFF}, the cursor shown, the
+ * numeric keypad (DECKPNM: `ESC =` is not tracked), SGR reset, G0 US ASCII
+ * invoked (SI).
+ */
+const ALWAYS = `\x1b[?${ALWAYS_OFF.join(";")}l\x1b[?25h\x1b>\x1b[0m\x1b(B\x0f`;
 /** Not reset one by one: those above, and 1048 (its reset restores a saved cursor). */
 const NOT_ONE_BY_ONE: ReadonlySet<number> = new Set([...ALWAYS_OFF, 25, 1048]);
 

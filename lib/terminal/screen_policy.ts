@@ -16,7 +16,9 @@
  *   DECRQCRA and every other `CSI … y`, media copy (`CSI … i`), the
  *   locator, DECSCL and S8C1T (they switch the terminal's replies to 8-bit),
  *   DA3, XTVERSION, the modes that lock the keyboard or turn on local echo,
- *   and kitty's keyboard protocol;
+ *   kitty's keyboard protocol and xterm's modifyOtherKeys (`CSI > 4 ; 2 m`:
+ *   keys, `~` among them with some layouts and terminals, would come as
+ *   `CSI 27 ; m ; k ~`, and `~.` must come as plain bytes; vim does without);
  * - C0 controls other than BEL BS HT LF VT FF CR SO SI (ENQ makes a
  *   terminal send its answerback), and DEL.
  *
@@ -25,6 +27,7 @@
  * $ p`). Their answers are numbers in a fixed shape that neither the sandbox
  * nor a secret of the user's can shape; full-screen programs (vim, less,
  * fish, prompt_toolkit, readline) ask them and some wait for the answer.
+ * `query_limit.ts` rations them, so a loop cannot flood the user's input.
  *
  * @module
  */
@@ -149,8 +152,6 @@ function csiToken(token: Csi): Csi | null {
     return final === "n" && params === "6" ? token : null;
   }
   if (prefix === ">" && final === "c") return params === "" || params === "0" ? token : null;
-  // modifyOtherKeys only (vim sets it); the trailer resets it.
-  if (prefix === ">" && final === "m") return /^4(;\d*)?$/.test(params) ? token : null;
   return null;
 }
 
