@@ -380,6 +380,27 @@ liveTest(
 );
 
 liveTest(
+  "waffle shell: ~. ends a command that floods status queries and ignores Ctrl-C (the answers land between Enter and ~)",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const user = uniqueUser("flood");
+    // Every `ESC [ 5 n` makes the terminal (tmux) type `ESC [ 0 n` on waffle's stdin.
+    const script = `trap '' INT; echo flooding; while :; do printf '\\033[5n'; done`;
+    await using pane = await shellPane(home, ["--user", user, "--", "sh", "-c", script]);
+    await screenWith(pane.name, /flooding/);
+    await tmux("send-keys", "-t", pane.name, "C-c");
+    // Answers have time to come between the keys (a person types this slowly too).
+    await tmux("send-keys", "-t", pane.name, "Enter");
+    await delay(300);
+    await tmux("send-keys", "-t", pane.name, "-l", "~");
+    await delay(300);
+    await tmux("send-keys", "-t", pane.name, "-l", ".");
+    assert.equal(await pane.exited(), `exit=${EXIT_DISCONNECTED} icanon`);
+    assert.match(await pane.bytes(), /waffle: ended request '[^']+' with ~\./);
+  },
+);
+
+liveTest(
   "a compromised runner's error text reaches the terminal with its control characters escaped [as the runner]",
   async (docker) => {
     await using home = await tempHome(docker);
