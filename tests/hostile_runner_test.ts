@@ -14,8 +14,10 @@
  * trip), the host's disk.
  *
  * Timings are asserted only as generous bounds that express a property
- * ("recovers within 25 s", "B's p50 within 2x of its own baseline"); every
- * figure measured is printed with `console.log`.
+ * ("recovers within 25 s", "B never stalls for 5 s"); every figure measured
+ * is printed with `console.log`. How much an attack slows another user (a
+ * ratio of p50s, which the machine's own load moves) is the bench's figure
+ * (`deno task bench --only attack`), never a test's verdict.
  *
  * @module
  */
@@ -449,12 +451,8 @@ bothWays(
         aOutcome.outcome,
       ]);
       assert.ok(stillInPlace, `'${attack.name}' was gone before B's samples were done`);
-      if (ratio > 2) {
-        failures.push(
-          `B's p50 under '${attack.name}' is ${fmt(under.p50)}, ${ratio.toFixed(2)}x its baseline ${
-            fmt(baseline.p50)
-          }`,
-        );
+      if (under.max > B_STALL_BOUND_MS) {
+        failures.push(`B stalled for ${fmt(under.max)} under '${attack.name}'`);
       }
       if (during.n > 0 && during.max > B_STALL_BOUND_MS) {
         failures.push(
