@@ -381,6 +381,63 @@ Deno.test("egress proxy refuses a listed name resolving to loopback not covered 
   );
 });
 
+// An IPv4 address of one of this host's interfaces other than loopback
+// (docker0's gateway when there is one), and an `egress_addresses` entry
+// covering it.
+function hostInterfaceAddress(): { ip: string; cidr: string } | undefined {
+  const own = Deno.networkInterfaces()
+    .filter((entry) => entry.family === "IPv4" && !entry.address.startsWith("127."))
+    .map((entry) => entry.address);
+  if (own.includes("172.17.0.1")) return { ip: "172.17.0.1", cidr: "172.16.0.0/12" };
+  return own[0] === undefined ? undefined : { ip: own[0], cidr: `${own[0]}/32` };
+}
+
+Deno.test({
+  name:
+    "egress proxy refuses an address of the host's own interfaces covered by egress_addresses unless the policy allows the host",
+  // Skipped only on a host with no IPv4 interface address besides loopback.
+  ignore: hostInterfaceAddress() === undefined,
+}, async () => {
+  const host = hostInterfaceAddress()!;
+  const ca = await testCa();
+  await using inner = await startUpstream({
+    name: "hostside.test",
+    ca,
+    hostname: host.ip,
+    tls: false,
+  });
+  await using proxy = await startEgressProxy();
+  const policy = {
+    allow: [nameEntry("hostside.test", inner.port)],
+    addresses: [host.cidr],
+    hosts: { "hostside.test": inner.hostname },
+  };
+  await proxy.writePolicy("s-a", policy);
+  await proxy.sync();
+  const url = await proxy.bridge("s-a");
+  const refused = await curl(url, `http://hostside.test:${inner.port}/refused`);
+  assert.equal(refused.status, 403, refused.stdout);
+  const reason = `'hostside.test' resolves to '${host.ip}', an address of the proxy's host itself`;
+  assert.ok(refused.stdout.includes(reason), refused.stdout);
+  const tunnel = await rawExchange(
+    url,
+    `CONNECT hostside.test:${inner.port} HTTP/1.1\r\nHost: hostside.test:${inner.port}\r\n\r\n`,
+  );
+  assert.equal(statusOf(tunnel), 403, tunnel);
+  assert.equal(inner.connections, 0, "nothing reached the host's own address");
+  const denied = (await proxy.audit()).filter((l) => l.destination === "hostside.test");
+  assert.equal(denied.length, 2);
+  assert.ok(
+    denied.every((l) => l.decision === "denied" && l.reason?.includes(host.ip)),
+    JSON.stringify(denied),
+  );
+
+  await proxy.writePolicy("s-a", { ...policy, allowHost: true });
+  const allowed = await curl(url, `http://hostside.test:${inner.port}/allowed`);
+  assertCurlOk(allowed);
+  assert.deepEqual(inner.requests.map((r) => r.path), ["/allowed"]);
+});
+
 Deno.test("egress proxy cuts a tunnel whose ClientHello names another host", async () => {
   const ca = await testCa();
   await using api = await startUpstream({ name: "api.test", ca });

@@ -23,6 +23,7 @@ import tls from "node:tls";
 import { lookup } from "node:dns/promises";
 import type { Buffer } from "node:buffer";
 import { addressRefusal, allows, canonicalIp, isIpLiteral } from "../config/egress_entries.ts";
+import { isHostAddress } from "./host_addresses.ts";
 import { collect, readHead, type RequestHead, serializeHead, upstreamHead } from "./http_head.ts";
 import { injectSecrets } from "./inject.ts";
 import { EgressFailed, EgressRefused, refusalResponse } from "./refusal.ts";
@@ -173,11 +174,19 @@ async function checkedAddress(target: Authority, policy: PolicyFile): Promise<st
   let refusal = "";
   for (const candidate of candidates) {
     const ip = canonicalIp(candidate) ?? candidate;
-    const why = addressRefusal(ip, policy.addresses);
+    const why = addressRefusal(ip, policy.addresses) ?? hostRefusal(ip, policy);
     if (why === undefined) return ip;
     refusal ||= why;
   }
   throw new EgressRefused(403, `'${target.host}' resolves to ${refusal}`);
+}
+
+// The proxy has the host's network: an address of the host's own interfaces
+// (docker0's gateway under an `egress_addresses` of 172.16.0.0/12) reaches
+// every service the host binds there.
+function hostRefusal(ip: string, policy: PolicyFile): string | undefined {
+  if (policy.allowHost === true || !isHostAddress(ip)) return undefined;
+  return `'${ip}', an address of the proxy's host itself (egress_allow_host_loopback is not set)`;
 }
 
 async function resolveName(host: string): Promise<string[]> {
