@@ -27,6 +27,7 @@ import {
   tunnelRequest,
 } from "../lib/egress/request_target.ts";
 import { EgressFailed, EgressRefused } from "../lib/egress/refusal.ts";
+import { bodyFraming, bodyTracker } from "../lib/egress/http_framing.ts";
 
 function head(lines: string[]): string {
   return `${lines.join("\r\n")}\r\n\r\n`;
@@ -456,4 +457,56 @@ Deno.test("connectAuthority() reads host:port canonically and formatAuthority() 
   assert.equal(formatAuthority({ host: "fd00::1", port: 443 }, "https"), "[fd00::1]");
   assert.equal(formatAuthority({ host: "a.test", port: 80 }, "https"), "a.test:80");
   assert.equal(formatAuthority({ host: "a.test", port: 80 }, "http"), "a.test");
+});
+
+Deno.test("bodyFraming() reads one unambiguous framing and refuses every ambiguous one", () => {
+  const framing = (...headers: string[]) =>
+    bodyFraming(parseHead(head(["POST / HTTP/1.1", "Host: a", ...headers])));
+  assert.deepEqual(framing(), { kind: "length", length: 0 });
+  assert.deepEqual(framing("Content-Length: 12"), { kind: "length", length: 12 });
+  assert.deepEqual(framing("Transfer-Encoding: gzip, Chunked"), { kind: "chunked" });
+  assert.deepEqual(framing("Connection: keep-alive, x-other"), { kind: "length", length: 0 });
+  const refused: [string[], RegExp][] = [
+    [
+      ["Transfer-Encoding: chunked", "Content-Length: 3"],
+      /both Transfer-Encoding and Content-Length/,
+    ],
+    [["Content-Length: 3", "Content-Length: 3"], /2 Content-Length headers/],
+    [["Content-Length: 3,3"], /not a decimal length/],
+    [["Content-Length: -1"], /not a decimal length/],
+    [["Transfer-Encoding: chunked, gzip"], /'chunked' must be last, once/],
+    [["Transfer-Encoding: chunked", "Transfer-Encoding: chunked"], /'chunked' must be last, once/],
+    [["Transfer-Encoding: identity"], /'chunked' must be last/],
+    [["Connection: Content-Length"], /it names 'content-length'/],
+    [["Connection: close, transfer-encoding"], /it names 'transfer-encoding'/],
+    [["Connection: HOST"], /it names 'host'/],
+  ];
+  for (const [headers, reason] of refused) {
+    assert.throws(() => framing(...headers), reason, headers.join(" / "));
+  }
+});
+
+Deno.test("bodyTracker() finds the end of a length or chunked body, whatever the chunks it comes in", () => {
+  const length = bodyTracker({ kind: "length", length: 5 });
+  assert.equal(length.take(Buffer.from("hel")), 3);
+  assert.equal(length.ended(), false);
+  assert.equal(length.take(Buffer.from("loGET /")), 2);
+  assert.equal(length.ended(), true);
+  assert.equal(bodyTracker({ kind: "length", length: 0 }).ended(), true);
+
+  const body = '5;ext="x"\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n';
+  const after = "GET /second HTTP/1.1\r\n\r\n";
+  for (let split = 0; split <= body.length; split++) {
+    const chunked = bodyTracker({ kind: "chunked" });
+    const bytes = Buffer.from(body + after, "latin1");
+    const first = chunked.take(bytes.subarray(0, split));
+    assert.equal(first, split);
+    assert.equal(chunked.ended(), split === body.length, `ended after ${split} bytes`);
+    const second = chunked.take(bytes.subarray(split));
+    assert.equal(first + second, body.length, `split at ${split}`);
+    assert.equal(chunked.ended(), true);
+  }
+  for (const bad of ["zz\r\n", "5\r\nhelloX\r\n", "5\nhello"]) {
+    assert.throws(() => bodyTracker({ kind: "chunked" }).take(Buffer.from(bad)), /Malformed/, bad);
+  }
 });

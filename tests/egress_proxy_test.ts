@@ -23,6 +23,7 @@ import {
   TEST_SECRET,
 } from "./_egress_proxy.ts";
 import { startUpstream, testCa, type Upstream } from "./_egress_upstreams.ts";
+import { type CertifiedKey, mintLeaf } from "../lib/egress/ca.ts";
 
 const CURL = "/usr/bin/curl";
 /** Every client call is bounded by this. */
@@ -379,6 +380,63 @@ Deno.test("egress proxy refuses a listed name resolving to loopback not covered 
     lines.every((l) => l.decision === "denied" && l.address === null),
     JSON.stringify(lines),
   );
+});
+
+// An IPv4 address of one of this host's interfaces other than loopback
+// (docker0's gateway when there is one), and an `egress_addresses` entry
+// covering it.
+function hostInterfaceAddress(): { ip: string; cidr: string } | undefined {
+  const own = Deno.networkInterfaces()
+    .filter((entry) => entry.family === "IPv4" && !entry.address.startsWith("127."))
+    .map((entry) => entry.address);
+  if (own.includes("172.17.0.1")) return { ip: "172.17.0.1", cidr: "172.16.0.0/12" };
+  return own[0] === undefined ? undefined : { ip: own[0], cidr: `${own[0]}/32` };
+}
+
+Deno.test({
+  name:
+    "egress proxy refuses an address of the host's own interfaces covered by egress_addresses unless the policy allows the host",
+  // Skipped only on a host with no IPv4 interface address besides loopback.
+  ignore: hostInterfaceAddress() === undefined,
+}, async () => {
+  const host = hostInterfaceAddress()!;
+  const ca = await testCa();
+  await using inner = await startUpstream({
+    name: "hostside.test",
+    ca,
+    hostname: host.ip,
+    tls: false,
+  });
+  await using proxy = await startEgressProxy();
+  const policy = {
+    allow: [nameEntry("hostside.test", inner.port)],
+    addresses: [host.cidr],
+    hosts: { "hostside.test": inner.hostname },
+  };
+  await proxy.writePolicy("s-a", policy);
+  await proxy.sync();
+  const url = await proxy.bridge("s-a");
+  const refused = await curl(url, `http://hostside.test:${inner.port}/refused`);
+  assert.equal(refused.status, 403, refused.stdout);
+  const reason = `'hostside.test' resolves to '${host.ip}', an address of the proxy's host itself`;
+  assert.ok(refused.stdout.includes(reason), refused.stdout);
+  const tunnel = await rawExchange(
+    url,
+    `CONNECT hostside.test:${inner.port} HTTP/1.1\r\nHost: hostside.test:${inner.port}\r\n\r\n`,
+  );
+  assert.equal(statusOf(tunnel), 403, tunnel);
+  assert.equal(inner.connections, 0, "nothing reached the host's own address");
+  const denied = (await proxy.audit()).filter((l) => l.destination === "hostside.test");
+  assert.equal(denied.length, 2);
+  assert.ok(
+    denied.every((l) => l.decision === "denied" && l.reason?.includes(host.ip)),
+    JSON.stringify(denied),
+  );
+
+  await proxy.writePolicy("s-a", { ...policy, allowHost: true });
+  const allowed = await curl(url, `http://hostside.test:${inner.port}/allowed`);
+  assertCurlOk(allowed);
+  assert.deepEqual(inner.requests.map((r) => r.path), ["/allowed"]);
 });
 
 Deno.test("egress proxy cuts a tunnel whose ClientHello names another host", async () => {
@@ -1164,4 +1222,180 @@ Deno.test("egress proxy keeps refusals and audit lines short whatever the client
   const text = JSON.stringify(lines.at(-1));
   assert.ok(text.length < 1200, `a ${text.length}-byte audit line`);
   assert.doesNotMatch(text, /\\u0001/);
+});
+
+// An upstream that records every byte one connection brings until the
+// proxy closes it: what the proxy sent on, whatever an HTTP server would
+// have made of it. It answers 200 once `answerAfter` has arrived (else at
+// the proxy's end of the connection).
+async function recordingUpstream(
+  options: { hostname: string; leaf?: CertifiedKey; answerAfter?: string },
+): Promise<{ port: number; received: Promise<string>; [Symbol.asyncDispose](): Promise<void> }> {
+  let settle: (text: string) => void = () => {};
+  const received = new Promise<string>((resolve) => (settle = resolve));
+  const onSocket = (socket: net.Socket): void => {
+    let text = "";
+    let answered = false;
+    const answer = (): void => {
+      if (answered) return;
+      answered = true;
+      socket.end("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+    };
+    socket.on("error", () => {});
+    socket.setEncoding("latin1");
+    socket.on("data", (chunk: string) => {
+      text += chunk;
+      if (options.answerAfter !== undefined && text.includes(options.answerAfter)) answer();
+    });
+    socket.once("end", answer);
+    socket.once("close", () => settle(text));
+  };
+  const server = options.leaf === undefined
+    ? net.createServer({ allowHalfOpen: true }, onSocket)
+    : tls.createServer({ ...options.leaf, allowHalfOpen: true }, onSocket);
+  await new Promise<void>((resolve) => server.listen(0, options.hostname, resolve));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    received,
+    [Symbol.asyncDispose]: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+Deno.test("egress proxy refuses ambiguous body framing with 400 (audited denied) and dials nothing", async () => {
+  await using upstream = await recordingUpstream({ hostname: "127.0.0.6" });
+  await using proxy = await startEgressProxy();
+  await proxy.writePolicy("s-a", {
+    allow: [nameEntry("plain.test", upstream.port)],
+    addresses: LOOPBACK,
+    hosts: { "plain.test": "127.0.0.6" },
+  });
+  await proxy.sync();
+  const url = await proxy.bridge("s-a");
+  const target = `http://plain.test:${upstream.port}/x`;
+  const cases: [string, RegExp][] = [
+    [
+      "Transfer-Encoding: chunked\r\nContent-Length: 5",
+      /both Transfer-Encoding and Content-Length/,
+    ],
+    ["Content-Length: 5\r\nContent-Length: 5", /2 Content-Length headers/],
+    ["Content-Length: 5, 6", /'Content-Length: 5, 6': not a decimal length/],
+    ["Transfer-Encoding: chunked, gzip", /'chunked' must be last/],
+    ["Content-Length: 5\r\nConnection: content-length", /it names 'content-length'/],
+    ["Transfer-Encoding: chunked\r\nConnection: Transfer-Encoding", /'transfer-encoding'/],
+    ["Connection: keep-alive, host", /it names 'host'/],
+  ];
+  for (const [headers, reason] of cases) {
+    const answer = await rawExchange(
+      url,
+      `POST ${target} HTTP/1.1\r\nHost: plain.test:${upstream.port}\r\n${headers}\r\n\r\nhello`,
+    );
+    assert.equal(statusOf(answer), 400, `${headers}: ${answer}`);
+    assert.match(bodyOf(answer), reason);
+  }
+  const lines = await waitForCount(proxy, (l) => l.destination === null, cases.length);
+  assert.ok(
+    lines.every((l) => l.decision === "denied" && /^Refused /.test(l.reason ?? "")),
+    JSON.stringify(lines),
+  );
+});
+
+Deno.test("egress proxy forwards exactly one request per http:// connection: a pipelined one after its body never reaches the upstream", async () => {
+  for (const framing of ["length", "chunked"]) {
+    const last = framing === "length" ? "hello" : "X-Trailer: t\r\n\r\n";
+    await using upstream = await recordingUpstream({ hostname: "127.0.0.6", answerAfter: last });
+    await using proxy = await startEgressProxy();
+    await proxy.writePolicy("s-a", {
+      allow: [nameEntry("plain.test", upstream.port)],
+      addresses: LOOPBACK,
+      hosts: { "plain.test": "127.0.0.6" },
+    });
+    await proxy.sync();
+    const host = `plain.test:${upstream.port}`;
+    const body = framing === "length"
+      ? "Content-Length: 5\r\n\r\nhello"
+      : "Transfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n";
+    const smuggled = `GET /second HTTP/1.1\r\nHost: ${host}\r\n\r\n`;
+    const conn = await Deno.connect({
+      hostname: "127.0.0.1",
+      port: portOf(await proxy.bridge("s-a")),
+    });
+    // The second request comes in the same write as the first.
+    await conn.write(
+      new TextEncoder().encode(
+        `POST http://${host}/first HTTP/1.1\r\nHost: ${host}\r\n${body}${smuggled}`,
+      ),
+    );
+    const answer = await readAll(conn);
+    tryClose(conn);
+    assert.equal(statusOf(answer), 200, answer);
+    const received = await upstream.received;
+    assert.match(received, /^POST \/first HTTP\/1\.1\r\n/);
+    assert.ok(received.endsWith(body.slice(body.indexOf("\r\n\r\n") + 4)), received);
+    assert.ok(!received.includes("/second"), `${framing}: ${JSON.stringify(received)}`);
+  }
+});
+
+Deno.test("egress proxy sends one request per secret's tunnel, without client routing headers, and refuses ambiguous framing inside it", async () => {
+  const ca = await testCa();
+  await using upstream = await recordingUpstream({
+    hostname: "127.0.0.6",
+    leaf: await mintLeaf(ca, "secret.test"),
+    answerAfter: "hello",
+  });
+  await using proxy = await startEgressProxy();
+  await proxy.writePolicy("s-a", {
+    allow: [nameEntry("secret.test", upstream.port)],
+    addresses: LOOPBACK,
+    hosts: { "secret.test": "127.0.0.6" },
+    secrets: [SECRET],
+  });
+  await proxy.sync();
+  const port = portOf(await proxy.bridge("s-a"));
+  const target = `secret.test:${upstream.port}`;
+  const routing = [
+    "Forwarded: host=evil.test",
+    "X-Forwarded-Host: evil.test",
+    "X-Original-URL: /admin",
+    "X-Rewrite-URL: /admin",
+    "X-Host: evil.test",
+  ];
+  {
+    const { secure } = await secretTunnel(port, target, proxy.ca.cert);
+    assert.ok(secure !== undefined);
+    let answer = "";
+    secure.setEncoding("latin1");
+    secure.on("data", (chunk: string) => void (answer += chunk));
+    const ended = new Promise((resolve) => secure.once("end", resolve));
+    secure.write(
+      `POST /first HTTP/1.1\r\nHost: ${target}\r\nAuthorization: Bearer ${PLACEHOLDER}\r\n` +
+        `${routing.join("\r\n")}\r\nContent-Length: 5\r\n\r\nhello` +
+        `GET /second HTTP/1.1\r\nHost: ${target}\r\nAuthorization: Bearer ${PLACEHOLDER}\r\n\r\n`,
+    );
+    await ended;
+    secure.destroy();
+    assert.equal(statusOf(answer), 200, answer);
+    const received = await upstream.received;
+    assert.match(received, /^POST \/first HTTP\/1\.1\r\n/);
+    assert.match(received, /\r\nAuthorization: Bearer s3cret-value\r\n/);
+    assert.ok(received.endsWith("\r\n\r\nhello"), JSON.stringify(received));
+    for (const header of routing) {
+      assert.ok(!received.includes(header), `${header} reached the upstream`);
+    }
+  }
+  const { secure } = await secretTunnel(port, target, proxy.ca.cert);
+  assert.ok(secure !== undefined);
+  let answer = "";
+  secure.setEncoding("latin1");
+  secure.on("data", (chunk: string) => void (answer += chunk));
+  const ended = new Promise((resolve) => secure.once("end", resolve));
+  secure.write(
+    `POST /x HTTP/1.1\r\nHost: ${target}\r\nConnection: content-length\r\nContent-Length: 40\r\n\r\n` +
+      `GET /second HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+  );
+  await ended;
+  secure.destroy();
+  assert.equal(statusOf(answer), 400, answer);
+  assert.match(bodyOf(answer), /it names 'content-length'/);
+  const refused = await proxy.waitForAudit((l) => l.decision === "denied");
+  assert.match(refused.reason ?? "", /^Refused 'Connection: content-length'/);
 });

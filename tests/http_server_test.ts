@@ -18,9 +18,13 @@ const FIXTURE = fileURLToPath(new URL("./fixtures/http_server.ts", import.meta.u
 async function serving(
   limits: Partial<HttpLimits>,
   handler: (request: Request) => Response | Promise<Response> = () => new Response("ok\n"),
-): Promise<
-  { port: number; hostname: string; notices: string[]; [Symbol.asyncDispose](): Promise<void> }
-> {
+): Promise<{
+  port: number;
+  hostname: string;
+  notices: string[];
+  connectionCount(): number;
+  [Symbol.asyncDispose](): Promise<void>;
+}> {
   const notices: string[] = [];
   const server = await serveHttp(handler, {
     hostname: "127.0.0.1",
@@ -32,6 +36,7 @@ async function serving(
     hostname: "127.0.0.1",
     port: server.addr.port,
     notices,
+    connectionCount: () => server.connectionCount(),
     [Symbol.asyncDispose]: () => server.shutdown({ graceMs: 0 }),
   };
 }
@@ -199,6 +204,60 @@ Deno.test("serveHttp() closes a kept-alive connection idle past its deadline (bl
   for (const text of await Promise.all(streams)) {
     assert.equal(text, "data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n");
   }
+});
+
+Deno.test("serveHttp() closes a connection whose client stops reading a large response, and never one whose client reads it slowly but steadily", async () => {
+  const stallMs = 1000;
+  const chunk = new Uint8Array(1024 * 1024).fill(0x61);
+  const total = 256 * chunk.byteLength; // far more than loopback's socket buffers hold unread
+  await using server = await serving({ writeStallTimeoutMs: stallMs }, () => {
+    let sent = 0;
+    return new Response(
+      new ReadableStream<Uint8Array>({
+        pull(controller): void {
+          if (sent++ === total / chunk.byteLength) return controller.close();
+          controller.enqueue(chunk);
+        },
+      }),
+      { headers: { "content-length": String(total) } },
+    );
+  });
+  const head = new TextEncoder().encode("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const stopped = await Deno.connect({ hostname: server.hostname, port: server.port });
+  const steady = await Deno.connect({ hostname: server.hostname, port: server.port });
+  await stopped.write(head);
+  await steady.write(head);
+  const buffer = new Uint8Array(chunk.byteLength);
+  let received = 0;
+  // Reads what has arrived (up to 1 MiB) five times per stall deadline, for
+  // four of them: the response's writes keep making progress (the sender
+  // wakes only once a good part of its socket buffer is free).
+  for (let round = 0; round < 20; round++) {
+    await delay(stallMs / 5);
+    const read = await steady.read(buffer);
+    assert.ok(read !== null, `the steady reader's connection is open in round ${round}`);
+    received += read;
+  }
+  await waitFor(() => server.connectionCount() === 1, {
+    what: "the connection whose client stopped reading to close",
+  });
+  let unread = 0;
+  try {
+    for (let read = await stopped.read(buffer); read !== null; read = await stopped.read(buffer)) {
+      unread += read;
+    }
+  } catch {
+    // A reset: the server closed with bytes unsent.
+  } finally {
+    stopped.close();
+  }
+  assert.ok(unread < total, `the stalled response was cut (${unread} of ${total} bytes)`);
+  for (let read = await steady.read(buffer); read !== null; read = await steady.read(buffer)) {
+    received += read;
+  }
+  steady.close();
+  const headBytes = received - total;
+  assert.ok(headBytes > 0 && headBytes < 1024, `the steady reader got all ${total} body bytes`);
 });
 
 Deno.test("serveHttp() refuses headers over the limit with 431, serves an absolute-form target under its own authority, and turns a handler's error into a 500", async () => {

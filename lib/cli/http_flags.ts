@@ -12,6 +12,7 @@ import {
   DEFAULT_MAX_CONNECTIONS,
   DEFAULT_MAX_CONNECTIONS_PER_PEER,
   DEFAULT_REQUEST_TIMEOUT_MS,
+  DEFAULT_WRITE_STALL_TIMEOUT_MS,
   type HttpLimits,
   MAX_TIMEOUT_MS,
 } from "../http/limits.ts";
@@ -24,12 +25,13 @@ export const HTTP_LIMIT_FLAGS = {
   "header-timeout": { type: "string" },
   "request-timeout": { type: "string" },
   "keep-alive-timeout": { type: "string" },
+  "write-stall-timeout": { type: "string" },
 } as const;
 
 /** The usage lines of the flags. */
 export const HTTP_LIMIT_USAGE = "[--max-connections N] [--max-connections-per-peer N]\n" +
   "[--header-timeout SECONDS] [--request-timeout SECONDS]\n" +
-  "[--keep-alive-timeout SECONDS]";
+  "[--keep-alive-timeout SECONDS] [--write-stall-timeout SECONDS]";
 
 /** What the flags do, for a command's help. */
 export const HTTP_LIMIT_HELP =
@@ -47,8 +49,12 @@ within --request-timeout SECONDS (default ${
 closes; a kept-alive connection with no request for --keep-alive-timeout
 SECONDS (default ${
     seconds(DEFAULT_KEEP_ALIVE_TIMEOUT_MS)
-  }) closes. None of these cuts a response that
-streams (an SSE stream lasts as long as the client keeps it).`;
+  }) closes. A response the client stops reading (no byte taken for
+--write-stall-timeout SECONDS, default ${
+    seconds(DEFAULT_WRITE_STALL_TIMEOUT_MS)
+  }) closes its connection. None of
+these cuts a response that streams (an SSE stream lasts as long as the
+client keeps reading it).`;
 
 /**
  * The limits the flags set (the others are left to `lib/http`'s defaults).
@@ -74,6 +80,7 @@ export function httpLimitsOf(parsed: Parsed): Partial<HttpLimits> {
   set("headerTimeoutMs", ms("header-timeout"));
   set("requestTimeoutMs", ms("request-timeout"));
   set("keepAliveTimeoutMs", ms("keep-alive-timeout"));
+  set("writeStallTimeoutMs", ms("write-stall-timeout"));
   // A request deadline left out is never shorter than the header deadline.
   const header = limits.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
   if (limits.requestTimeoutMs !== undefined && limits.requestTimeoutMs < header) {

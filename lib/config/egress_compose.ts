@@ -87,6 +87,7 @@ export function egressPolicy(config: EgressConfig, who: EgressSubject): EgressPo
     return {
       allow: composed.allow,
       addresses: [...(config.sandbox.egressAddresses ?? [])],
+      allowHost: config.sandbox.egressAllowHostLoopback === true,
       secrets: secretsNamed(policy, names),
     };
   }
@@ -101,6 +102,7 @@ export function egressPolicy(config: EgressConfig, who: EgressSubject): EgressPo
   return {
     allow: composed.allow,
     addresses: [...(server.egressAddresses ?? [])],
+    allowHost: server.egressAllowHostLoopback === true,
     secrets: secretsNamed(policy, server.secrets ?? []),
   };
 }

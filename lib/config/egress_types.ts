@@ -64,6 +64,12 @@ export interface EgressPolicy {
    * metadata address (`egress_addresses`); everything else of that kind is refused.
    */
   addresses: string[];
+  /**
+   * `egress_allow_host_loopback`: `addresses` may reach the host itself (its
+   * loopback, and the addresses of its own interfaces, which the proxy
+   * otherwise refuses).
+   */
+  allowHost: boolean;
   /** The secrets this identity's requests may carry. */
   secrets: SecretConfig[];
 }

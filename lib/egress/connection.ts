@@ -14,6 +14,10 @@
  * - an absolute-form `http://` request: forwarded in origin form with
  *   `Connection: close`, under the same rule.
  *
+ * A forwarded or terminated connection carries exactly one request: its
+ * body framing must be unambiguous (else 400), and what the client sends
+ * after that message's end is dropped, never a second request unchecked.
+ *
  * Nothing reaches an upstream before every check passed.
  *
  * @module
@@ -23,6 +27,8 @@ import tls from "node:tls";
 import { lookup } from "node:dns/promises";
 import type { Buffer } from "node:buffer";
 import { addressRefusal, allows, canonicalIp, isIpLiteral } from "../config/egress_entries.ts";
+import { isHostAddress } from "./host_addresses.ts";
+import { type BodyFraming, bodyFraming, type BodyTracker, bodyTracker } from "./http_framing.ts";
 import { collect, readHead, type RequestHead, serializeHead, upstreamHead } from "./http_head.ts";
 import { injectSecrets } from "./inject.ts";
 import { EgressFailed, EgressRefused, refusalResponse } from "./refusal.ts";
@@ -88,6 +94,7 @@ export async function serveConnection(
     const { head, rest } = await readHead(client, { timeoutMs: HEAD_TIMEOUT_MS });
     line.method = head.method;
     const forwarded = head.method === "CONNECT" ? undefined : forwardedRequest(head);
+    const framing = forwarded === undefined ? undefined : checkedFraming(forwarded.head);
     const target = forwarded?.authority ?? connectAuthority(head.target);
     line.destination = target.host;
     line.port = target.port;
@@ -109,15 +116,18 @@ export async function serveConnection(
         const upstream = present(client, await dial(address, target.port));
         upstream.write(hello);
         counters.up(hello.length);
-        await splice(client, upstream, { buckets: context.buckets, counters });
+        await splice(client, upstream, { buckets: context.buckets, counters, body: undefined });
       }
     } else {
       const upstream = present(client, await dial(address, target.port));
       const sent = serializeHead(upstreamHead(forwarded.head, forwarded.head.target));
       upstream.write(sent);
-      upstream.write(rest);
-      counters.up(sent.length + rest.length);
-      await splice(client, upstream, { buckets: context.buckets, counters });
+      counters.up(sent.length);
+      const body = bodyTracker(framing!);
+      const first = rest.subarray(0, body.take(rest));
+      if (first.length > 0) upstream.write(first);
+      counters.up(first.length);
+      await splice(client, upstream, { buckets: context.buckets, counters, body });
     }
   } catch (error) {
     reason = error instanceof Error ? error.message : String(error);
@@ -154,6 +164,15 @@ export function endSoon(socket: Socket, text?: string): void {
   else socket.end(text);
 }
 
+// A request's body framing, refused (400) when two parsers could read it two ways.
+function checkedFraming(head: RequestHead): BodyFraming {
+  try {
+    return bodyFraming(head);
+  } catch (error) {
+    throw new EgressRefused(400, (error as Error).message);
+  }
+}
+
 // The policy's decision, then the address the proxy itself resolved, which
 // is the only one ever connected to (no second lookup to rebind).
 async function checkedAddress(target: Authority, policy: PolicyFile): Promise<string> {
@@ -173,11 +192,19 @@ async function checkedAddress(target: Authority, policy: PolicyFile): Promise<st
   let refusal = "";
   for (const candidate of candidates) {
     const ip = canonicalIp(candidate) ?? candidate;
-    const why = addressRefusal(ip, policy.addresses);
+    const why = addressRefusal(ip, policy.addresses) ?? hostRefusal(ip, policy);
     if (why === undefined) return ip;
     refusal ||= why;
   }
   throw new EgressRefused(403, `'${target.host}' resolves to ${refusal}`);
+}
+
+// The proxy has the host's network: an address of the host's own interfaces
+// (docker0's gateway under an `egress_addresses` of 172.16.0.0/12) reaches
+// every service the host binds there.
+function hostRefusal(ip: string, policy: PolicyFile): string | undefined {
+  if (policy.allowHost === true || !isHostAddress(ip)) return undefined;
+  return `'${ip}', an address of the proxy's host itself (egress_allow_host_loopback is not set)`;
 }
 
 async function resolveName(host: string): Promise<string[]> {
@@ -267,7 +294,7 @@ async function terminate(
   const { head, rest } = await readHead(secure as unknown as Socket, {
     timeoutMs: HEAD_TIMEOUT_MS,
   });
-  const routed = await routeInside(secure, { head, tunnel: target });
+  const { routed, framing } = await routeInside(secure, { head, tunnel: target });
   // The authority the request names, by RFC 9112's rules: the tunnel's.
   const { head: injected, injected: names } = injectSecrets(
     upstreamHead(routed.head, routed.head.target),
@@ -275,15 +302,18 @@ async function terminate(
   );
   const upstream = await dialTls(address, target, context.roots);
   present(secure as unknown as Socket, upstream);
-  const sent = serializeHead(injected);
+  const sent = serializeHead(names.length > 0 ? withoutRoutingHeaders(injected) : injected);
   upstream.write(sent);
+  const body = bodyTracker(framing);
+  const first = rest.subarray(0, body.take(rest));
   // Deno's node:tls fails a zero-length write (EPERM), which left the
   // connection open until the idle timeout: a request without a body.
-  if (rest.length > 0) upstream.write(rest);
-  counters.up(sent.length + rest.length);
+  if (first.length > 0) upstream.write(first);
+  counters.up(sent.length + first.length);
   await splice(secure as unknown as Socket, upstream as unknown as Socket, {
     buckets: context.buckets,
     counters,
+    body,
   });
   return names;
 }
@@ -294,9 +324,10 @@ async function terminate(
 async function routeInside(
   secure: tls.TLSSocket,
   request: { head: RequestHead; tunnel: Authority },
-): Promise<RoutedRequest> {
+): Promise<{ routed: RoutedRequest; framing: BodyFraming }> {
   try {
-    return tunnelRequest(request.head, request.tunnel);
+    const routed = tunnelRequest(request.head, request.tunnel);
+    return { routed, framing: checkedFraming(routed.head) };
   } catch (error) {
     if (error instanceof EgressRefused) {
       await new Promise<void>((resolve) => {
@@ -309,6 +340,23 @@ async function routeInside(
     }
     throw error;
   }
+}
+
+// Headers some origins and their front proxies route by instead of the
+// target and Host: a request carrying a secret goes where the proxy checked.
+const ROUTING_HEADERS = new Set([
+  "forwarded",
+  "x-forwarded-host",
+  "x-original-url",
+  "x-rewrite-url",
+  "x-host",
+]);
+
+function withoutRoutingHeaders(head: RequestHead): RequestHead {
+  return {
+    ...head,
+    headers: head.headers.filter(([name]) => !ROUTING_HEADERS.has(name.toLowerCase())),
+  };
 }
 
 // TLS to the upstream, verified against the roots for the tunnel's host.
@@ -353,6 +401,8 @@ function splice(
   options: {
     buckets: { up: ByteBucket; down: ByteBucket };
     counters: { up: (n: number) => void; down: (n: number) => void };
+    /** The one message's body toward the upstream; what follows its end is dropped. */
+    body: BodyTracker | undefined;
   },
 ): Promise<void> {
   // A side that went while the upstream was dialled has emitted its close
@@ -373,7 +423,12 @@ function splice(
       socket.on("error", fail);
       socket.setTimeout(IDLE_TIMEOUT_MS, fail);
     }
-    pump(client, upstream, { bucket: options.buckets.up, count: options.counters.up });
+    pump(client, upstream, {
+      bucket: options.buckets.up,
+      count: options.counters.up,
+      body: options.body,
+      fail,
+    });
     pump(upstream, client, { bucket: options.buckets.down, count: options.counters.down });
   });
 }
@@ -381,9 +436,23 @@ function splice(
 function pump(
   from: Socket,
   to: Socket,
-  options: { bucket: ByteBucket; count: (n: number) => void },
+  options: {
+    bucket: ByteBucket;
+    count: (n: number) => void;
+    body?: BodyTracker | undefined;
+    fail?: () => void;
+  },
 ): void {
-  from.on("data", (chunk: Buffer) => {
+  from.on("data", (all: Buffer) => {
+    let chunk = all;
+    if (options.body !== undefined) {
+      try {
+        chunk = all.subarray(0, options.body.ended() ? 0 : options.body.take(all));
+      } catch {
+        return options.fail?.(); // a malformed chunked body: nothing more of it goes on
+      }
+      if (chunk.length === 0) return;
+    }
     options.count(chunk.length);
     const flowing = to.write(chunk);
     const wait = options.bucket.take(chunk.length);

@@ -25,6 +25,11 @@ export interface PolicyFile {
   allow: EgressEntry[];
   /** Non-public CIDRs listed names may resolve to. */
   addresses: string[];
+  /**
+   * Whether `addresses` may reach the host itself: else an address of one of
+   * the host's interfaces is refused (absent: false).
+   */
+  allowHost?: boolean | undefined;
   /** Its secrets, with placeholders and values. */
   secrets: HeldSecret[];
   /** Most connections at once. */
@@ -58,6 +63,7 @@ export const policyFileSchema: z.ZodMiniType<PolicyFile> = z.strictObject({
     ports: z.array(z.int().check(z.minimum(1), z.maximum(65535))).check(z.maxLength(65535)),
   })).check(z.maxLength(4096)),
   addresses: z.array(z.string().check(z.maxLength(64))).check(z.maxLength(1024)),
+  allowHost: z.optional(z.boolean()),
   secrets: z.array(z.strictObject({
     name: z.string().check(z.minLength(1), z.maxLength(64)),
     hosts: z.array(name).check(z.maxLength(256)),

@@ -38,6 +38,7 @@ export function writePolicy(home: string, attachment: EgressAttachment): void {
     identity: attachment.identity,
     allow: attachment.policy.allow,
     addresses: attachment.policy.addresses,
+    allowHost: attachment.policy.allowHost,
     secrets: attachment.policy.secrets.flatMap((secret) => {
       const value = readSecret(secret) ?? before.get(secret.name);
       return value === undefined ? [] : [held(home, { attachment, secret, value })];

@@ -116,7 +116,7 @@ export function reloadPolicies(config: WaffleConfig): { id: string; allow: numbe
       ...(who.server === null ? {} : { server: who.server }),
       ...(who.server === null || who.group === null ? {} : { group: who.group }),
       ...(who.server === null || who.cron === null ? {} : { cron: who.cron }),
-    }) ?? { allow: [], addresses: [], secrets: [] };
+    }) ?? { allow: [], addresses: [], allowHost: false, secrets: [] };
     const attachment: EgressAttachment = { id, identity: who, policy, settings: config.egress };
     writePolicy(home, attachment);
     return { id, allow: policy.allow.length };

@@ -37,6 +37,7 @@ export class ConnSocket extends Duplex {
   readonly #conn: Deno.Conn;
   readonly #onClosed: () => void;
   readonly #idleMs: number;
+  readonly #writeStallMs: number;
   #requests = 0;
   #idleTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #buffer = new Uint8Array(READ_BYTES);
@@ -52,15 +53,20 @@ export class ConnSocket extends Duplex {
    * Wraps an accepted connection.
    *
    * @param conn The connection.
-   * @param options `idleMs`: the keep-alive deadline; `onClosed`: called once
-   *   the connection itself is closed.
+   * @param options `idleMs`: the keep-alive deadline; `writeStallMs`: how
+   *   long a pending write may make no progress before the connection closes;
+   *   `onClosed`: called once the connection itself is closed.
    */
-  constructor(conn: Deno.Conn, options: { idleMs: number; onClosed: () => void }) {
+  constructor(
+    conn: Deno.Conn,
+    options: { idleMs: number; writeStallMs: number; onClosed: () => void },
+  ) {
     // Half-open is the HTTP server's decision (it ends its side on the peer's end).
     super({ allowHalfOpen: true });
     this.#conn = conn;
     this.#onClosed = options.onClosed;
     this.#idleMs = options.idleMs;
+    this.#writeStallMs = options.writeStallMs;
     const remote = conn.remoteAddr;
     if (remote.transport === "tcp" || remote.transport === "udp") {
       this.remoteAddress = remote.hostname;
@@ -213,9 +219,22 @@ export class ConnSocket extends Duplex {
     }, (error) => callback(error));
   }
 
+  /**
+   * Writes every byte. A client that stops reading leaves a write pending
+   * forever: one with no progress for the stall deadline closes the
+   * connection (a stream read steadily, however slowly, is never cut).
+   */
   async #writeAll(bytes: Uint8Array): Promise<void> {
-    for (let at = 0; at < bytes.byteLength;) {
-      at += await this.#conn.write(bytes.subarray(at));
+    const stalled = () => this.destroy();
+    let timer = setTimeout(stalled, this.#writeStallMs);
+    try {
+      for (let at = 0; at < bytes.byteLength;) {
+        at += await this.#conn.write(bytes.subarray(at));
+        clearTimeout(timer);
+        timer = setTimeout(stalled, this.#writeStallMs);
+      }
+    } finally {
+      clearTimeout(timer);
     }
   }
 

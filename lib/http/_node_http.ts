@@ -80,6 +80,7 @@ export function serveConnection(
 ): void {
   const socket = new ConnSocket(conn, {
     idleMs: options.limits.keepAliveTimeoutMs,
+    writeStallMs: options.limits.writeStallTimeoutMs,
     onClosed: options.onClosed,
   });
   server.emit("connection", socket);

@@ -2,9 +2,10 @@
  * The limits every HTTP listener of waffle applies to its connections: how
  * many may be open (in all, and from one peer), and how long a client may
  * take over a request's headers, over the whole request (its body), and
- * between two requests on a kept-alive connection. None of them bounds a
- * response: a stream to the client (MCP's SSE) lasts as long as it carries
- * data or the client keeps it.
+ * between two requests on a kept-alive connection, and how long a response
+ * may wait for the client to take its next bytes. None of them bounds a
+ * response's length: a stream to the client (MCP's SSE) lasts as long as
+ * the client keeps reading it.
  *
  * @module
  */
@@ -23,6 +24,12 @@ export interface HttpLimits {
   keepAliveTimeoutMs: number;
   /** The largest request line and headers, in bytes (else 431). */
   maxHeaderBytes: number;
+  /**
+   * A response's pending write that makes no progress (the client stopped
+   * reading) for this long closes the connection: it would hold its slot
+   * forever otherwise.
+   */
+  writeStallTimeoutMs: number;
 }
 
 /**
@@ -41,6 +48,8 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 30_000;
 /** Node's default too: a bearer token and MCP's headers take a few hundred bytes. */
 export const DEFAULT_MAX_HEADER_BYTES = 16 * 1024;
+/** A client reading at all takes bytes far more often than this. */
+export const DEFAULT_WRITE_STALL_TIMEOUT_MS = 30_000;
 /** The largest deadline a listener takes (Node's timers are 32-bit). */
 export const MAX_TIMEOUT_MS = 24 * 3600 * 1000;
 
@@ -84,6 +93,7 @@ export function resolveHttpLimits(
       Math.max(DEFAULT_REQUEST_TIMEOUT_MS, given.headerTimeoutMs ?? 0),
     keepAliveTimeoutMs: given.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
     maxHeaderBytes: given.maxHeaderBytes ?? DEFAULT_MAX_HEADER_BYTES,
+    writeStallTimeoutMs: given.writeStallTimeoutMs ?? DEFAULT_WRITE_STALL_TIMEOUT_MS,
   };
   for (const [name, value] of Object.entries(limits)) {
     const bound = name.endsWith("TimeoutMs") ? MAX_TIMEOUT_MS : Number.MAX_SAFE_INTEGER;
