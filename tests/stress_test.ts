@@ -75,6 +75,10 @@ async function concurrentLoad(concurrency: number | undefined): Promise<void> {
   const remote = await Promise.all(children.map(childSummary));
   const elapsed = Date.now() - started;
 
+  // A request whose loop failed was never acknowledged, so GC could never
+  // collect it: say why first, not that GC waited.
+  const failed = [...local, ...remote].flatMap((s) => s.errors);
+  assert.deepEqual(failed.slice(0, 5), [], `${failed.length} queue calls failed`);
   // Everything was acknowledged: GC until both files are empty of requests.
   const gcQueue = queues[0]!;
   let lastCounts: unknown;
