@@ -7,7 +7,7 @@
  * @module
  */
 import { absoluteConfigPath } from "../config/config.ts";
-import { createHash } from "node:crypto";
+import { createHash, type Hash } from "node:crypto";
 import { FilesError, UsageError } from "../errors.ts";
 import { basename, resolve } from "../path.ts";
 import { openSandbox } from "../sandbox/open.ts";
@@ -58,21 +58,38 @@ function remoteOf(arg: string): Remote | undefined {
   return match === null ? undefined : { user: match[1]!, path: match[2]! };
 }
 
-/** Counts, hashes and reports the bytes that pass. */
+/**
+ * Counts and reports the bytes that pass, and hashes them only for
+ * `--json` (a SHA-256 costs about a second of CPU per GiB).
+ */
 class Meter {
-  tar = createHash("sha256");
-  readonly file = createHash("sha256");
+  /** The tar stream's digest; undefined when not wanted. */
+  tar: Hash | undefined;
+  /** A single file's digest; undefined when not wanted. */
+  readonly file: Hash | undefined;
   tarBytes = 0;
   readonly started = performance.now();
   #lastShown = performance.now();
   #lastBytes = 0;
-  constructor(readonly progress: ((line: string) => Promise<void>) | undefined) {}
+  constructor(
+    readonly progress: ((line: string) => Promise<void>) | undefined,
+    digests: { tar: boolean; file: boolean },
+  ) {
+    this.tar = digests.tar ? createHash("sha256") : undefined;
+    this.file = digests.file ? createHash("sha256") : undefined;
+  }
+
+  /** Sees a file's data (for a single file's digest), or undefined when nobody wants it. */
+  get onFileData(): ((chunk: Uint8Array) => void) | undefined {
+    const file = this.file;
+    return file === undefined ? undefined : (chunk) => file.update(chunk);
+  }
 
   async *tap(source: AsyncIterable<Uint8Array>): AsyncGenerator<Uint8Array> {
     for await (const chunk of source) {
-      this.tar.update(chunk);
+      this.tar?.update(chunk);
       this.tarBytes += chunk.byteLength;
-      await this.#report();
+      if (this.progress !== undefined) await this.#report();
       yield chunk;
     }
   }
@@ -127,7 +144,13 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
   const image = stringFlag(parsed, "image");
   const configPath = stringFlag(parsed, "config");
   const showProgress = parsed.values.progress === true || Deno.stderr.isTerminal();
-  const meter = new Meter(showProgress ? (line) => io.stderr(line) : undefined);
+  const json = parsed.values.json === true;
+  // --json gives a single file's digest, else the tar stream's: only what it gives is hashed.
+  const hostFile = to !== undefined && src !== "-" && isRegularFile(resolve(src));
+  const meter = new Meter(showProgress ? (line) => io.stderr(line) : undefined, {
+    file: json && src !== "-" && dst !== "-",
+    tar: json && !hostFile && dst !== "-",
+  });
   const sandbox = openSandbox(remote.user, {
     tenant: stringFlag(parsed, "tenant") ?? "default",
     config: {
@@ -154,7 +177,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
           meter.tap(
             packTree(host, name, {
               special: "refuse",
-              onFileData: (chunk) => meter.file.update(chunk),
+              ...optional("onFileData", meter.onFileData),
               stats,
             }),
           ),
@@ -167,7 +190,8 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
       const name = rootNameOf(from!.path, "workspace");
       const tar = meter.tap(packInSandbox(sandbox, from!.path, name));
       if (dst === "-") {
-        for await (const chunk of sanitized(tar, name, maxBytes, stats, stripped, meter)) {
+        const limits = { maxBytes, stats, stripped, json };
+        for await (const chunk of sanitized(tar, name, limits, meter)) {
           await io.stdout(chunk);
         }
       } else {
@@ -175,7 +199,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
           rootName: name,
           maxBytes,
           stats,
-          onFileData: (chunk) => meter.file.update(chunk),
+          ...optional("onFileData", meter.onFileData),
         });
         stripped = done.stripped;
       }
@@ -188,7 +212,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
       `waffle: stripped the setuid, setgid or sticky bit of '${escapeControls(name)}'\n`,
     );
   }
-  if (parsed.values.json === true) {
+  if (json) {
     const elapsedMs = performance.now() - meter.started;
     const single = src !== "-" && dst !== "-" && stats.files === 1 && stats.directories === 0;
     await io.stdout(
@@ -200,7 +224,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
         files: stats.files,
         directories: stats.directories,
         tarBytes: meter.tarBytes,
-        sha256: single ? meter.file.digest("hex") : meter.tar.digest("hex"),
+        sha256: (single ? meter.file : meter.tar)?.digest("hex") ?? null,
         sha256Of: single ? "file" : "tar",
         elapsedMs: Math.round(elapsedMs),
         mbPerSecond: Number((meter.tarBytes / 1e6 / Math.max(elapsedMs / 1000, 0.001)).toFixed(1)),
@@ -211,18 +235,30 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
   return 0;
 }
 
+function isRegularFile(path: string): boolean {
+  try {
+    return Deno.lstatSync(path).isFile;
+  } catch {
+    return false;
+  }
+}
+
+// An optional option, absent rather than undefined.
+function optional<K extends string, V>(key: K, value: V | undefined): { [k in K]?: V } {
+  return value === undefined ? {} : { [key]: value } as { [k in K]: V };
+}
+
 // A copy out to stdout: the sandbox's archive checked entry by entry by the
 // host's rules and written again with headers the host makes itself.
 async function* sanitized(
   tar: AsyncIterable<Uint8Array>,
   rootName: string,
-  maxBytes: number,
-  stats: PackStats,
-  stripped: string[],
+  limits: { maxBytes: number; stats: PackStats; stripped: string[]; json: boolean },
   meter: Meter,
 ): AsyncGenerator<Uint8Array> {
+  const { maxBytes, stats, stripped } = limits;
   let entries = 0;
-  const out = createHash("sha256");
+  const out = limits.json ? createHash("sha256") : undefined;
   for await (const { header, body } of readTar(tar)) {
     const parts = entryComponents(header.name);
     refuseSpecial(header);
@@ -244,23 +280,23 @@ async function* sanitized(
       mode: header.mode & 0o777,
       mtime: header.mtime,
     });
-    out.update(head);
+    out?.update(head);
     yield head;
     if (header.type === "directory") {
       stats.directories++;
       continue;
     }
     for await (const chunk of body) {
-      out.update(chunk);
+      out?.update(chunk);
       yield chunk;
     }
     const pad = padding(header.size);
-    out.update(pad);
+    out?.update(pad);
     yield pad;
     stats.files++;
     stats.bytes += header.size;
   }
-  out.update(TAR_END);
+  out?.update(TAR_END);
   yield TAR_END;
   // The digest --json gives for '-' is of the stream written to stdout.
   meter.tar = out;

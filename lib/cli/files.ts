@@ -12,6 +12,10 @@ import type { CliIo } from "./io.ts";
 import { basename, dirname } from "../path.ts";
 import { extractTar, fsError, rootNameOf } from "../files/extract.ts";
 import { packTree, READ_CHUNK } from "../files/pack.ts";
+import { growPipe } from "../libc.ts";
+
+/** The capacity asked of the pipes to and from the runner, and the read size of stdin. */
+const PIPE_BYTES = 1024 * 1024;
 
 /** Help of the internal `waffle files`. */
 export const FILES_HELP = `Usage: waffle files pack|unpack|read|write|list|remove PATH [options]
@@ -62,6 +66,10 @@ export async function filesCommand(args: string[], io: CliIo): Promise<number> {
     throw new UsageError(`Expected one PATH: 'waffle files ${verb ?? "VERB"} PATH'`);
   }
   const name = stringFlag(parsed, "name");
+  // Bulk streams: fewer handovers with the runner (best effort; a file or a
+  // terminal is left alone).
+  if (verb === "pack" || verb === "read") growPipe(1, PIPE_BYTES);
+  if (verb === "unpack" || verb === "write") growPipe(0, PIPE_BYTES);
   switch (verb) {
     case "pack":
       for await (
@@ -100,9 +108,29 @@ export async function filesCommand(args: string[], io: CliIo): Promise<number> {
   }
 }
 
+// Stdin in reads of up to PIPE_BYTES into one buffer: each chunk is valid
+// until the next is asked for (the tar reader and writeRaw use it before).
 async function* input(io: CliIo): AsyncGenerator<Uint8Array> {
   if (io.stdin === null) return;
-  for await (const chunk of io.stdin) yield chunk;
+  let reader: ReadableStreamBYOBReader;
+  try {
+    reader = io.stdin.getReader({ mode: "byob" });
+  } catch {
+    // Not a byte stream: its own chunks.
+    for await (const chunk of io.stdin) yield chunk;
+    return;
+  }
+  try {
+    let buffer = new Uint8Array(PIPE_BYTES);
+    while (true) {
+      const { value, done } = await reader.read(buffer);
+      if (done || value === undefined) return;
+      yield value;
+      buffer = new Uint8Array(value.buffer);
+    }
+  } finally {
+    reader.releaseLock();
+  }
 }
 
 async function list(path: string): Promise<Record<string, unknown>[]> {

@@ -285,10 +285,7 @@ export async function extractTar(
         throw fsError(error, relative);
       }
       try {
-        for await (const chunk of body) {
-          options.onFileData?.(chunk);
-          await writeAll(file, chunk);
-        }
+        await writeBody(file, body, options.onFileData);
         const when = new Date(header.mtime * 1000);
         await file.utime(when, when);
       } catch (error) {
@@ -328,6 +325,36 @@ export async function extractTar(
   } finally {
     await Deno.remove(temp, { recursive: true }).catch(() => {});
   }
+}
+
+/** Bytes gathered before one write: a stream's chunks are often 64 KiB, and each write is a thread hop. */
+const WRITE_BYTES = 1024 * 1024;
+
+// Writes an entry's data in writes of WRITE_BYTES (one buffer, reused).
+async function writeBody(
+  file: Deno.FsFile,
+  body: AsyncIterable<Uint8Array>,
+  onFileData: ((chunk: Uint8Array) => void) | undefined,
+): Promise<void> {
+  let buffer: Uint8Array | undefined;
+  let filled = 0;
+  for await (const chunk of body) {
+    onFileData?.(chunk);
+    if (chunk.byteLength >= WRITE_BYTES) {
+      if (filled > 0) await writeAll(file, buffer!.subarray(0, filled));
+      filled = 0;
+      await writeAll(file, chunk);
+      continue;
+    }
+    buffer ??= new Uint8Array(WRITE_BYTES);
+    if (filled + chunk.byteLength > WRITE_BYTES) {
+      await writeAll(file, buffer.subarray(0, filled));
+      filled = 0;
+    }
+    buffer.set(chunk, filled);
+    filled += chunk.byteLength;
+  }
+  if (filled > 0) await writeAll(file, buffer!.subarray(0, filled));
 }
 
 /**

@@ -131,10 +131,11 @@ function failure(verb: string, path: string, finished: Finished): FilesError {
  */
 async function* stdoutOf(
   session: QueueSession,
+  borrowed = false,
 ): AsyncGenerator<Uint8Array, { result: ExecResult; stderr: string }> {
   let stderr = "";
   const decoder = new TextDecoder();
-  const output = session.output();
+  const output = session.output({ borrowed });
   let next = await output.next();
   while (!next.done) {
     const { stream, data } = next.value;
@@ -219,17 +220,20 @@ async function feed(
  *
  * @param sandbox The sandbox.
  * @param args The helper's arguments after `files`.
+ * @param options `borrowed`: each chunk is valid only until the next is
+ *   asked for (no copy per chunk), for a reader that uses or copies it first.
  * @returns Its stdout.
  */
 export async function* helperOutput(
   sandbox: FilesTarget,
   args: string[],
+  options: { borrowed?: boolean } = {},
 ): AsyncGenerator<Uint8Array> {
   const session = await open(sandbox, args);
   let finishedCleanly = false;
   try {
     await session.end();
-    const { result, stderr } = yield* stdoutOf(session);
+    const { result, stderr } = yield* stdoutOf(session, options.borrowed === true);
     finishedCleanly = true;
     if (result.exitCode !== 0) {
       throw failure(args[0]!, args[1]!, { result, stdout: new Uint8Array(), stderr });
@@ -297,14 +301,15 @@ export async function unpackInSandbox(
  * @param sandbox The sandbox.
  * @param path The path inside the sandbox.
  * @param rootName The name its entries are under.
- * @returns The archive's bytes.
+ * @returns The archive's bytes; each chunk valid only until the next is
+ *   asked for (`readTar` uses or copies it first).
  */
 export function packInSandbox(
   sandbox: FilesTarget,
   path: string,
   rootName: string,
 ): AsyncGenerator<Uint8Array> {
-  return helperOutput(sandbox, ["pack", path, "--name", rootName]);
+  return helperOutput(sandbox, ["pack", path, "--name", rootName], { borrowed: true });
 }
 
 async function* chunksOf(

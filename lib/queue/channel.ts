@@ -58,6 +58,8 @@ const MAX_BAD_CONNECTIONS = 64;
 /** A socket older than this with nobody accepting on it is a dead host's: removed. */
 const STALE_SOCKET_MS = 10 * 60_000;
 const HEADER_BYTES = 5;
+/** The runner's read size for a session's stdin (a socket's buffer holds about 200 KiB). */
+const STDIN_READ_BYTES = 256 * 1024;
 const STREAM_CODES: Record<StreamName, number> = { stdout: 1, stderr: 2 };
 /** The runner's last frame: stream 0, length 0 (no data frame is empty). */
 const END_FRAME = new Uint8Array(HEADER_BYTES);
@@ -243,7 +245,8 @@ export async function* readFrames(
   conn: Deno.UnixConn,
   options: { borrowed?: boolean } = {},
 ): AsyncGenerator<OutputChunk, void> {
-  const buffer = new Uint8Array(HEADER_BYTES + MAX_CHUNK_BYTES);
+  // Room for a few whole frames: one read takes what the socket holds.
+  const buffer = new Uint8Array(4 * (HEADER_BYTES + MAX_CHUNK_BYTES));
   // Unparsed bytes are buffer[start, end): compacted only when a frame does
   // not fit after them, so tiny frames cost no copy each.
   let start = 0;
@@ -398,13 +401,15 @@ export class RunnerChannel {
    */
   constructor(conn: Deno.UnixConn) {
     this.#conn = conn;
+    // One buffer, reused: each chunk is a copy of just what a read got, so a
+    // large buffer costs a small message nothing, and a stream fewer reads.
+    const readBuffer = new Uint8Array(STDIN_READ_BYTES);
     // Not conn.readable: a process closing its stdin must not close the socket.
     this.stdin = new ReadableStream<Uint8Array>({
       pull: async (controller) => {
-        const chunk = new Uint8Array(MAX_CHUNK_BYTES);
         let n: number | null;
         try {
-          n = await conn.read(chunk);
+          n = await conn.read(readBuffer);
         } catch (cause) {
           // Our own close (the session is over) ends it; anything else is
           // the host's input cut short, which the process must not take for its end.
@@ -416,7 +421,7 @@ export class RunnerChannel {
           }
         }
         if (n === null) controller.close();
-        else controller.enqueue(chunk.subarray(0, n));
+        else controller.enqueue(readBuffer.slice(0, n));
       },
     }, { highWaterMark: 0 });
   }
@@ -428,11 +433,13 @@ export class RunnerChannel {
    * @param data At most {@linkcode MAX_CHUNK_BYTES} bytes.
    */
   write(stream: StreamName, data: Uint8Array): Promise<void> {
-    const header = new Uint8Array(HEADER_BYTES);
-    header[0] = STREAM_CODES[stream];
-    new DataView(header.buffer).setUint32(1, data.byteLength);
-    // One chain: the other stream's frame cannot come between header and bytes.
-    return this.writeRaw([header, data]);
+    // One buffer, one write: a frame's header and bytes in two writes cost
+    // twice the socket calls; and the other stream's frame cannot come between.
+    const frame = new Uint8Array(HEADER_BYTES + data.byteLength);
+    frame[0] = STREAM_CODES[stream];
+    new DataView(frame.buffer).setUint32(1, data.byteLength);
+    frame.set(data, HEADER_BYTES);
+    return this.writeRaw([frame]);
   }
 
   /**
