@@ -22,6 +22,13 @@
  * @module
  */
 // deno-lint-ignore-file no-console
+import {
+  type GraphModule,
+  type ModuleGraph,
+  moduleGraph,
+  reachable,
+  REPO_DIR,
+} from "./_module_graph.ts";
 
 /**
  * The layers, lowest first. A unit may import units of a lower rank only;
@@ -41,19 +48,6 @@ const RANKS: readonly (readonly string[])[] = [
   ["lib/mod.ts", "main.ts"],
 ];
 
-interface Dependency {
-  specifier: string;
-  code?: { specifier: string };
-  type?: { specifier: string };
-  isDynamic?: boolean;
-}
-
-interface InfoModule {
-  specifier: string;
-  size?: number;
-  dependencies?: Dependency[];
-}
-
 /** One import between two units. */
 interface Edge {
   from: string;
@@ -63,7 +57,7 @@ interface Edge {
   kind: "static" | "dynamic" | "type";
 }
 
-const repo = new URL("../", import.meta.url).pathname;
+const repo = REPO_DIR;
 const only = flagValue("--only")?.split(",").filter((unit) => unit !== "");
 const asJson = Deno.args.includes("--json");
 const rankOf = new Map<string, number>();
@@ -102,39 +96,21 @@ if (asJson) {
 }
 Deno.exit(wrong.length > 0 || circles.length > 0 ? 1 : 0);
 
-// Deno's module graph of a root.
-async function infoOf(
-  rootSpecifier: string,
-): Promise<{ roots: string[]; modules: InfoModule[]; redirects: Record<string, string> }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", "--config", `${repo}deno.json`, rootSpecifier],
-    cwd: repo,
-    env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
-  }).output();
-  if (!out.success) {
-    console.error(`layers: deno info failed: ${new TextDecoder().decode(out.stderr)}`);
+// Deno's module graph of a root; exit 2 when it cannot be read.
+async function infoOf(rootSpecifier: string): Promise<ModuleGraph> {
+  try {
+    return await moduleGraph(rootSpecifier);
+  } catch (error) {
+    console.error(`layers: ${error instanceof Error ? error.message : String(error)}`);
     Deno.exit(2);
   }
-  return JSON.parse(new TextDecoder().decode(out.stdout));
 }
 
 // What a run of the root loads before its first dynamic import: code
 // imports only (a type-only one loads nothing).
-function printClosure(
-  graph: { roots: string[]; modules: InfoModule[]; redirects: Record<string, string> },
-): void {
+function printClosure(graph: ModuleGraph): void {
   const byName = new Map(graph.modules.map((module) => [module.specifier, module]));
-  const seen = new Set<string>();
-  const stack = [...graph.roots];
-  while (stack.length > 0) {
-    const at = stack.pop()!;
-    if (seen.has(at)) continue;
-    seen.add(at);
-    for (const dep of byName.get(at)?.dependencies ?? []) {
-      const code = dep.code?.specifier;
-      if (code !== undefined && !dep.isDynamic) stack.push(graph.redirects[code] ?? code);
-    }
-  }
+  const seen = reachable(graph);
   const local = [...seen].filter((specifier) => unitOf(specifier) !== undefined);
   const size = (specifier: string): number => byName.get(specifier)?.size ?? 0;
   const total = local.reduce((sum, specifier) => sum + size(specifier), 0);
@@ -180,7 +156,7 @@ function unitOf(specifier: string): string | undefined {
   return rankOf.has(path) ? path : "lib/*";
 }
 
-function collectEdges(modules: InfoModule[]): Edge[] {
+function collectEdges(modules: GraphModule[]): Edge[] {
   const found: Edge[] = [];
   for (const module of modules) {
     const fromUnit = unitOf(module.specifier);

@@ -6,56 +6,24 @@
  * loads. Deterministic: nothing runs, no Docker.
  */
 import assert from "node:assert/strict";
+import { type ModuleGraph, moduleGraph, reachable, REPO_DIR } from "../scripts/_module_graph.ts";
 
-const REPO = new URL("../", import.meta.url).pathname;
+const REPO = REPO_DIR;
 
-interface Dependency {
-  code?: { specifier: string };
-  isDynamic?: boolean;
+async function graphOf(entry: string): Promise<ModuleGraph> {
+  return await moduleGraph(`${REPO}${entry}`);
 }
 
-interface Graph {
-  roots: string[];
-  modules: { specifier: string; dependencies?: Dependency[] }[];
-  redirects: Record<string, string>;
-}
-
-async function graphOf(entry: string): Promise<Graph> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", "--config", `${REPO}deno.json`, `${REPO}${entry}`],
-    cwd: REPO,
-    env: { DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" },
-  }).output();
-  assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  return JSON.parse(new TextDecoder().decode(out.stdout));
-}
-
-// The repository files reachable from the root by code imports (type-only
-// ones load nothing); a dynamic import is followed when `follow` says so.
-function reachable(graph: Graph, follow: (target: string) => boolean): string[] {
-  const byName = new Map(graph.modules.map((module) => [module.specifier, module]));
-  const seen = new Set<string>();
-  const stack = [...graph.roots];
-  while (stack.length > 0) {
-    const at = stack.pop()!;
-    if (seen.has(at)) continue;
-    seen.add(at);
-    for (const dependency of byName.get(at)?.dependencies ?? []) {
-      const code = dependency.code?.specifier;
-      if (code === undefined) continue;
-      const target = graph.redirects[code] ?? code;
-      if (dependency.isDynamic && !follow(target)) continue;
-      stack.push(target);
-    }
-  }
-  return [...seen].filter((specifier) => specifier.startsWith(`file://${REPO}`))
+// The repository files a run of the root loads, as paths from the repository.
+function loadedFiles(graph: ModuleGraph, follow?: (target: string) => boolean): string[] {
+  return [...reachable(graph, follow)].filter((specifier) => specifier.startsWith(`file://${REPO}`))
     .map((specifier) => specifier.slice(`file://${REPO}`.length)).sort();
 }
 
 const egressOrMcp = (path: string): boolean => /^lib\/(egress|mcp)\//.test(path);
 
 Deno.test("waffle exec's static module graph holds no lib/egress or lib/mcp module", async () => {
-  const loaded = reachable(await graphOf("lib/cli/exec.ts"), () => false);
+  const loaded = loadedFiles(await graphOf("lib/cli/exec.ts"));
   // The walk found the exec path itself.
   assert.ok(loaded.includes("lib/queue/queue.ts"), loaded.join("\n"));
   assert.deepEqual(loaded.filter(egressOrMcp), []);
@@ -65,7 +33,7 @@ Deno.test("waffle exec reaches lib/egress only through a dynamic import, and lib
   // Every dynamic import followed (a full ensure, the files API) but those
   // into lib/egress, which an attached sandbox alone makes.
   const graph = await graphOf("lib/cli/exec.ts");
-  const loaded = reachable(graph, (target) => !target.includes("/lib/egress/"));
+  const loaded = loadedFiles(graph, (target) => !target.includes("/lib/egress/"));
   assert.ok(loaded.includes("lib/lifecycle/ensure.ts"), loaded.join("\n"));
   assert.ok(loaded.includes("lib/docker/client.ts"), loaded.join("\n"));
   assert.deepEqual(loaded.filter(egressOrMcp), []);
