@@ -40,3 +40,28 @@ export function afterThisTask(fn: () => void): void {
   port2.postMessage(null);
   port2.close();
 }
+
+/**
+ * Like `Promise.all`, but waits for every promise to settle before it
+ * throws the first rejection (in order), so nothing started here is still
+ * running when the caller handles the failure.
+ *
+ * @example
+ * ```ts ignore
+ * const [a, b] = await settleAll([first(), second()]);
+ * ```
+ *
+ * @param promises The promises.
+ * @returns Their values, in order.
+ * @throws The first rejection's reason, once every promise has settled.
+ */
+export async function settleAll<T extends readonly unknown[]>(
+  promises: { readonly [K in keyof T]: Promise<T[K]> },
+): Promise<T> {
+  const settled = await Promise.allSettled(promises);
+  const failed = settled.find((outcome) => outcome.status === "rejected");
+  if (failed !== undefined) throw failed.reason;
+  return settled.map((outcome) =>
+    (outcome as PromiseFulfilledResult<unknown>).value
+  ) as unknown as T;
+}

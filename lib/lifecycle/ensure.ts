@@ -12,6 +12,7 @@ import type { SandboxConfig } from "../config/config.ts";
 import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
 import { DockerError, RunnerError } from "../errors.ts";
+import { settleAll } from "../async.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
 import { mark } from "../trace.ts";
@@ -166,11 +167,13 @@ export async function ensureContainer(
 ): Promise<Ensured> {
   const { config, paths, queue } = options;
   // Both answers are needed on every call (a same-tag rebuild must recycle):
-  // ask for them at once.
-  const [image, found] = await Promise.all([
+  // ask for them at once. Every one settles before a failure is thrown: a
+  // refused image must not leave the state's preparation (a quota volume
+  // being mounted) running after this call, and its caller's clean-up, ended.
+  const [image, found] = await settleAll([
     resolveImage(docker, config.image),
     docker.inspectContainer(key.containerName),
-    options.prepared,
+    options.prepared ?? Promise.resolve(),
   ]);
   mark("image and container inspected");
   const imageId = image.id;
