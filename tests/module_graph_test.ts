@@ -29,6 +29,17 @@ Deno.test("waffle exec's static module graph holds no lib/egress or lib/mcp modu
   assert.deepEqual(loaded.filter(egressOrMcp), []);
 });
 
+Deno.test("waffle exec's and the runner's static graphs load no Node module but node:sqlite", async () => {
+  // Deno initialises its Node compatibility on the first such import (about
+  // 7 ms for node:path, 25 ms for node:net, measured): every call would pay.
+  for (const entry of ["lib/cli/exec.ts", "lib/cli/runner.ts"]) {
+    const node = [...reachable(await graphOf(entry))].filter((specifier) =>
+      specifier.startsWith("node:") && specifier !== "node:sqlite"
+    );
+    assert.deepEqual(node, [], `${entry} loads ${node.join(", ")}`);
+  }
+});
+
 Deno.test("waffle exec reaches lib/egress only through a dynamic import, and lib/mcp never", async () => {
   // Every dynamic import followed (a full ensure, the files API) but those
   // into lib/egress, which an attached sandbox alone makes.

@@ -5,6 +5,13 @@
  * mounts that drop events (Docker Desktop's VirtioFS). The caller then checks
  * whether the data changed.
  *
+ * A ring sets the bell's times (`futimens`: `IN_ATTRIB`), not its bytes. The
+ * database and journal beside it are written many times per commit, and
+ * each write is an `IN_MODIFY` on the same directory watch: watched, they
+ * made about ten drains per round trip and ran the drain budget below dry
+ * (measured: 1,357 drains and 69 throttled waits for 100 round trips, against
+ * 391 and none with the ring on `IN_ATTRIB` alone).
+ *
  * Why a doorbell and not the database file: inotify reports the database
  * file's writes while the writer is still inside its commit; the bell rings
  * only after COMMIT returned.
@@ -34,7 +41,7 @@
  *
  * @module
  */
-import { basename, dirname } from "node:path";
+import { basename, dirname } from "../path.ts";
 import { EAGAIN, errno, type Libc, libc, POLLIN } from "../libc.ts";
 import { QueueError } from "../errors.ts";
 
@@ -51,7 +58,7 @@ export const MAX_READ_BYTES = 64 * 1024;
 
 const IN_NONBLOCK = 0o4000;
 const IN_CLOEXEC = 0o2000000;
-const IN_MODIFY = 0x2;
+const IN_ATTRIB = 0x4;
 const IN_CLOSE_WRITE = 0x8;
 const IN_MOVED_TO = 0x80;
 const IN_CREATE = 0x100;
@@ -62,11 +69,12 @@ const IN_IGNORED = 0x8000;
 const IN_ONLYDIR = 0x01000000;
 const IN_DONT_FOLLOW = 0x02000000;
 /**
- * A ring (the bell's byte rewritten), a bell put in place (created or
- * renamed over), and the directory itself moved or deleted. Only a real
- * directory is watched, never a link's target.
+ * A ring (the bell's times set, or a bell written and closed by hand), a
+ * bell put in place (created or renamed over), and the directory itself
+ * moved or deleted; not `IN_MODIFY`, which every database write raises.
+ * Only a real directory is watched, never a link's target.
  */
-const WATCH_MASK = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF |
+const WATCH_MASK = IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF |
   IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
 /** `struct inotify_event` without its name: wd, mask, cookie, len. */
 const EVENT_HEADER = 16;
@@ -360,11 +368,10 @@ export class ChangeWatcher {
 }
 
 /**
- * A doorbell file: one byte rewritten in place after each commit.
+ * A doorbell file: its times set after each commit (see the module's notes).
  */
 export class Bell {
   #file: Deno.FsFile | undefined;
-  #byte = new Uint8Array(1);
 
   /**
    * @param path The bell file; a missing one leaves the other side on its poll.
@@ -383,9 +390,8 @@ export class Bell {
   /** Wakes the watchers; never throws (a missed ring is caught by the poll). */
   ring(): void {
     try {
-      this.#byte[0] = (this.#byte[0]! + 1) & 0xff;
-      this.#file?.seekSync(0, Deno.SeekMode.Start);
-      this.#file?.writeSync(this.#byte);
+      const now = new Date();
+      this.#file?.utimeSync(now, now);
     } catch {
       // The poll fallback still wakes the other side.
     }

@@ -99,10 +99,13 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const endpoint = options.docker?.endpoint ?? parseDockerHost(dockerHostEnv());
   let lastEnsure: Ensured | undefined;
   let volume: VolumeStatus | undefined;
-  const ensureLocked = async (trouble?: RunnerTrouble): Promise<void> => {
+  const ensureLocked = async (
+    trouble?: RunnerTrouble,
+    imageAsked?: Promise<string | undefined>,
+  ): Promise<void> => {
     mark("lock held");
     const egress = currentEgress();
-    if ((trouble === undefined || trouble === "none") && await warm(egress)) {
+    if ((trouble === undefined || trouble === "none") && await warm(egress, imageAsked)) {
       mark("warm");
       return;
     }
@@ -144,7 +147,10 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     );
   };
   // True when the last full ensure's findings still hold (see warm.ts).
-  const warm = async (egress: EgressAttachment | undefined): Promise<boolean> => {
+  const warm = async (
+    egress: EgressAttachment | undefined,
+    imageAsked = currentImageId(endpoint, config.image),
+  ): Promise<boolean> => {
     const record = readWarm(paths.root);
     // Never into a missing or replaced outbound/ (a host killed mid-reset).
     if (record === undefined || !outboundInPlace(paths)) return false;
@@ -158,7 +164,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     } catch {
       return false; // the full ensure repairs what it can, or says what is wrong
     }
-    const imageId = await currentImageId(endpoint, config.image);
+    const imageId = await imageAsked;
     if (!stillWarm(record, { imageId, postureHash, queue })) return false;
     lastEnsure = {
       containerId: record.containerId,
@@ -184,11 +190,16 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       return volume;
     },
     ensure: (trouble?: RunnerTrouble) => withLock(paths.lock, () => ensureLocked(trouble)),
-    submit: (request: SubmitOptions) =>
-      withLock(paths.lock, async () => {
-        await ensureLocked();
+    submit: (request: SubmitOptions) => {
+      // Asked while the lock is taken and the record checked: the daemon's
+      // answer is the slowest step of a warm submission. A rebuild that
+      // lands meanwhile is seen by the next call, as if this one came first.
+      const imageAsked = currentImageId(endpoint, config.image);
+      return withLock(paths.lock, async () => {
+        await ensureLocked(undefined, imageAsked);
         return await queue.submit(request);
-      }),
+      });
+    },
     close: () => queue.close(),
     get files(): SandboxFiles {
       return lazyFiles(this as unknown as Sandbox);
