@@ -16,7 +16,9 @@
  *
  * Ratios: `cli_exec_warm / docker_exec_cli`, `cli_version / deno_eval_0`
  * and `library_submit_warm / floor`, the latter with the queue section's `floor` of the same run (no
- * ratio, and a note saying so, when `--only` left `floor` out).
+ * ratio, and a note saying so, when `--only` left `floor` out); and
+ * `(deno_eval_0 + library_submit_warm) / docker_exec_cli`, the CLI's floor
+ * (Deno's start plus the library's warm call) against `docker exec`.
  *
  * `waffle` is installed into a prefix under the temp root with
  * `scripts/install.sh --no-docker` (idempotent, a few seconds), unless
@@ -33,7 +35,14 @@ import { LABELS } from "../lib/lifecycle/posture.ts";
 import { openSandbox, type Sandbox } from "../lib/mod.ts";
 import { homeContainers, removeHome } from "./fleet_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
-import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
+import {
+  type BenchRatio,
+  type BenchReport,
+  type BenchResult,
+  now,
+  ratioOf,
+  summarize,
+} from "./stats.ts";
 
 /** Case names of this section. */
 export const CLI_CASES = [
@@ -224,8 +233,26 @@ export async function runCliSection(context: BenchContext): Promise<BenchReport>
     ),
     ratioOf("cli_version / deno_eval_0", find("cli_version"), find("deno_eval_0")),
     ratioOf("library_submit_warm / floor", find("library_submit_warm"), find("floor")),
+    cliExecFloor(find),
   ].filter((ratio) => ratio !== undefined);
   return { results, ratios };
+}
+
+// The least a `waffle exec` process can cost, in this run: Deno's own start
+// plus what the library pays for the same call in a warm process. Beside
+// `cli_exec_warm / docker_exec_cli`, it says how much of that ratio is the
+// CLI's own and how much no CLI built on a Deno process could avoid.
+function cliExecFloor(find: (name: string) => BenchResult | undefined): BenchRatio | undefined {
+  const start = find("deno_eval_0")?.p50_ms;
+  const library = find("library_submit_warm")?.p50_ms;
+  const docker = find("docker_exec_cli")?.p50_ms;
+  if (start === undefined || library === undefined || docker === undefined || docker === 0) {
+    return undefined;
+  }
+  return {
+    name: "(deno_eval_0 + library_submit_warm) / docker_exec_cli",
+    value: (start + library) / docker,
+  };
 }
 
 function processCount(context: BenchContext): number {

@@ -99,7 +99,45 @@ async function buildDirectory(dir: string): Promise<void> {
       (bytes / 1024).toFixed(0)
     } KiB, ${imports} chunk imports, ssh2 stubbed ×${patched}, ${SUMS_FILE} ${digest})`,
   );
+  console.error(
+    `build_artefact: what a start parses per lazily loaded module (files/KiB): ${
+      closureReport(files)
+    }`,
+  );
   console.log(buildDirName(digest));
+}
+
+// Static import closures: what a start parses for each module loaded
+// lazily (a command, or a piece such as `ensure`), e.g. `exec 42/470`, the
+// entry's own closure included, so a change that pulls a large module into
+// a hot command shows in the build's output.
+function closureReport(files: Record<string, string>): string {
+  const STATIC_IMPORT = /(?:\bfrom|\bimport)\s*"\.\/([A-Za-z0-9_-]+\.js)"/g;
+  const closure = (name: string): Set<string> => {
+    const seen = new Set<string>();
+    const todo = [name];
+    for (let next = todo.pop(); next !== undefined; next = todo.pop()) {
+      if (seen.has(next) || files[next] === undefined) continue;
+      seen.add(next);
+      for (const match of files[next]!.matchAll(STATIC_IMPORT)) todo.push(match[1]!);
+    }
+    return seen;
+  };
+  const kib = (names: Set<string>): string =>
+    ([...names].reduce((sum, name) => sum + files[name]!.length, 0) / 1024).toFixed(0);
+  const entry = closure(ARTEFACT_ENTRY);
+  const commands = Object.keys(files)
+    .filter((name) => /^[a-z_]+-[A-Z0-9]+\.js$/.test(name) && !name.startsWith("chunk-"))
+    .map((name) => {
+      const all = closure(name);
+      for (const file of entry) all.add(file);
+      return { command: name.replace(/-[A-Z0-9]+\.js$/, ""), all };
+    })
+    .sort((a, b) => a.command.localeCompare(b.command));
+  return [
+    `${ARTEFACT_ENTRY} ${entry.size}/${kib(entry)}`,
+    ...commands.map(({ command, all }) => `${command} ${all.size}/${kib(all)}`),
+  ].join(", ");
 }
 
 // The library: one self-contained ES module.
