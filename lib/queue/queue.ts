@@ -832,13 +832,15 @@ export class Queue {
   ): Promise<void> {
     // The last read met the runner's lock and served the copy from before it.
     // The change this wait is for may be the very commit that held the lock,
-    // already counted in `version`: read again shortly instead of waiting for
-    // another change (none may come while the runner is idle). The runner is
-    // still judged, so a lock held for good ends in `locked`, not a loop.
+    // already counted in `version`: read again on that commit's ring, or
+    // shortly, instead of waiting for another change (none may come while
+    // the runner is idle; its ring may have woken another waiter). The
+    // runner is still judged, so a lock held for good ends in `locked`, not
+    // a loop.
     if (this.#outbound.busySince !== undefined) {
       this.#throwIfStopped(options);
       if (await this.#checkRunner(options, budget)) return;
-      await new Promise((resolve) => setTimeout(resolve, BUSY_RETRY_MS));
+      await this.#nextRing(options, BUSY_RETRY_MS);
       return;
     }
     // `version` is what the last read saw (the copy it was served from, which
@@ -858,17 +860,25 @@ export class Queue {
         return;
       }
       if (await this.#checkRunner(options, budget)) return;
-      await new Promise<void>((resolve) => {
-        const listener = (): void => {
-          this.#listeners.delete(listener);
-          options.signal?.removeEventListener("abort", listener);
-          resolve();
-        };
-        this.#listeners.add(listener);
-        options.signal?.addEventListener("abort", listener, { once: true });
-        this.#pump();
-      });
+      await this.#nextRing(options);
     }
+  }
+
+  // Resolves on the runner's next ring (or the watcher's poll), an abort, or
+  // after `timeoutMs` when given.
+  #nextRing(options: WaitOptions, timeoutMs?: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const listener = (): void => {
+        this.#listeners.delete(listener);
+        options.signal?.removeEventListener("abort", listener);
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = timeoutMs === undefined ? undefined : setTimeout(listener, timeoutMs);
+      this.#listeners.add(listener);
+      options.signal?.addEventListener("abort", listener, { once: true });
+      this.#pump();
+    });
   }
 
   #throwIfStopped(options: WaitOptions): void {
