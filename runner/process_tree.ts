@@ -123,14 +123,18 @@ export function findTree(rootPid: number, options: FindTreeOptions): ProcessTree
 export async function killTree(rootPid: number, options: KillTreeOptions): Promise<KillTreeReport> {
   const signalled = new Set<number>();
   let survivors: ProcStat[] = [];
+  // The runner's children, read once (a read per thread of this process):
+  // the scan and, when nothing was signalled, the reaping below share it.
+  let children = isSubreaper() ? childrenOf(Deno.pid) : undefined;
   try {
-    const first = scanTree(rootPid, options);
+    const first = scanTree(rootPid, options, children);
     if (first.length > 0) {
       signalAll(first, "SIGTERM", signalled);
       signalAll(first, "SIGCONT", signalled);
       await waitGone(first, Math.max(0, options.graceMs ?? DEFAULT_KILL_GRACE_MS));
     }
     // Nothing found at all: nothing to escalate (the common case after a clean exit).
+    if (first.length > 0) children = undefined; // signalled: zombies to come
     for (let round = 0; round < KILL_ROUNDS && first.length > 0; round++) {
       const left = scanTree(rootPid, options);
       survivors = left;
@@ -143,25 +147,28 @@ export async function killTree(rootPid: number, options: KillTreeOptions): Promi
   }
   let reaped: number[] = [];
   try {
-    reaped = reapOrphans(options.known);
+    reaped = reapOrphans(options.known, { children });
   } catch {
     // Reaping is retried by the runner's periodic sweep.
   }
   return { signalled: [...signalled], survivors: survivors.map((proc) => proc.pid), reaped };
 }
 
-// The request's live processes, root first.
-function scanTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
-  return isSubreaper() && childrenOf(Deno.pid) !== undefined
-    ? walkTree(rootPid, options)
-    : scanAll(rootPid, options);
+// The request's live processes, root first. `children`: the runner's, when
+// already read.
+function scanTree(
+  rootPid: number,
+  options: FindTreeOptions,
+  children = isSubreaper() ? childrenOf(Deno.pid) : undefined,
+): ProcStat[] {
+  return children !== undefined ? walkTree(rootPid, options, children) : scanAll(rootPid, options);
 }
 
 // As a subreaper every descendant of the runner stays below it (orphans are
 // reparented here, never to PID 1), so walking down the children files from
 // the root and from the runner's adopted orphans finds the whole tree while
 // reading only its own processes: cheap even on a host with thousands.
-function walkTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
+function walkTree(rootPid: number, options: FindTreeOptions, children: number[]): ProcStat[] {
   const self = Deno.pid;
   const selfPgid = ownPgid();
   const marker = markerOf(options.requestId);
@@ -171,7 +178,7 @@ function walkTree(rootPid: number, options: FindTreeOptions): ProcStat[] {
     root !== null && rootPid > 1 && rootPid !== self && root.ppid === self &&
     (options.rootStartTime === undefined || root.starttime === options.rootStartTime)
   ) seeds.push(root);
-  for (const pid of childrenOf(self) ?? []) {
+  for (const pid of children) {
     if (pid === rootPid || options.known.has(pid)) continue;
     const orphan = readProcStat(pid);
     if (orphan === null) continue;

@@ -354,6 +354,7 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
   };
 
   let retry = false;
+  let failedReads = 0;
   let lastCollect = 0;
   try {
     while (!stop.signal.aborted) {
@@ -361,10 +362,15 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         retry = false;
         try {
           poll();
+          failedReads = 0;
         } catch (error) {
           retry = true;
           logLine(`cannot read the queue, retrying: ${messageOf(error)}`);
-          await new Promise((resolve) => setTimeout(resolve, 500));
+          // A lock met once (the host mid-commit) is retried at once; one
+          // that persists, ever more slowly (5 ms doubling to 500 ms).
+          await new Promise((resolve) =>
+            setTimeout(resolve, Math.min(500, 5 * 2 ** failedReads++))
+          );
           continue;
         }
       }

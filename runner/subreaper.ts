@@ -174,9 +174,15 @@ export function childrenOf(pid: number): number[] | undefined {
  * `known`, or its status is lost.
  *
  * @param known Pids this process spawned through Deno (see `spawnedPids()` in `exec.ts`).
+ * @param options `children`: this process's children, when just read
+ *   ({@linkcode childrenOf}); a zombie that came after them waits for the
+ *   next sweep.
  * @returns The pids reaped.
  */
-export function reapOrphans(known: ReadonlySet<number>): number[] {
+export function reapOrphans(
+  known: ReadonlySet<number>,
+  options: { children?: number[] | undefined } = {},
+): number[] {
   const lib = libc();
   const reaped: number[] = [];
   if (lib === undefined) return reaped;
@@ -184,7 +190,7 @@ export function reapOrphans(known: ReadonlySet<number>): number[] {
   const status = new Int32Array(1);
   // Only our own children can be ours to reap: read just those when the
   // kernel lists them, instead of every process on the machine.
-  const children = childrenOf(self);
+  const children = options.children ?? childrenOf(self);
   const candidates = children === undefined
     ? listProcesses()
     : children.map(readProcStat).filter((proc): proc is ProcStat => proc !== null);
