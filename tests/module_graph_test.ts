@@ -40,6 +40,17 @@ Deno.test("waffle exec's and the runner's static graphs load no Node module but 
   }
 });
 
+Deno.test("waffle exec's and ps's static graphs hold no docker-modem: their GETs go without it", async () => {
+  for (const entry of ["lib/cli/exec.ts", "lib/cli/fleet.ts"]) {
+    const loaded = [...reachable(await graphOf(entry))];
+    if (entry === "lib/cli/fleet.ts") {
+      assert.ok(loaded.some((specifier) => specifier.endsWith("/lib/docker/client.ts")), entry);
+    }
+    const modem = loaded.filter((specifier) => specifier.includes("docker-modem"));
+    assert.deepEqual(modem, [], `${entry} loads ${modem.join(", ")}`);
+  }
+});
+
 Deno.test("waffle exec reaches lib/egress only through a dynamic import, and lib/mcp never", async () => {
   // Every dynamic import followed (a full ensure, the files API) but those
   // into lib/egress, which an attached sandbox alone makes.

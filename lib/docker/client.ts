@@ -20,7 +20,6 @@
  *
  * @module
  */
-import Modem from "npm:docker-modem@5.0.7";
 import type * as z from "../schema.ts";
 import {
   describeDockerEndpoint,
@@ -32,6 +31,7 @@ import { DockerError } from "../errors.ts";
 import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 import { concat } from "../bytes.ts";
 import { demuxDockerStream } from "./stream.ts";
+import { quickGet } from "./quick_get.ts";
 import {
   type ContainerCreateBody,
   type ContainerInspect,
@@ -171,7 +171,23 @@ interface NodeReadable {
   destroy(): void;
 }
 
-const ModemCtor = Modem as unknown as new (options: Record<string, unknown>) => ModemLike;
+type ModemConstructor = new (options: Record<string, unknown>) => ModemLike;
+
+// docker-modem (CommonJS, with its dependencies) costs tens of milliseconds
+// to load: a process whose Docker calls are all GETs over a unix socket
+// (`waffle ps`, a warm check) never loads it.
+let modemModule: Promise<ModemConstructor> | undefined;
+function loadModem(): Promise<ModemConstructor> {
+  modemModule ??= import("npm:docker-modem@5.0.7").then((module) =>
+    module.default as unknown as ModemConstructor
+  );
+  return modemModule;
+}
+
+/** Largest reply a GET reads without docker-modem; a larger one goes through it. */
+const QUICK_MAX_BYTES = 4 * 1024 * 1024;
+/** A GET without docker-modem waits at most this long before going through it. */
+const QUICK_TIMEOUT_MS = 2000;
 
 interface RequestSpec {
   method: "GET" | "POST" | "DELETE";
@@ -192,7 +208,8 @@ export class DockerClient {
   readonly endpoint: DockerEndpoint;
   /** Default per-request timeout in milliseconds. */
   readonly timeoutMs: number;
-  readonly #modem: ModemLike;
+  readonly #modemOptions: Record<string, unknown>;
+  #modem: Promise<ModemLike> | undefined;
 
   /**
    * Creates a client; nothing connects until the first request.
@@ -223,16 +240,24 @@ export class DockerClient {
     if (options.apiVersion !== undefined) {
       modemOptions.version = `v${options.apiVersion.replace(/^v/, "")}`;
     }
-    try {
-      this.#modem = new ModemCtor(modemOptions);
-    } catch (err) {
-      throw new DockerError(
-        `Cannot set up a Docker client for '${this.location}': ${
-          oneLine(err instanceof Error ? err.message : String(err))
-        }`,
-        { cause: err },
-      );
-    }
+    this.#modemOptions = modemOptions;
+  }
+
+  // docker-modem, loaded and set up on first use.
+  #modemReady(): Promise<ModemLike> {
+    this.#modem ??= loadModem().then((Ctor) => {
+      try {
+        return new Ctor(this.#modemOptions);
+      } catch (err) {
+        throw new DockerError(
+          `Cannot set up a Docker client for '${this.location}': ${
+            oneLine(err instanceof Error ? err.message : String(err))
+          }`,
+          { cause: err },
+        );
+      }
+    });
+    return this.#modem;
   }
 
   /** The endpoint as shown in messages: socket path or `tcp://host:port`. */
@@ -623,8 +648,31 @@ export class DockerClient {
   }
 
   /** One request with a timeout; failures become DockerErrors. */
-  #request(spec: RequestSpec): Promise<unknown> {
-    const timeoutMs = spec.timeoutMs ?? this.timeoutMs;
+  async #request(spec: RequestSpec): Promise<unknown> {
+    const totalMs = spec.timeoutMs ?? this.timeoutMs;
+    let timeoutMs = totalMs;
+    if (spec.method === "GET" && this.endpoint.kind === "unix") {
+      const started = Date.now();
+      // Anything but a JSON reply within the bounds (a transport error, a
+      // slow or huge reply, a body that is not JSON) goes through
+      // docker-modem, which reports it properly.
+      const reply = await quickGet(this.endpoint, this.#versioned(spec.path, spec.query), {
+        maxBytes: QUICK_MAX_BYTES,
+        timeoutMs: Math.min(QUICK_TIMEOUT_MS, timeoutMs),
+      });
+      if (reply !== undefined) {
+        if (spec.ok.includes(reply.status)) return reply.body;
+        const failed = Object.assign(new Error(`HTTP ${reply.status}`), {
+          statusCode: reply.status,
+          json: reply.body,
+        });
+        throw this.#toDockerError(failed, spec);
+      }
+      // The time spent is the request's: what is left goes to docker-modem.
+      const left = timeoutMs - (Date.now() - started);
+      if (left <= 0) throw this.#timedOut(spec, timeoutMs);
+      timeoutMs = left;
+    }
     const query = spec.query ?? {};
     const hasQuery = Object.keys(query).length > 0;
     // docker-modem appends `_query` to a path ending in "?" and sends `_body` as JSON.
@@ -637,11 +685,37 @@ export class DockerClient {
       statusCodes: Object.fromEntries(spec.ok.map((s) => [s, true])),
       options,
     };
-    return this.#dial(dial, spec, timeoutMs);
+    return this.#dial(dial, spec, timeoutMs, totalMs);
   }
 
-  #dial(dial: DialOptions, spec: RequestSpec, timeoutMs: number): Promise<unknown> {
-    return new Promise((resolve, reject) => {
+  // The path as docker-modem sends a GET: the API version first, object
+  // query values JSON-encoded, arrays repeated.
+  #versioned(path: string, query: Record<string, unknown> = {}): string {
+    const version = this.#modemOptions.version;
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries(query)) {
+      if (value === undefined) continue;
+      const values = Array.isArray(value) ? value : [value];
+      for (const item of values) {
+        params.append(
+          key,
+          typeof item === "object" && item !== null ? JSON.stringify(item) : String(item),
+        );
+      }
+    }
+    const search = params.size > 0 ? `?${params}` : "";
+    return `${typeof version === "string" ? `/${version}` : ""}${path}${search}`;
+  }
+
+  // `timeoutMs` is what is left of the request's `totalMs` (the one messages name).
+  async #dial(
+    dial: DialOptions,
+    spec: RequestSpec,
+    timeoutMs: number,
+    totalMs = timeoutMs,
+  ): Promise<unknown> {
+    const modem = await this.#modemReady();
+    return await new Promise((resolve, reject) => {
       const controller = new AbortController();
       let settled = false;
       const timer = Number.isFinite(timeoutMs)
@@ -649,15 +723,11 @@ export class DockerClient {
           if (settled) return;
           settled = true;
           controller.abort();
-          reject(
-            new DockerError(
-              `Docker ${spec.method} ${spec.path} timed out after ${timeoutMs} ms at '${this.location}'`,
-            ),
-          );
+          reject(this.#timedOut(spec, totalMs));
         }, timeoutMs)
         : undefined;
       try {
-        this.#modem.dial({ ...dial, abortSignal: controller.signal }, (err, data) => {
+        modem.dial({ ...dial, abortSignal: controller.signal }, (err, data) => {
           if (settled) return;
           settled = true;
           clearTimeout(timer);
@@ -673,14 +743,15 @@ export class DockerClient {
   }
 
   /** Exec start over a hijacked connection; resolves with the raw multiplexed bytes. */
-  #execStream(execId: string, timeoutMs: number): Promise<Uint8Array> {
+  async #execStream(execId: string, timeoutMs: number): Promise<Uint8Array> {
     const spec: RequestSpec = {
       method: "POST",
       path: `/exec/${execId}/start`,
       ok: [200],
       timeoutMs,
     };
-    return new Promise((resolve, reject) => {
+    const modem = await this.#modemReady();
+    return await new Promise((resolve, reject) => {
       const chunks: Uint8Array[] = [];
       let stream: NodeReadable | undefined;
       let settled = false;
@@ -699,7 +770,7 @@ export class DockerClient {
           finish(new DockerError(`Exec '${execId}' timed out after ${timeoutMs} ms`));
         }, timeoutMs)
         : undefined;
-      this.#modem.dial({
+      modem.dial({
         path: spec.path,
         method: "POST",
         statusCodes: { 200: true },
@@ -718,6 +789,12 @@ export class DockerClient {
         stream.on("error", (e) => finish(this.#toDockerError(e as ModemError, spec)));
       });
     });
+  }
+
+  #timedOut(spec: RequestSpec, timeoutMs: number): DockerError {
+    return new DockerError(
+      `Docker ${spec.method} ${spec.path} timed out after ${timeoutMs} ms at '${this.location}'`,
+    );
   }
 
   #toDockerError(err: ModemError, spec: RequestSpec): DockerError {
