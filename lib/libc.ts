@@ -37,6 +37,8 @@ const ARM = Deno.build.arch === "aarch64";
 
 /** `open(2)` flags (Linux, x86_64 and aarch64). */
 export const O_RDONLY = 0;
+/** `open(2)`: write only. */
+export const O_WRONLY = 1;
 /** Fail with ELOOP instead of following a symlink in the last component. */
 export const O_NOFOLLOW = ARM ? 0o100000 : 0o400000;
 /** Fail unless the path is a directory. */

@@ -152,6 +152,48 @@ Deno.test("ChangeWatcher wakes on a ring, not on other files in the directory, a
   assert.deepEqual(kernelUse(), before, "close() gave back the descriptor and its watch");
 });
 
+Deno.test({
+  name: "A bell owned by another uid rings by opening and closing it, its times untouched",
+  // Only root can make a file another uid owns; CI runs as root.
+  ignore: Deno.uid() !== 0,
+  fn: async () => {
+    await using dir = await tempDir();
+    const path = bellIn(dir.path);
+    Deno.chmodSync(dir.path, 0o755);
+    Deno.chmodSync(path, 0o666); // writable by the ringer, owned by root
+    const before = Deno.statSync(path).mtime?.getTime();
+    const denoDir = await Deno.makeTempDir({ prefix: "waffle-watch-deno-" });
+    Deno.chownSync(denoDir, 10001, 10001);
+    const watcher = new ChangeWatcher([path], { pollMs: NO_POLL_MS });
+    try {
+      assert.equal(await woken(watcher, () => {}), true, "the first wait returns");
+      const module = new URL("../lib/queue/watch.ts", import.meta.url).href;
+      // The ringer stays alive (its descriptor open) until told to go: its
+      // exit would close the bell, an IN_CLOSE_WRITE of its own.
+      const ringer = new Deno.Command("setpriv", {
+        args: ["--reuid=10001", "--regid=10001", "--clear-groups", Deno.execPath(), "eval"].concat(
+          `const { Bell } = await import(${JSON.stringify(module)});` +
+            `const bell = new Bell(${JSON.stringify(path)}); bell.ring();` +
+            "for await (const _ of Deno.stdin.readable) break; bell.close();",
+        ),
+        env: { DENO_DIR: denoDir, HOME: denoDir, DENO_NO_UPDATE_CHECK: "1" },
+        stdin: "piped",
+        stdout: "null",
+        stderr: "piped",
+      }).spawn();
+      const wakes = await woken(watcher, () => {});
+      await ringer.stdin.close();
+      const output = await ringer.output();
+      assert.equal(output.code, 0, text(output.stderr));
+      assert.equal(wakes, true, "the ring of a uid that may not set the bell's times woke no one");
+      assert.equal(Deno.statSync(path).mtime?.getTime(), before, "the bell was written to");
+    } finally {
+      watcher.close();
+      await Deno.remove(denoDir, { recursive: true });
+    }
+  },
+});
+
 Deno.test("ChangeWatcher survives 2,000 new inodes under the bell's name with one watch", async () => {
   await using dir = await tempDir();
   const path = bellIn(dir.path);

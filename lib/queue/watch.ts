@@ -42,7 +42,17 @@
  * @module
  */
 import { basename, dirname } from "../path.ts";
-import { EAGAIN, errno, type Libc, libc, POLLIN } from "../libc.ts";
+import {
+  EAGAIN,
+  errno,
+  type Libc,
+  libc,
+  O_CLOEXEC,
+  O_NOFOLLOW,
+  O_NONBLOCK,
+  O_WRONLY,
+  POLLIN,
+} from "../libc.ts";
 import { QueueError } from "../errors.ts";
 
 /** Default fallback poll interval. */
@@ -372,12 +382,16 @@ export class ChangeWatcher {
  */
 export class Bell {
   #file: Deno.FsFile | undefined;
+  #path: Uint8Array;
+  /** Setting the times was refused (a bell owned by another uid): rings open and close it. */
+  #byClose = false;
 
   /**
    * @param path The bell file; a missing one leaves the other side on its poll.
    * @throws {QueueError} When the path is a symlink (it would redirect a host write).
    */
   constructor(path: string) {
+    this.#path = new TextEncoder().encode(`${path}\0`);
     try {
       if (Deno.lstatSync(path).isSymlink) throw new QueueError(`Doorbell '${path}' is a symlink`);
       this.#file = Deno.openSync(path, { write: true });
@@ -389,12 +403,22 @@ export class Bell {
 
   /** Wakes the watchers; never throws (a missed ring is caught by the poll). */
   ring(): void {
-    try {
-      const now = new Date();
-      this.#file?.utimeSync(now, now);
-    } catch {
-      // The poll fallback still wakes the other side.
+    if (this.#file === undefined) return;
+    if (!this.#byClose) {
+      try {
+        const now = new Date();
+        this.#file.utimeSync(now, now);
+        return;
+      } catch {
+        // Explicit times need the file's owner; opening for write does not.
+        this.#byClose = true;
+      }
     }
+    // IN_CLOSE_WRITE, without a write: never following a link put under the
+    // name, never blocking on a FIFO. A failure leaves the other side its poll.
+    const lib = libc();
+    const fd = lib?.open(this.#path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0) ?? -1;
+    if (fd >= 0) lib?.close(fd);
   }
 
   /** Closes the file. */
