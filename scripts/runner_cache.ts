@@ -9,6 +9,15 @@
  * util-linux `unshare`; without them there is no cache and sandboxes start
  * with an empty one.
  *
+ * The warm-up is a runner serving one request on a scratch queue, not just
+ * its start: every module an idle sandbox's runner has loaded (its heartbeat
+ * worker, what spawning a command and streaming its output load) must be in
+ * the cache. Then Deno opens it once more, while it is writable (see the
+ * script). A module missing from a read-only cache, or a cache Deno cannot
+ * open read-only, is compiled in every container: an idle runner then held
+ * ~7 MiB more (the allocator arenas of the threads that compiled) and
+ * started ~90 ms later.
+ *
  * Usage: deno run --allow-all scripts/runner_cache.ts ARTEFACT
  *   ARTEFACT: the installed build's entry, `…/lib/waffle/waffle-<digest12>/waffle.js`.
  *
@@ -19,6 +28,7 @@ import { ARTEFACT_FLAGS, RUNNER_V8_FLAGS } from "../lib/config/self.ts";
 import { ARTEFACT_ENTRY, installDirOf } from "../lib/config/artefact_dir.ts";
 import { PROGRAM_DIR, SANDBOX_ARTEFACT_DIR } from "../lib/config/sandbox_paths.ts";
 import { isDirectory, onPath } from "../lib/fs.ts";
+import { Queue } from "../lib/queue/queue.ts";
 
 const [artefact] = Deno.args;
 if (artefact === undefined || !artefact.startsWith("/") || !artefact.endsWith(ARTEFACT_ENTRY)) {
@@ -40,16 +50,28 @@ if (!usable) {
 }
 await Deno.remove(temp, { recursive: true }).catch(() => {});
 await Deno.mkdir(temp, { mode: 0o755 });
+// A scratch queue with one request already in it: the runner serves it, then
+// its idle exit ends the warm-up (long enough for its heartbeat worker to load).
+const scratch = await Deno.makeTempDir({ prefix: "waffle-runner-cache-" });
+const queue = Queue.open(`${scratch}/queue`, { create: true });
+const warmUp = await queue.submit({ shell: "echo out; echo err >&2", stdin: new Uint8Array(1) });
+await Deno.mkdir(`${scratch}/workspace`);
 // $1 build, $2 Deno, $3 program dir, $4 the build's mount point, $5 its
-// entry there, then the runner's Deno flags.
+// entry there, $6 the scratch directory, then the runner's Deno flags.
 const script = `
 mount -t tmpfs -o size=1m,mode=0755 waffle "${parent}"
 mkdir -p "$3" "$4"; : >"$3/deno"
 mount --bind -o ro "$1" "$4"
 mount --bind -o ro "$2" "$3/deno"
-deno="$3/deno"; entry="$5"
-shift 5
-DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1 "$deno" "$@" "$entry" runner --help >/dev/null
+deno="$3/deno"; entry="$5"; scratch="$6"
+shift 6
+export DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1
+"$deno" "$@" "$entry" runner \
+  --queue "$scratch/queue" --workspace "$scratch/workspace" --idle-exit 2 --log "$scratch/runner.log"
+# Opened again while writable: Deno's upkeep on opening a filled cache (its
+# statistics) is a write, and a read-only cache that still wants one is
+# dropped for an empty one in memory: sandboxes would compile every module.
+"$deno" "$@" "$entry" runner --help >/dev/null
 `;
 const made = await new Deno.Command("unshare", {
   args: [
@@ -65,6 +87,7 @@ const made = await new Deno.Command("unshare", {
     PROGRAM_DIR,
     SANDBOX_ARTEFACT_DIR,
     `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`,
+    scratch,
     ...ARTEFACT_FLAGS,
     RUNNER_V8_FLAGS,
   ],
@@ -73,11 +96,18 @@ const made = await new Deno.Command("unshare", {
   stdout: "inherit",
   stderr: "piped",
 }).output();
-if (!made.success) {
+const served = made.success && queue.state(warmUp).state === "done";
+queue.close();
+if (!served) {
+  const log = await Deno.readTextFile(`${scratch}/runner.log`).catch(() => "");
   await Deno.remove(temp, { recursive: true }).catch(() => {});
-  console.error(`runner_cache: none: ${new TextDecoder().decode(made.stderr).trim()}`);
+  await Deno.remove(scratch, { recursive: true }).catch(() => {});
+  const why = `${new TextDecoder().decode(made.stderr)}${log}`.trim() ||
+    "its warm-up request was not served";
+  console.error(`runner_cache: none: ${why}`);
   Deno.exit(0);
 }
+await Deno.remove(scratch, { recursive: true });
 // World-readable (the runner is root without DAC capabilities), written by nobody else.
 await new Deno.Command("chmod", { args: ["-R", "a+rX,go-w", temp] }).output();
 await Deno.remove(cache, { recursive: true }).catch(() => {});

@@ -12,6 +12,7 @@ import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { withLock } from "../lib/lifecycle/lock.ts";
 import { sha256Hex } from "../lib/digest.ts";
 import { tempHome, uniqueUser } from "./_sandbox_helpers.ts";
+import { childrenOf } from "../runner/subreaper.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url));
 const INSTALL = `${REPO}scripts/install.sh`;
@@ -28,6 +29,13 @@ async function sh(
   }).output();
   const text = (bytes: Uint8Array): string => new TextDecoder().decode(bytes);
   return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+// The runner of a container: the only child of its init (docker-init).
+function runnerPid(initPid: number): number {
+  const children = childrenOf(initPid) ?? [];
+  assert.equal(children.length, 1, `children of the container's init: ${children.join(" ")}`);
+  return children[0]!;
 }
 
 // The installed build: its directory (named by `lib/waffle/artefact`) and its digest (of SHA256SUMS).
@@ -140,6 +148,17 @@ liveTest(
           env: callEnv,
         });
         assert.notEqual(write.code, 0, "the sandbox cannot write the runner cache");
+        // And Deno uses it read-only: one it could not open so is swapped for
+        // an empty one in memory, and every container compiles the runner.
+        const runner = runnerPid(inspected.State.Pid);
+        const open = [...Deno.readDirSync(`/proc/${runner}/fd`)].map((fd) => {
+          try {
+            return Deno.readLinkSync(`/proc/${runner}/fd/${fd.name}`);
+          } catch {
+            return "";
+          }
+        });
+        assert.ok(open.includes(`${cacheMount.Target}/v8_code_cache_v2`), open.join(" "));
       }
 
       // The heartbeat thread (the artefact started as its own worker) keeps beating.

@@ -195,8 +195,12 @@ export function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+// Prepared once per connection: a statement prepared per call holds its
+// SQLite memory until V8 collects it, and an idle runner asks for
+// data_version ten times a second with little else to make V8 collect (its
+// native heap grew ~1 MiB a minute).
 function readPragma(db: DatabaseSync, name: string): unknown {
-  const row = db.prepare(`PRAGMA ${name}`).get() as Record<string, unknown> | undefined;
+  const row = statement(db, `PRAGMA ${name}`).get() as Record<string, unknown> | undefined;
   return row === undefined ? undefined : Object.values(row)[0];
 }
 
