@@ -5,7 +5,7 @@
  *
  * - `mcp_call_direct`: the server on the host over stdio (the floor);
  * - `mcp_call_waffle`: through `waffle mcp run everything` (a whole CLI
- *   process) into a warm sandbox; interleaved with the above in blocks so
+ *   process, the installed launcher as users run it) into a warm sandbox; interleaved with the above in blocks so
  *   both see the same machine load;
  * - `mcp_call_docker_run`: a fresh `docker run --rm -i` per call (the Docker
  *   MCP gateway's default): spawn, initialize, call, close, all timed;
@@ -37,6 +37,7 @@ import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { DockerClient } from "../lib/docker/mod.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { fetchPackage, isCached } from "../lib/mcp/package_cache.ts";
+import { installedWaffle } from "./cli_bench.ts";
 import { runCold } from "./docker_bench.ts";
 import { homeContainers, removeHome } from "./fleet_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
@@ -72,8 +73,6 @@ export const mcpSection: Section = {
 /** The server every case calls. */
 export const EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31";
 
-const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
-const MAIN = join(REPO, "main.ts");
 const IMAGE = "waffle-runner:latest";
 /** Warm calls are ~1 ms each: more than this adds little. */
 const CALL_MAX = 200;
@@ -137,7 +136,7 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
     if (wantDirect || wantWaffle) {
       const direct = wantDirect ? await track(sessions, connectDirect(cache)) : undefined;
       const viaWaffle = wantWaffle
-        ? await track(sessions, connectWaffle(home, WARM_USER))
+        ? await track(sessions, connectWaffle(await installedWaffle(context), home, WARM_USER))
         : undefined;
       if (viaWaffle !== undefined) context.progress.note(`mcp: waffle session for ${WARM_USER}`);
       for (let i = 0; i < context.warmup; i++) {
@@ -194,7 +193,9 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
       if (!context.wants(name) || (viaWaffle && !dockerUp)) continue;
       const session = await track(
         sessions,
-        viaWaffle ? connectWaffle(home, WARM_USER) : connectDirect(cache),
+        viaWaffle
+          ? connectWaffle(await installedWaffle(context), home, WARM_USER)
+          : connectDirect(cache),
       );
       for (let i = 0; i < context.warmup * IN_FLIGHT; i++) await echo(session);
       const { samples, perSecond } = await inFlight(
@@ -258,7 +259,10 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
     }
     if (dockerUp && context.wants("mcp_session_start")) {
       // Create the user's sandbox (and pay the first-run costs) once.
-      const first = await track(sessions, connectWaffle(home, COLD_USER));
+      const first = await track(
+        sessions,
+        connectWaffle(await installedWaffle(context), home, COLD_USER),
+      );
       await echo(first);
       sessions.splice(sessions.indexOf(first), 1);
       await first.close();
@@ -268,11 +272,14 @@ export async function runMcpSection(context: BenchContext): Promise<BenchReport>
       const count = Math.min(context.n, SESSION_MAX);
       for (let i = 0; i < count; i++) {
         const s0 = now();
-        await waffleStop(home, COLD_USER);
+        await waffleStop(await installedWaffle(context), home, COLD_USER);
         stops.push(now() - s0);
         await assertStopped(docker, home, COLD_USER);
         const t0 = now();
-        const session = await track(sessions, connectWaffle(home, COLD_USER));
+        const session = await track(
+          sessions,
+          connectWaffle(await installedWaffle(context), home, COLD_USER),
+        );
         samples.push(now() - t0);
         // Not part of the sample: the session works, and its first call's cost.
         firstCalls.push(await timedEcho(session));
@@ -477,10 +484,12 @@ function connectDirect(cache: string): Promise<Session> {
   });
 }
 
-function connectWaffle(home: string, user: string): Promise<Session> {
+// The installed launcher, as users run it: its sandboxes run the installed
+// artefact's runner (with its cache), not the source tree's.
+function connectWaffle(waffle: string, home: string, user: string): Promise<Session> {
   return connect({
-    command: Deno.execPath(),
-    args: ["run", "--allow-all", "--quiet", MAIN, "mcp", "run", "everything", "--user", user],
+    command: waffle,
+    args: ["mcp", "run", "everything", "--user", user],
     env: { ...baseEnv(), WAFFLE_HOME: home },
   });
 }
@@ -569,9 +578,9 @@ async function dockerRunCall(
   return { total: t3 - t0, initialize: t1 - t0, call: t2 - t1, close: t3 - t2 };
 }
 
-async function waffleStop(home: string, user: string): Promise<void> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", "--quiet", MAIN, "stop", "--user", user],
+async function waffleStop(waffle: string, home: string, user: string): Promise<void> {
+  const out = await new Deno.Command(waffle, {
+    args: ["stop", "--user", user],
     env: { ...baseEnv(), WAFFLE_HOME: home },
     clearEnv: true,
     stdin: "null",

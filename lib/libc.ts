@@ -19,6 +19,7 @@ const SYMBOLS = {
   read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
   write: { parameters: ["i32", "buffer", "usize"], result: "isize" },
   ioctl: { parameters: ["i32", "u64", "buffer"], result: "i32" },
+  ioctlInt: { name: "ioctl", parameters: ["i32", "u64", "u64"], result: "i32" },
   access: { parameters: ["buffer", "i32"], result: "i32" },
   statvfs: { parameters: ["buffer", "buffer"], result: "i32" },
   inotify_init1: { parameters: ["i32"], result: "i32" },

@@ -286,8 +286,7 @@ async function execute(
   const stdinDone = spec.stdin === null
     ? Promise.resolve()
     : spec.stdin instanceof ReadableStream
-    ? spec.stdin.pipeTo(pty?.input ?? child.stdin, { preventClose: pty !== undefined })
-      .catch(() => {})
+    ? pumpStdin(spec.stdin, pty?.input ?? child.stdin, { preventClose: pty !== undefined })
     : writeStdin(pty?.input ?? child.stdin, spec.stdin);
 
   let timer: ReturnType<typeof setTimeout> | undefined;
@@ -399,6 +398,44 @@ function startPump(
     }
   };
   return { stats, done, cancel };
+}
+
+/**
+ * A session's stdin into the process, one chunk written before the next is
+ * read, so the source may lend one buffer for every chunk (a channel's
+ * stdin does: no allocation per chunk). As `pipeTo` would: the end closes
+ * the process's stdin (a terminal's stays open), a failed source aborts it,
+ * and a process that stops reading cancels the source.
+ */
+async function pumpStdin(
+  source: ReadableStream<Uint8Array>,
+  dest: WritableStream<Uint8Array>,
+  options: { preventClose: boolean },
+): Promise<void> {
+  const reader = source.getReader();
+  const writer = dest.getWriter();
+  try {
+    while (true) {
+      let next: ReadableStreamReadResult<Uint8Array>;
+      try {
+        next = await reader.read();
+      } catch (error) {
+        await writer.abort(error).catch(() => {});
+        return;
+      }
+      if (next.done) {
+        if (!options.preventClose) await writer.close();
+        return;
+      }
+      await writer.write(next.value);
+    }
+  } catch {
+    // EPIPE: the command exited or closed stdin; what is left is dropped.
+    await reader.cancel().catch(() => {});
+  } finally {
+    reader.releaseLock();
+    writer.releaseLock();
+  }
 }
 
 async function writeStdin(stream: WritableStream<Uint8Array>, data: Uint8Array): Promise<void> {

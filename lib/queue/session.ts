@@ -150,13 +150,14 @@ export class QueueSession {
    * more than {@linkcode PENDING_INPUT_BYTES} are not yet sent. `end()`
    * resolves once everything is durable.
    *
-   * @param data The bytes (copied).
+   * @param data The bytes: unchanged until the write resolves (they are
+   *   written from, not copied, on a channel).
    * @throws {Error} What a previous send failed with.
    */
   async write(data: Uint8Array): Promise<void> {
     if (this.#sendError !== undefined) throw this.#sendError;
     if (data.byteLength === 0) return;
-    if (this.#channel !== undefined) return await this.#channelWrite(data.slice());
+    if (this.#channel !== undefined) return await this.#channelWrite(data);
     this.#pending.push(data.slice());
     this.#pendingBytes += data.byteLength;
     this.#sending ??= this.#send();
