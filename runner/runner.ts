@@ -366,7 +366,8 @@ export async function runRunner(options: RunnerOptions): Promise<number> {
         } catch (error) {
           retry = true;
           logLine(`cannot read the queue, retrying: ${messageOf(error)}`);
-          // A lock met once (the host mid-commit) is retried at once; one
+          // A failure once (a hot journal the host has yet to roll back: a
+          // lock was already waited out by busy_timeout) is retried soon; one
           // that persists, ever more slowly (5 ms doubling to 500 ms).
           await new Promise((resolve) =>
             setTimeout(resolve, Math.min(500, 5 * 2 ** failedReads++))

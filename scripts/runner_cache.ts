@@ -66,12 +66,13 @@ mount --bind -o ro "$2" "$3/deno"
 deno="$3/deno"; entry="$5"; scratch="$6"
 shift 6
 export DENO_DIR="$CACHE" DENO_NO_UPDATE_CHECK=1
-"$deno" "$@" "$entry" runner \
+# Bounded: a runner that cannot serve (its reads keep failing) must not hang the install.
+timeout 120 "$deno" "$@" "$entry" runner \
   --queue "$scratch/queue" --workspace "$scratch/workspace" --idle-exit 2 --log "$scratch/runner.log"
 # Opened again while writable: Deno's upkeep on opening a filled cache (its
 # statistics) is a write, and a read-only cache that still wants one is
 # dropped for an empty one in memory: sandboxes would compile every module.
-"$deno" "$@" "$entry" runner --help >/dev/null
+timeout 60 "$deno" "$@" "$entry" runner --help >/dev/null
 `;
 const made = await new Deno.Command("unshare", {
   args: [

@@ -272,6 +272,28 @@ Deno.test("readFrames() ends only at the runner's end frame: a reset or a close 
   }
 });
 
+Deno.test("the runner's frames arrive whole when a writer does not wait for the last one (the reused frame is not overwritten)", async () => {
+  await using place = await channelDir();
+  const channel = HostChannel.open(place.dir)!;
+  const runner = await connectChannel(place.dir, channel.spec);
+  const conn = await channel.connection();
+  const sent = Array.from({ length: 20 }, (_, i) => `chunk ${i} `.repeat(1000 + i));
+  // Not awaited one by one: every frame is queued while the earlier ones are sent.
+  const writes = sent.map((text, i) =>
+    runner.write(i % 3 === 0 ? "stderr" : "stdout", encoder.encode(text))
+  );
+  const reading = (async () => {
+    const got: string[] = [];
+    for await (const chunk of readFrames(conn)) got.push(new TextDecoder().decode(chunk.data));
+    return got;
+  })();
+  await Promise.all(writes);
+  await runner.end();
+  assert.deepEqual(await reading, sent);
+  runner.close();
+  channel.close();
+});
+
 Deno.test("the runner's stdin: the end of the host's writing half ends it, a reset is an error", async (t) => {
   await t.step("the end", async () => {
     await using place = await channelDir();

@@ -178,16 +178,25 @@ type ModemConstructor = new (options: Record<string, unknown>) => ModemLike;
 // (`waffle ps`, a warm check) never loads it.
 let modemModule: Promise<ModemConstructor> | undefined;
 function loadModem(): Promise<ModemConstructor> {
-  modemModule ??= import("npm:docker-modem@5.0.7").then((module) =>
-    module.default as unknown as ModemConstructor
+  modemModule ??= import("npm:docker-modem@5.0.7").then(
+    (module) => module.default as unknown as ModemConstructor,
+    (error) => {
+      modemModule = undefined; // the next call tries again
+      throw new DockerError(
+        `Cannot load the Docker client library: ${
+          oneLine(error instanceof Error ? error.message : String(error))
+        }`,
+        { cause: error },
+      );
+    },
   );
   return modemModule;
 }
 
 /** Largest reply a GET reads without docker-modem; a larger one goes through it. */
 const QUICK_MAX_BYTES = 4 * 1024 * 1024;
-/** A GET without docker-modem waits at most this long before going through it. */
-const QUICK_TIMEOUT_MS = 2000;
+/** The longest timer Deno keeps (a longer or infinite one fires at once). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 interface RequestSpec {
   method: "GET" | "POST" | "DELETE";
@@ -653,12 +662,13 @@ export class DockerClient {
     let timeoutMs = totalMs;
     if (spec.method === "GET" && this.endpoint.kind === "unix") {
       const started = Date.now();
-      // Anything but a JSON reply within the bounds (a transport error, a
-      // slow or huge reply, a body that is not JSON) goes through
-      // docker-modem, which reports it properly.
+      // The reply is waited for as long as the request may take: a slow
+      // daemon is never asked twice. A reply this path cannot take (over the
+      // size cap, not JSON) or a failed connection goes through
+      // docker-modem, which reports it properly, in the time left.
       const reply = await quickGet(this.endpoint, this.#versioned(spec.path, spec.query), {
         maxBytes: QUICK_MAX_BYTES,
-        timeoutMs: Math.min(QUICK_TIMEOUT_MS, timeoutMs),
+        timeoutMs: Math.min(MAX_TIMER_MS, timeoutMs),
       });
       if (reply !== undefined) {
         if (spec.ok.includes(reply.status)) return reply.body;
@@ -670,7 +680,7 @@ export class DockerClient {
       }
       // The time spent is the request's: what is left goes to docker-modem.
       const left = timeoutMs - (Date.now() - started);
-      if (left <= 0) throw this.#timedOut(spec, timeoutMs);
+      if (left <= 0) throw this.#timedOut(spec, totalMs);
       timeoutMs = left;
     }
     const query = spec.query ?? {};

@@ -391,7 +391,8 @@ export class RunnerChannel {
    */
   readonly stdin: ReadableStream<Uint8Array>;
   #conn: Deno.UnixConn;
-  #frames: Partial<Record<StreamName, Uint8Array>> = {};
+  /** Each stream's frame buffer, and whether a frame built in it is still being sent. */
+  #frames: Partial<Record<StreamName, { buffer: Uint8Array; busy: boolean }>> = {};
   #writing: Promise<void> = Promise.resolve();
   #closed = false;
   // A frame was cut: nothing more goes, the end frame least of all.
@@ -431,8 +432,9 @@ export class RunnerChannel {
 
   /**
    * Sends one chunk of output as a frame; resolves when the socket took it.
-   * A stream's next write waits for that: each stream's frame is built in
-   * one buffer of its own.
+   * Each stream's frame is built in one buffer of its own, unless a frame
+   * built there is still being sent (a writer that did not wait): then in a
+   * fresh one.
    *
    * @param stream Which stream.
    * @param data At most {@linkcode MAX_CHUNK_BYTES} bytes.
@@ -445,11 +447,20 @@ export class RunnerChannel {
     // twice the socket calls; and the other stream's frame cannot come
     // between. Reused: a fresh 64 KiB frame per chunk was a GiB of
     // allocation per GiB sent.
-    const frame = this.#frames[stream] ??= new Uint8Array(HEADER_BYTES + MAX_CHUNK_BYTES);
+    const own = this.#frames[stream] ??= {
+      buffer: new Uint8Array(HEADER_BYTES + MAX_CHUNK_BYTES),
+      busy: false,
+    };
+    const reused = !own.busy;
+    const frame = reused ? own.buffer : new Uint8Array(HEADER_BYTES + data.byteLength);
     frame[0] = STREAM_CODES[stream];
-    new DataView(frame.buffer).setUint32(1, data.byteLength);
+    new DataView(frame.buffer, frame.byteOffset).setUint32(1, data.byteLength);
     frame.set(data, HEADER_BYTES);
-    return this.writeRaw([frame.subarray(0, HEADER_BYTES + data.byteLength)]);
+    if (!reused) return this.writeRaw([frame]);
+    own.busy = true;
+    return this.writeRaw([frame.subarray(0, HEADER_BYTES + data.byteLength)]).finally(() => {
+      own.busy = false;
+    });
   }
 
   /**

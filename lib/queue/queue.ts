@@ -834,13 +834,16 @@ export class Queue {
     // The change this wait is for may be the very commit that held the lock,
     // already counted in `version`: read again on that commit's ring, or
     // shortly, instead of waiting for another change (none may come while
-    // the runner is idle; its ring may have woken another waiter). The
-    // runner is still judged, so a lock held for good ends in `locked`, not
-    // a loop.
-    if (this.#outbound.busySince !== undefined) {
+    // the runner is idle; its ring may have woken another waiter). A lock
+    // held past BUSY_RETRY_MS is tried every BUSY_RETRY_MS, however often
+    // the bell rings meanwhile. The runner is still judged, so a lock held
+    // for good ends in `locked`, not a loop.
+    const busySince = this.#outbound.busySince;
+    if (busySince !== undefined) {
       this.#throwIfStopped(options);
       if (await this.#checkRunner(options, budget)) return;
-      await this.#nextRing(options, BUSY_RETRY_MS);
+      if (Date.now() - busySince < BUSY_RETRY_MS) await this.#nextRing(options, BUSY_RETRY_MS);
+      else await new Promise((resolve) => setTimeout(resolve, BUSY_RETRY_MS));
       return;
     }
     // `version` is what the last read saw (the copy it was served from, which

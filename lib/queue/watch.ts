@@ -416,6 +416,9 @@ export class Bell {
     }
     // IN_CLOSE_WRITE, without a write: never following a link put under the
     // name, never blocking on a FIFO. A failure leaves the other side its poll.
+    // By name, so only for a bell in a directory the other side cannot
+    // write (the host's inbound/; the runner's own outbound/): closing a
+    // descriptor of a hard link to a database would drop our locks on it.
     const lib = libc();
     const fd = lib?.open(this.#path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0) ?? -1;
     if (fd >= 0) lib?.close(fd);

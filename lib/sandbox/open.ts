@@ -149,7 +149,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // True when the last full ensure's findings still hold (see warm.ts).
   const warm = async (
     egress: EgressAttachment | undefined,
-    imageAsked = currentImageId(endpoint, config.image),
+    imageAsked?: Promise<string | undefined>,
   ): Promise<boolean> => {
     const record = readWarm(paths.root);
     // Never into a missing or replaced outbound/ (a host killed mid-reset).
@@ -164,7 +164,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     } catch {
       return false; // the full ensure repairs what it can, or says what is wrong
     }
-    const imageId = await imageAsked;
+    const imageId = await (imageAsked ?? currentImageId(endpoint, config.image));
     if (!stillWarm(record, { imageId, postureHash, queue })) return false;
     lastEnsure = {
       containerId: record.containerId,
