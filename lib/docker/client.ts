@@ -31,7 +31,7 @@ import { DockerError } from "../errors.ts";
 import { DockerConflictError, DockerNotFoundError } from "./errors.ts";
 import { concat } from "../bytes.ts";
 import { demuxDockerStream } from "./stream.ts";
-import { quickGet } from "./quick_get.ts";
+import { quickRequest } from "./quick_get.ts";
 import {
   type ContainerCreateBody,
   type ContainerInspect,
@@ -173,9 +173,9 @@ interface NodeReadable {
 
 type ModemConstructor = new (options: Record<string, unknown>) => ModemLike;
 
-// docker-modem (CommonJS, with its dependencies) costs tens of milliseconds
-// to load: a process whose Docker calls are all GETs over a unix socket
-// (`waffle ps`, a warm check) never loads it.
+// docker-modem (CommonJS, with its dependencies) costs 30-40 ms to load: a
+// process that talks to a unix socket and never execs into a container
+// (`waffle ps`, a warm check, a cold start) never loads it.
 let modemModule: Promise<ModemConstructor> | undefined;
 function loadModem(): Promise<ModemConstructor> {
   modemModule ??= import("npm:docker-modem@5.0.7").then(
@@ -193,7 +193,7 @@ function loadModem(): Promise<ModemConstructor> {
   return modemModule;
 }
 
-/** Largest reply a GET reads without docker-modem; a larger one goes through it. */
+/** Largest reply read without docker-modem; a larger GET goes through it. */
 const QUICK_MAX_BYTES = 4 * 1024 * 1024;
 /** The longest timer Deno keeps (a longer or infinite one fires at once). */
 const MAX_TIMER_MS = 2 ** 31 - 1;
@@ -660,23 +660,33 @@ export class DockerClient {
   async #request(spec: RequestSpec): Promise<unknown> {
     const totalMs = spec.timeoutMs ?? this.timeoutMs;
     let timeoutMs = totalMs;
-    if (spec.method === "GET" && this.endpoint.kind === "unix") {
+    if (this.endpoint.kind === "unix") {
       const started = Date.now();
       // The reply is waited for as long as the request may take: a slow
-      // daemon is never asked twice. A reply this path cannot take (over the
-      // size cap, not JSON) or a failed connection goes through
-      // docker-modem, which reports it properly, in the time left.
-      const reply = await quickGet(this.endpoint, this.#versioned(spec.path, spec.query), {
-        maxBytes: QUICK_MAX_BYTES,
-        timeoutMs: Math.min(MAX_TIMER_MS, timeoutMs),
-      });
-      if (reply !== undefined) {
+      // daemon is never asked twice. docker-modem takes over only where the
+      // request may be sent again: it never reached the daemon, or it is a
+      // GET whose reply this path cannot take (over the size cap, not JSON).
+      const outcome = await quickRequest(this.endpoint, {
+        method: spec.method,
+        path: this.#versioned(spec.path, spec.query),
+        ...(spec.method === "POST" ? { body: JSON.stringify(spec.body ?? {}) } : {}),
+      }, { maxBytes: QUICK_MAX_BYTES, timeoutMs: Math.min(MAX_TIMER_MS, timeoutMs) });
+      if (outcome.kind === "reply") {
+        const reply = outcome.reply;
         if (spec.ok.includes(reply.status)) return reply.body;
         const failed = Object.assign(new Error(`HTTP ${reply.status}`), {
           statusCode: reply.status,
           json: reply.body,
         });
         throw this.#toDockerError(failed, spec);
+      }
+      if (outcome.kind === "late") throw this.#timedOut(spec, totalMs);
+      if (outcome.kind !== "unsent" && spec.method !== "GET") {
+        throw new DockerError(
+          `Docker ${spec.method} ${spec.path} at '${this.location}' ${
+            outcome.kind === "lost" ? "lost its connection" : "gave a reply that is not JSON"
+          } after the request was sent`,
+        );
       }
       // The time spent is the request's: what is left goes to docker-modem.
       const left = timeoutMs - (Date.now() - started);
@@ -698,8 +708,8 @@ export class DockerClient {
     return this.#dial(dial, spec, timeoutMs, totalMs);
   }
 
-  // The path as docker-modem sends a GET: the API version first, object
-  // query values JSON-encoded, arrays repeated.
+  // The path as docker-modem sends it: the API version first, object query
+  // values JSON-encoded, arrays repeated.
   #versioned(path: string, query: Record<string, unknown> = {}): string {
     const version = this.#modemOptions.version;
     const params = new URLSearchParams();
