@@ -342,19 +342,7 @@ async function sessionStartDirect(
     "-i",
     "--name",
     name,
-    "--network",
-    "none",
-    "-v",
-    `${deno}:/opt/deno:ro`,
-    "-v",
-    `${cache}:/cache:ro`,
-    "-e",
-    "DENO_DIR=/cache",
-    image.id,
-    "/opt/deno",
-    ...RUN_FLAGS,
-    EVERYTHING,
-    ...SERVER_ARGS,
+    ...serverContainer({ deno, cache, image: image.id }),
   ])).trim();
   const remove = context.cleanup.add(() => dockerCli(["rm", "-f", id]));
   try {
@@ -550,19 +538,7 @@ async function dockerRunCall(
       "run",
       "--rm",
       "-i",
-      "--network",
-      "none",
-      "-v",
-      `${deno}:/opt/deno:ro`,
-      "-v",
-      `${cache}:/cache:ro`,
-      "-e",
-      "DENO_DIR=/cache",
-      imageId,
-      "/opt/deno",
-      ...RUN_FLAGS,
-      EVERYTHING,
-      ...SERVER_ARGS,
+      ...serverContainer({ deno, cache, image: imageId }),
     ],
     env: baseEnv(),
   });
@@ -601,4 +577,24 @@ async function assertStopped(docker: DockerClient, home: string, user: string): 
   if (running.length > 0) {
     throw new Error(`Sandbox of '${user}' still running after 'waffle stop'`);
   }
+}
+
+// The `docker create`/`docker run` arguments after `-i`: the server in a
+// container of `image`, no network, Deno and its cache mounted read-only.
+function serverContainer(options: { deno: string; cache: string; image: string }): string[] {
+  return [
+    "--network",
+    "none",
+    "-v",
+    `${options.deno}:/opt/deno:ro`,
+    "-v",
+    `${options.cache}:/cache:ro`,
+    "-e",
+    "DENO_DIR=/cache",
+    options.image,
+    "/opt/deno",
+    ...RUN_FLAGS,
+    EVERYTHING,
+    ...SERVER_ARGS,
+  ];
 }
