@@ -165,6 +165,36 @@ quotaTest("ensureVolume() creates, formats and mounts a sparse volume nosuid,nod
 });
 
 quotaTest(
+  "ensureVolume() attaches its loop device with direct I/O, and it detaches when unmounted",
+  async () => {
+    await using sandbox = await tempRoot();
+    // The host's filesystem must take O_DIRECT for the switch to hold.
+    const probe = join(sandbox.root, "probe");
+    const direct = await sh("dd", [
+      "if=/dev/zero",
+      `of=${probe}`,
+      "bs=4096",
+      "count=1",
+      "oflag=direct",
+    ]);
+    await Deno.remove(probe).catch(() => {});
+    await ensureVolume(sandbox.root, { bytes: SIZE });
+    const [device] = await loopsOf(sandbox.image);
+    assert(device !== undefined, "no loop device");
+    const dio = (await Deno.readTextFile(`/sys/block/${device.slice(5)}/loop/dio`)).trim();
+    assert.equal(dio, direct.code === 0 ? "1" : "0", `dd oflag=direct: ${direct.stderr}`);
+    const autoclear = (await Deno.readTextFile(`/sys/block/${device.slice(5)}/loop/autoclear`))
+      .trim();
+    assert.equal(autoclear, "1");
+    // Autoclear: a plain umount (not removeVolume) leaves no device behind.
+    assert.equal((await sh("umount", [sandbox.mountPoint])).code, 0);
+    await waitFor(async () => (await loopsOf(sandbox.image)).length === 0, {
+      what: "the loop device to detach",
+    });
+  },
+);
+
+quotaTest(
   "ensureVolume() bounds what a command can write: ENOSPC inside, the host loses at most the quota",
   async () => {
     // The "host" is a tmpfs of our own, so other processes writing to the real

@@ -21,7 +21,7 @@ import { basename, join } from "../path.ts";
 import { QueueError, UsageError } from "../errors.ts";
 import { messageOf } from "../queue/connection.ts";
 import { exists } from "../fs.ts";
-import { libc, O_CLOEXEC, O_RDONLY } from "../libc.ts";
+import { errno, libc, O_CLOEXEC, O_NOFOLLOW, O_RDONLY, O_RDWR } from "../libc.ts";
 
 /** Quota of a sandbox's writable volume when the config names none: 1 GiB. */
 export const DEFAULT_QUOTA_BYTES = 1024 ** 3;
@@ -37,7 +37,7 @@ const MIN_QUOTA_BYTES = 16 * 1024 ** 2;
  * sparse image, so the host gets the space back instead of keeping each
  * volume's high-water mark. `exec` stays: /workspace is where builds run.
  */
-const MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard";
+const MOUNT_OPTIONS = "nosuid,nodev,noatime,discard";
 
 /**
  * A 4 MiB journal (the smallest) keeps the workspace consistent across a host
@@ -329,42 +329,114 @@ async function mountImage(
   mountPoint: string,
   options: { check: boolean },
 ): Promise<string> {
-  const mountsOfImage = async (): Promise<string[]> =>
-    (await readMounts()).filter((m) => m.backingFile === image).map((m) => m.mountPoint);
   // Still attached means live elsewhere (a container's bind mount outlived the
   // host's mount, or a lazy unmount is draining): never check or resize it
-  // offline; `mount` reuses the live loop device. A fresh image (`check`
-  // false) is attached nowhere and has its full size: nothing to look at.
-  if (options.check && (await loopDevicesOf(image)).length === 0) {
+  // offline, and mount that device. A fresh image (`check` false) is attached
+  // nowhere and has its full size: nothing to look at.
+  const [live] = options.check ? await loopDevicesOf(image) : [];
+  if (options.check && live === undefined) {
     const grow = await filesystemBytes(image) < (await Deno.stat(image)).size;
     // After a crash or reboot; resize2fs insists on a full check (-f) first.
     await fsck(image, { full: grow });
     if (grow) await runOrThrow("resize2fs", [image]);
   }
-  const before = await mountsOfImage();
-  await runOrThrow("mount", ["-o", MOUNT_OPTIONS, image, mountPoint]);
-  const device = await mountedDevice(mountPoint, image);
-  if (device !== undefined) {
-    directIo(device);
-    return device;
+  // Mount ids only: resolving every loop mount's backing file costs two
+  // sysfs reads each, and a host has one loop mount per sandbox.
+  const before = new Set((await readMounts({ resolveLoops: false })).map((m) => m.id));
+  if (live !== undefined) {
+    await runOrThrow("mount", ["-o", MOUNT_OPTIONS, live, mountPoint]);
+  } else {
+    using loop = attachLoop(image);
+    if (loop === undefined) {
+      // No LOOP_CONFIGURE (a kernel before 5.8): mount attaches it, then the switch.
+      await runOrThrow("mount", ["-o", `loop,${MOUNT_OPTIONS}`, image, mountPoint]);
+      const device = await mountedDevice(mountPoint, image);
+      if (device !== undefined) directIo(device);
+    } else {
+      await runOrThrow("mount", ["-o", MOUNT_OPTIONS, loop.device, mountPoint]);
+    }
   }
+  const device = await mountedDevice(mountPoint, image);
+  if (device !== undefined) return device;
   // The mount point was swapped for a symlink after the check: undo wherever it landed.
-  for (const path of await mountsOfImage()) {
-    if (!before.includes(path)) await run("umount", ["-l", path]);
+  for (const mount of await readMounts()) {
+    if (mount.backingFile === image && !before.has(mount.id)) {
+      await run("umount", ["-l", mount.mountPoint]);
+    }
   }
   throw new QueueError(`Volume image '${image}' did not mount at '${mountPoint}'`);
 }
 
-/** `ioctl(2)`: a loop device's direct I/O on or off. */
+/** `ioctl(2)` requests on loop devices (linux/loop.h). */
 const LOOP_SET_DIRECT_IO = 0x4c08n;
+const LOOP_CONFIGURE = 0x4c0an;
+const LOOP_CTL_GET_FREE = 0x4c82n;
+/** `lo_flags`: detach when the last user (the mount) lets go; write with O_DIRECT. */
+const LO_FLAGS_AUTOCLEAR = 4;
+const LO_FLAGS_DIRECT_IO = 16;
+/** `struct loop_config`: fd, block_size, `struct loop_info64` (232 bytes), 8 reserved u64. */
+const LOOP_CONFIG_BYTES = 304;
+/** `loop_config.info.lo_flags`. */
+const LOOP_CONFIG_FLAGS_AT = 8 + 52;
+const EBUSY = 16;
 
 /**
- * Has the loop device write its image with O_DIRECT. Buffered, each byte a
+ * Attaches `image` to a free loop device that detaches itself when its last
+ * user lets go, writing with O_DIRECT from the start: buffered, each byte a
  * sandbox writes is cached twice on the host, and a flush of the volume
  * (every fsync in it, the runner's result commit among them) is an fsync of
  * the whole image file: after a 1 GiB write the next result waited seconds
- * for all of it. Best effort: a host filesystem without O_DIRECT, or of
- * another sector size, keeps the device buffered.
+ * for all of it. Asked for at attach time the direct I/O costs nothing; set
+ * on a live device it freezes the device's queue for 15-25 ms.
+ *
+ * The device stays held until the result is disposed, so it is not detached
+ * before `mount` holds it. The image is opened without following a symlink.
+ *
+ * @returns The held device, or undefined when this kernel or host cannot
+ *   (no FFI, no LOOP_CONFIGURE): the caller attaches it with `mount -o loop`.
+ */
+function attachLoop(image: string): { device: string; [Symbol.dispose](): void } | undefined {
+  const lib = libc();
+  if (lib === undefined) return undefined;
+  const cString = (path: string): Uint8Array => new TextEncoder().encode(`${path}\0`);
+  const backing = lib.open(cString(image), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (backing < 0) return undefined;
+  try {
+    const control = lib.open(cString("/dev/loop-control"), O_RDWR | O_CLOEXEC, 0);
+    if (control < 0) return undefined;
+    try {
+      // Another attach may take the free device first: ask again (bounded).
+      for (let attempt = 0; attempt < 8; attempt++) {
+        const number = lib.ioctlInt(control, LOOP_CTL_GET_FREE, 0n);
+        if (number < 0) return undefined;
+        const device = `/dev/loop${number}`;
+        const fd = lib.open(cString(device), O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0) return undefined;
+        const config = new Uint8Array(LOOP_CONFIG_BYTES);
+        const view = new DataView(config.buffer);
+        view.setUint32(0, backing, true);
+        view.setUint32(LOOP_CONFIG_FLAGS_AT, LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO, true);
+        if (lib.ioctl(fd, LOOP_CONFIGURE, config) === 0) {
+          return { device, [Symbol.dispose]: () => void lib.close(fd) };
+        }
+        const code = errno(lib);
+        lib.close(fd);
+        if (code !== EBUSY) return undefined;
+      }
+      return undefined;
+    } finally {
+      lib.close(control);
+    }
+  } finally {
+    // The device holds its own reference to the image.
+    lib.close(backing);
+  }
+}
+
+/**
+ * Switches a live loop device to O_DIRECT (see {@linkcode attachLoop}), for
+ * a kernel without LOOP_CONFIGURE. Best effort: a host filesystem without
+ * O_DIRECT, or of another sector size, keeps the device buffered.
  */
 function directIo(device: string): void {
   const lib = libc();
@@ -398,6 +470,8 @@ async function mountedDevice(mountPoint: string, image: string): Promise<string 
 }
 
 interface Mount {
+  /** The mount's id in this namespace (mountinfo's first field), never reused while it is mounted. */
+  id: string;
   mountPoint: string;
   source: string;
   /** `/dev/loopN` when the mount is on a loop device. */
@@ -408,21 +482,33 @@ interface Mount {
 
 /**
  * Mounts of this mount namespace, oldest first, with loop devices resolved
- * through sysfs; with `mountPoint`, only the mounts on it.
+ * through sysfs (unless `resolveLoops` is false); with `mountPoint`, only the
+ * mounts on it.
  */
-async function readMounts(options: { mountPoint?: string } = {}): Promise<Mount[]> {
+async function readMounts(
+  options: { mountPoint?: string; resolveLoops?: boolean } = {},
+): Promise<Mount[]> {
   const mounts: Mount[] = [];
   for (const line of (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")) {
     // id parent major:minor root mountpoint options [optional...] - fstype source superoptions
     const fields = line.split(" ");
     const dash = fields.indexOf("-");
-    const [majorMinor, mountPoint, source] = [fields[2], fields[4], fields[dash + 2]];
+    const [id, majorMinor, mountPoint, source] = [
+      fields[0],
+      fields[2],
+      fields[4],
+      fields[dash + 2],
+    ];
     if (dash < 0 || majorMinor === undefined || mountPoint === undefined) continue;
-    const mount: Mount = { mountPoint: unescape(mountPoint), source: unescape(source ?? "") };
+    const mount: Mount = {
+      id: id ?? "",
+      mountPoint: unescape(mountPoint),
+      source: unescape(source ?? ""),
+    };
     if (options.mountPoint !== undefined && mount.mountPoint !== options.mountPoint) continue;
     // Only a loop device has a backing file: the others cost no sysfs reads
     // (a host with many containers has hundreds of mounts, read on every call).
-    const loop = mount.source.startsWith("/dev/loop")
+    const loop = options.resolveLoops !== false && mount.source.startsWith("/dev/loop")
       ? await loopOf(`/sys/dev/block/${majorMinor}`)
       : undefined;
     if (loop !== undefined) Object.assign(mount, loop);
