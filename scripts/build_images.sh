@@ -6,11 +6,15 @@
 # Usage: scripts/build_images.sh [--force] KIND...
 #   python   waffle-python:bookworm: Debian bookworm (debootstrap minbase) with
 #            python3, pip, venv, requests, git and curl; ENV LANG=C.UTF-8
+#   base     waffle-base:bookworm, what `waffle serve` starts sandboxes from:
+#            the python image's packages plus bash, procps, python-is-python3
+#            and less, and a user `user` (uid/gid 10001, the uid commands run
+#            as; home /home/user, shell /bin/bash); no sudo, no setuid added
 #   musl     waffle-musl:latest: musl's loader and libc, a static busybox and a
 #            musl-linked program (/usr/bin/musl-hello); no glibc anywhere
 #   noshell  waffle-noshell:latest: one static program (/hello), no shell, no
 #            /etc/passwd, an ENTRYPOINT and a VOLUME of its own
-#   all      the three
+#   all      the four
 # Idempotent: an image whose `waffle.build.hash` label matches its inputs is
 # kept. Progress goes to stderr. Needs root (apt, debootstrap).
 set -euo pipefail
@@ -20,26 +24,29 @@ HASH_LABEL="waffle.build.hash"
 MIRROR="${WAFFLE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
 PYTHON_PACKAGES="python3,python3-pip,python3-venv,python3-requests,git,curl,ca-certificates"
+BASE_PACKAGES="$PYTHON_PACKAGES,bash,procps,python-is-python3,less"
+# waffle's command uid (SANDBOX_UID in lib/lifecycle/posture.ts): base's `user`.
+BASE_UID=10001
 
 force=0
 kinds=()
 for arg in "$@"; do
   case "$arg" in
     --force) force=1 ;;
-    python | musl | noshell) kinds+=("$arg") ;;
-    all) kinds+=(python musl noshell) ;;
+    python | base | musl | noshell) kinds+=("$arg") ;;
+    all) kinds+=(python base musl noshell) ;;
     -h | --help)
-      sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "build_images: error: unknown argument '$arg' (python, musl, noshell, all)" >&2
+      echo "build_images: error: unknown argument '$arg' (python, base, musl, noshell, all)" >&2
       exit 2
       ;;
   esac
 done
 [[ ${#kinds[@]} -gt 0 ]] || {
-  echo "build_images: error: name what to build: python, musl, noshell or all" >&2
+  echo "build_images: error: name what to build: python, base, musl, noshell or all" >&2
   exit 2
 }
 
@@ -93,15 +100,51 @@ build_if_stale() {
   "$builder" "$dir" "$hash"
 }
 
-build_python() {
-  local dir="$1" hash="$2"
-  log "debootstrap $SUITE ($PYTHON_PACKAGES) from $MIRROR: a few minutes"
-  debootstrap --variant=minbase --include="$PYTHON_PACKAGES" "$SUITE" "$dir/root" "$MIRROR" >&2 ||
+# A Debian rootfs at $1/root: debootstrap minbase with the packages $2, apt's
+# downloads and lists dropped.
+debian_root() {
+  local dir="$1" packages="$2"
+  log "debootstrap $SUITE ($packages) from $MIRROR: a few minutes"
+  debootstrap --variant=minbase --include="$packages" "$SUITE" "$dir/root" "$MIRROR" >&2 ||
     die "debootstrap failed (is $MIRROR reachable?)"
   rm -rf "$dir/root/var/cache/apt/archives/"*.deb "$dir/root/var/lib/apt/lists/"*
-  import_dir waffle-python:bookworm "$dir/root" "$hash" \
+}
+
+# Imports a Debian rootfs as $1 with the Debian kinds' ENV; `--change` lines after $3.
+import_debian() {
+  local tag="$1" root="$2" hash="$3"
+  shift 3
+  import_dir "$tag" "$root" "$hash" \
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-    "ENV LANG=C.UTF-8" 'CMD ["python3"]'
+    "ENV LANG=C.UTF-8" "$@"
+}
+
+build_python() {
+  local dir="$1" hash="$2"
+  debian_root "$dir" "$PYTHON_PACKAGES"
+  import_debian waffle-python:bookworm "$dir/root" "$hash" 'CMD ["python3"]'
+}
+
+# The set-id files under a rootfs, one relative path a line, sorted.
+setid_files() {
+  (cd "$1" && find . -xdev -type f -perm /6000 | sort)
+}
+
+build_base() {
+  local dir="$1" hash="$2" root="$1/root" before
+  debian_root "$dir" "$BASE_PACKAGES"
+  before="$(setid_files "$root")"
+  # Written into the files, not with useradd: no chroot, no host tools in play.
+  printf 'user:x:%d:%d:user:/home/user:/bin/bash\n' "$BASE_UID" "$BASE_UID" >>"$root/etc/passwd"
+  printf 'user:x:%d:\n' "$BASE_UID" >>"$root/etc/group"
+  printf 'user:*:19000:0:99999:7:::\n' >>"$root/etc/shadow"
+  printf 'user:*::\n' >>"$root/etc/gshadow"
+  install -d -m 0755 -o "$BASE_UID" -g "$BASE_UID" "$root/home/user"
+  cp -a "$root/etc/skel/." "$root/home/user/"
+  chown -R "$BASE_UID:$BASE_UID" "$root/home/user"
+  [[ ! -e "$root/usr/bin/sudo" ]] || die "sudo found in the base image"
+  [[ "$(setid_files "$root")" == "$before" ]] || die "the base image gained a set-id file"
+  import_debian waffle-base:bookworm "$root" "$hash" 'CMD ["/bin/bash"]'
 }
 
 # A tiny C program, built with $1 into $2 ($3: extra flags).
@@ -157,8 +200,11 @@ command -v docker >/dev/null 2>&1 || die "docker CLI not in PATH; run scripts/se
 recipe_hash() {
   {
     declare -f "build_$1" import_dir
-    [[ "$1" == python ]] && echo "$SUITE $PYTHON_PACKAGES"
-    [[ "$1" == python ]] || declare -f compile_hello
+    case "$1" in
+      python) declare -f debian_root import_debian && echo "$SUITE $PYTHON_PACKAGES" ;;
+      base) declare -f debian_root import_debian setid_files && echo "$SUITE $BASE_PACKAGES $BASE_UID" ;;
+      *) declare -f compile_hello ;;
+    esac
     [[ "$1" != musl ]] || sha256sum "$(command -v busybox)"
   } | sha256sum | cut -c1-16
 }
@@ -168,6 +214,10 @@ for kind in "${kinds[@]}"; do
     python)
       need_packages debootstrap:debootstrap
       build_if_stale waffle-python:bookworm build_python "$(recipe_hash python)"
+      ;;
+    base)
+      need_packages debootstrap:debootstrap
+      build_if_stale waffle-base:bookworm build_base "$(recipe_hash base)"
       ;;
     musl)
       need_packages musl-gcc:musl-tools busybox:busybox-static

@@ -19,7 +19,8 @@
 #                  image needs to run waffle's runner), and print the daemon's
 #                  version, arch, storage and cgroup driver.
 #   --images       also: build the user-style images the tests run
-#                  (scripts/build_images.sh all: Debian python/git, musl, no shell).
+#                  (scripts/build_images.sh all: Debian python/git, the base
+#                  image `waffle serve` uses, musl, no shell).
 #   --force-image  rebuild the runner image even when it is up to date.
 #   --conformance  also: the official MCP conformance suite
 #                  (@modelcontextprotocol/conformance) and the Node.js it needs
@@ -44,7 +45,7 @@ for arg in "$@"; do
     --force-image) force_image=1 ;;
     --conformance) with_conformance=1 ;;
     -h | --help)
-      sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
