@@ -139,9 +139,11 @@ build_base() {
   printf 'user:x:%d:\n' "$BASE_UID" >>"$root/etc/group"
   printf 'user:*:19000:0:99999:7:::\n' >>"$root/etc/shadow"
   printf 'user:*::\n' >>"$root/etc/gshadow"
-  install -d -m 0755 -o "$BASE_UID" -g "$BASE_UID" "$root/home/user"
-  cp -a "$root/etc/skel/." "$root/home/user/"
-  chown -R "$BASE_UID:$BASE_UID" "$root/home/user"
+  # The sandbox's root file system is read-only: the user's home is the
+  # workspace (the writable, quota'd volume), so `~/x` and E2B's
+  # `/home/user/x` name the same file as the files API does.
+  install -d -m 0755 "$root/home"
+  ln -s /workspace "$root/home/user"
   [[ ! -e "$root/usr/bin/sudo" ]] || die "sudo found in the base image"
   [[ "$(setid_files "$root")" == "$before" ]] || die "the base image gained a set-id file"
   import_debian waffle-base:bookworm "$root" "$hash" 'CMD ["/bin/bash"]'

@@ -94,8 +94,8 @@ baseTest(
       );
       assert.equal(await loginShell(sandbox, 'echo "$LANG"'), "C.UTF-8\n");
       assert.equal(
-        await loginShell(sandbox, "getent passwd user; stat -c '%u:%g %a' /home/user"),
-        "user:x:10001:10001:user:/home/user:/bin/bash\n10001:10001 755\n",
+        await loginShell(sandbox, "getent passwd user; readlink /home/user"),
+        "user:x:10001:10001:user:/home/user:/bin/bash\n/workspace\n",
       );
       assert.equal(await loginShell(sandbox, "command -v sudo || echo none"), "none\n");
     });
@@ -103,7 +103,7 @@ baseTest(
 );
 
 baseTest(
-  "in the base image HOME and the working directory are the workspace; /home/user is read-only",
+  "in the base image the user's home is the workspace: HOME, the working directory and /home/user",
   async (docker) => {
     await withBaseSandbox(docker, async (sandbox) => {
       // The runner's semantics, whatever the image's passwd says: HOME is the
@@ -112,10 +112,13 @@ baseTest(
         await loginShell(sandbox, 'echo "$HOME"; pwd; cd ~ && pwd && touch mine && ls mine'),
         "/workspace\n/workspace\n/workspace\nmine\n",
       );
-      // The image's own home is on the read-only root filesystem.
-      const denied = await run(sandbox, {
-        argv: ["/bin/bash", "-l", "-c", "touch /home/user/x"],
-      });
+      // /home/user (E2B's home) is a link to the workspace: the same files.
+      assert.equal(
+        await loginShell(sandbox, "echo hi > /home/user/x && cat /workspace/x"),
+        "hi\n",
+      );
+      // Anywhere else on the root file system stays read-only.
+      const denied = await run(sandbox, { argv: ["/bin/bash", "-l", "-c", "touch /home/x"] });
       assert.equal(denied.result.exitCode, 1);
       assert.match(denied.stderr, /Read-only file system/);
     });

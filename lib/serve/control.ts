@@ -1,0 +1,287 @@
+/**
+ * E2B's control API (REST) on waffle's sandboxes: create, get, list, kill,
+ * timeout and connect, on both the `/sandboxes` and `/v2/sandboxes` paths
+ * the SDKs use. Every call needs `X-API-KEY`; a key sees only its tenant's
+ * sandboxes (another tenant's are not found). Errors are `{code, message}`
+ * with the same HTTP status: the JS SDK reads the body, Python the status.
+ *
+ * @module
+ */
+import { Hono } from "hono";
+import type { Context } from "hono";
+import { z } from "zod";
+import type { SandboxRecord } from "./state.ts";
+import type { ServeSandboxes } from "./sandboxes.ts";
+
+/** The envd version waffle reports: the SDKs gate features on it. */
+export const ENVD_VERSION = "0.6.4";
+
+/** The calling key, once verified. */
+export interface Caller {
+  /** The key's id. */
+  keyId: string;
+  /** The key's name (for the audit). */
+  keyName: string;
+  /** The key's tenant. */
+  tenant: string;
+}
+
+/** What the control API needs from the rest of the server. */
+export interface ControlDeps {
+  /** The server's sandboxes. */
+  sandboxes: ServeSandboxes;
+  /** Verifies an API key. */
+  verifyKey: (key: string) => Caller | undefined;
+  /** Admits a create, or says when to retry (seconds). */
+  admitCreate: (tenant: string) => { retryAfterSeconds: number } | undefined;
+  /** The image a template names, undefined for an unknown template. */
+  templateImage: (template: string) => string | undefined;
+  /** Seconds a sandbox lives when the create names no timeout. */
+  defaultTimeoutS: number;
+  /** The longest timeout a create or setTimeout may ask for, in seconds. */
+  maxTimeoutS: number;
+  /** Limits every sandbox gets, for `getInfo`. */
+  resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
+  /** Records one call (key, tenant, sandbox, method, outcome). */
+  audit?: (entry: AuditEntry) => void;
+}
+
+/** One audited API call. */
+export interface AuditEntry {
+  /** The key's name, when a key was given and valid. */
+  key?: string;
+  /** The key's tenant. */
+  tenant?: string;
+  /** The sandbox the call named. */
+  sandbox?: string;
+  /** `METHOD path`. */
+  method: string;
+  /** The HTTP status answered. */
+  status: number;
+}
+
+const Metadata = z.record(z.string().max(256), z.string().max(4096)).refine(
+  (value) => Object.keys(value).length <= 64,
+  "at most 64 entries",
+);
+
+const CreateBody = z.object({
+  templateID: z.string().min(1).max(128).optional(),
+  timeout: z.number().int().min(1).optional(),
+  metadata: Metadata.optional(),
+  envVars: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/).max(256), z.string().max(65536))
+    .optional(),
+  secure: z.boolean().optional(),
+  allow_internet_access: z.boolean().optional(),
+  network: z.object({
+    allowOut: z.array(z.string()).optional(),
+    denyOut: z.array(z.string()).optional(),
+  }).passthrough().optional(),
+  autoPause: z.boolean().optional(),
+}).passthrough();
+
+const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).passthrough();
+
+/**
+ * The control API as a Hono app (its `fetch` answers a `Request`).
+ *
+ * @param deps What it needs from the server.
+ * @returns The app.
+ */
+export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Caller } }> {
+  const app = new Hono<{ Variables: { caller: Caller } }>();
+  app.use("*", async (c, next): Promise<Response | undefined> => {
+    const key = c.req.header("x-api-key");
+    const caller = key === undefined ? undefined : deps.verifyKey(key);
+    if (caller === undefined) {
+      deps.audit?.({ method: `${c.req.method} ${c.req.path}`, status: 401 });
+      return fail(c, 401, key === undefined ? "Missing API key (X-API-KEY)" : "Invalid API key");
+    }
+    c.set("caller", caller);
+    await next();
+    const sandbox = /^(?:\/v2)?\/sandboxes\/([^/]+)/.exec(c.req.path)?.[1];
+    deps.audit?.({
+      key: caller.keyName,
+      tenant: caller.tenant,
+      ...(sandbox === undefined ? {} : { sandbox }),
+      method: `${c.req.method} ${c.req.path}`,
+      status: c.res.status,
+    });
+    return undefined;
+  });
+
+  const create = async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
+    const caller = c.get("caller");
+    const body = CreateBody.safeParse(await c.req.json().catch(() => undefined));
+    if (!body.success) return fail(c, 400, `Invalid create request: ${problem(body.error)}`);
+    const { templateID = "base", timeout = deps.defaultTimeoutS, metadata = {}, envVars = {} } =
+      body.data;
+    const image = deps.templateImage(templateID);
+    if (image === undefined) return fail(c, 404, `Template '${templateID}' not found`);
+    if (timeout > deps.maxTimeoutS) {
+      return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
+    }
+    const wider = widening(body.data);
+    if (wider !== undefined) return fail(c, 403, wider);
+    if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
+    const busy = deps.admitCreate(caller.tenant);
+    if (busy !== undefined) {
+      c.header("Retry-After", String(busy.retryAfterSeconds));
+      return fail(c, 429, `Tenant '${caller.tenant}' is over its sandbox limits`);
+    }
+    const record = await deps.sandboxes.create({
+      tenant: caller.tenant,
+      keyId: caller.keyId,
+      template: templateID,
+      image,
+      timeoutS: timeout,
+      metadata,
+      envVars,
+    });
+    return c.json(sandboxJson(record), 201);
+  };
+  app.post("/sandboxes", create);
+  app.post("/v2/sandboxes", create);
+
+  const owned = (c: Context<{ Variables: { caller: Caller } }>): SandboxRecord | undefined =>
+    deps.sandboxes.store.get(c.req.param("id") ?? "", c.get("caller").tenant);
+
+  app.get("/sandboxes/:id", (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    return c.json({ ...detailJson(record, deps), envdAccessToken: record.accessToken });
+  });
+  app.delete("/sandboxes/:id", async (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    await deps.sandboxes.remove(record.id);
+    return c.body(null, 204);
+  });
+  app.post("/sandboxes/:id/timeout", async (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    const body = TimeoutBody.safeParse(await c.req.json().catch(() => undefined));
+    if (!body.success) return fail(c, 400, `Invalid timeout request: ${problem(body.error)}`);
+    if (body.data.timeout > deps.maxTimeoutS) {
+      return fail(c, 400, `Timeout '${body.data.timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
+    }
+    deps.sandboxes.setTimeout(record.id, body.data.timeout, { shorten: true });
+    return c.body(null, 204);
+  });
+  const connect = async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    const body = await c.req.json().catch(() => ({}));
+    const timeout = TimeoutBody.safeParse(body);
+    if (timeout.success) {
+      deps.sandboxes.setTimeout(
+        record.id,
+        Math.min(timeout.data.timeout, deps.maxTimeoutS),
+        { shorten: false },
+      );
+    }
+    await deps.sandboxes.live(record).sandbox.ensure();
+    return c.json(sandboxJson(deps.sandboxes.store.get(record.id) ?? record), 200);
+  };
+  app.post("/sandboxes/:id/connect", connect);
+  app.post("/v2/sandboxes/:id/connect", connect);
+  app.post("/sandboxes/:id/pause", (c) =>
+    owned(c) === undefined ? notFound(c) : fail(c, 501, "Pausing a sandbox is not supported yet"));
+
+  app.get("/sandboxes", (c) =>
+    c.json(
+      deps.sandboxes.store.list(c.get("caller").tenant).filter((r) => r.state !== "creating")
+        .map((r) => detailJson(r, deps)),
+    ));
+  app.get("/v2/sandboxes", (c) => listV2(c, deps));
+  app.notFound((c) => fail(c, 404, `No route '${c.req.method} ${c.req.path}'`));
+  app.onError((error, c) => fail(c, 500, error instanceof Error ? error.message : String(error)));
+  return app;
+}
+
+// GET /v2/sandboxes: metadata ("k=v&k2=v2", URL-encoded) and state filters,
+// pages of `limit` after `nextToken` (the last id of the page before).
+function listV2(c: Context<{ Variables: { caller: Caller } }>, deps: ControlDeps): Response {
+  const wanted = new URLSearchParams(c.req.query("metadata") ?? "");
+  const states = (c.req.query("state") ?? "running,paused").split(",");
+  const limit = Math.min(Math.max(Number(c.req.query("limit") ?? 100) || 100, 1), 1000);
+  const after = c.req.query("nextToken");
+  const all = deps.sandboxes.store.list(c.get("caller").tenant).filter((record) =>
+    record.state !== "creating" && states.includes(record.state) &&
+    [...wanted].every(([key, value]) => record.metadata[key] === value)
+  );
+  const start = after === undefined ? 0 : all.findIndex((record) => record.id === after) + 1;
+  const page = all.slice(start, start + limit);
+  if (start + limit < all.length && page.length > 0) c.header("X-Next-Token", page.at(-1)!.id);
+  return c.json(page.map((record) => detailJson(record, deps)));
+}
+
+// What a create may not ask for: waffle sandboxes reach nothing unless the
+// config's egress lets them, and a create may narrow that, never widen it.
+function widening(body: z.infer<typeof CreateBody>): string | undefined {
+  if (body.allow_internet_access === true) {
+    return "Internet access is not granted by waffle.toml for this tenant: a create may narrow the configured egress, never widen it";
+  }
+  if ((body.network?.allowOut?.length ?? 0) > 0) {
+    return `Network allowOut '${
+      body.network!.allowOut!.join(",")
+    }' is not granted by waffle.toml for this tenant: a create may narrow the configured egress, never widen it`;
+  }
+  return undefined;
+}
+
+/**
+ * The `Sandbox` object of a create or connect.
+ *
+ * @param record The sandbox.
+ * @returns Its JSON.
+ */
+export function sandboxJson(record: SandboxRecord): Record<string, unknown> {
+  return {
+    templateID: record.template,
+    sandboxID: record.id,
+    alias: record.template,
+    clientID: "waffle",
+    envdVersion: ENVD_VERSION,
+    envdAccessToken: record.accessToken,
+    trafficAccessToken: null,
+    domain: null,
+  };
+}
+
+function detailJson(record: SandboxRecord, deps: ControlDeps): Record<string, unknown> {
+  return {
+    templateID: record.template,
+    sandboxID: record.id,
+    alias: record.template,
+    clientID: "waffle",
+    startedAt: new Date(record.startedAt).toISOString(),
+    endAt: new Date(record.endAt).toISOString(),
+    ...deps.resources,
+    state: record.state,
+    metadata: record.metadata,
+    envdVersion: ENVD_VERSION,
+    domain: null,
+  };
+}
+
+function notFound(c: Context): Response {
+  return fail(c, 404, `Sandbox '${c.req.param("id")}' not found`);
+}
+
+/**
+ * An error answer: `{code, message}` with the same HTTP status.
+ *
+ * @param c The request's context.
+ * @param status The status.
+ * @param message One line.
+ * @returns The response.
+ */
+export function fail(c: Context, status: number, message: string): Response {
+  return c.json({ code: status, message }, status as 400);
+}
+
+function problem(error: z.ZodError): string {
+  const issue = error.issues[0];
+  return issue === undefined ? "unreadable" : `${issue.path.join(".") || "body"}: ${issue.message}`;
+}

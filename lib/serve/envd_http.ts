@@ -1,0 +1,194 @@
+/**
+ * envd's plain HTTP routes for one sandbox: `GET /health`, and `GET`/`POST
+ * /files`, done inside the sandbox as its unprivileged uid through waffle's
+ * files API (the host never resolves a sandbox path). `/files` accepts the
+ * sandbox's access token or a URL signed with it.
+ *
+ * @module
+ */
+import { sha256 } from "@noble/hashes/sha2";
+import { FilesError } from "../errors.ts";
+import type { Sandbox } from "../sandbox/mod.ts";
+import { sameSecret } from "./secret.ts";
+
+/** The user the SDKs name by default, whose home maps onto the workspace. */
+export const SANDBOX_HOME = "/home/user";
+
+/**
+ * A path the SDK names, as waffle's files API takes it: the user's home
+ * (`/home/user`, or a relative path) is the sandbox's workspace; any other
+ * absolute path is the sandbox's own.
+ *
+ * @param path As the SDK sent it.
+ * @returns The path for the files API.
+ */
+export function sandboxPath(path: string): string {
+  if (path === SANDBOX_HOME || path === `${SANDBOX_HOME}/`) return "/workspace";
+  if (path.startsWith(`${SANDBOX_HOME}/`)) return `/workspace/${path.slice(SANDBOX_HOME.length + 1)}`;
+  return path;
+}
+
+/**
+ * The signature E2B's SDKs put in a signed `/files` URL:
+ * `v1_` + unpadded base64 of sha256(`path:operation:user:token[:expiration]`).
+ *
+ * @param fields What is signed.
+ * @returns The signature.
+ */
+export function fileSignature(
+  fields: { path: string; operation: "read" | "write"; user: string; token: string; expiration?: number },
+): string {
+  const text = [fields.path, fields.operation, fields.user, fields.token].join(":") +
+    (fields.expiration === undefined ? "" : `:${fields.expiration}`);
+  const digest = sha256(new TextEncoder().encode(text));
+  return `v1_${btoa(String.fromCharCode(...digest)).replace(/=+$/, "")}`;
+}
+
+/** What the envd routes need of the sandbox they serve. */
+export interface EnvdTarget {
+  /** The open waffle sandbox. */
+  sandbox: Sandbox;
+  /** Its access token. */
+  accessToken: string;
+}
+
+/**
+ * Answers `/health` and `/files` for one sandbox; undefined for other paths.
+ *
+ * @param request The request (already routed to this sandbox).
+ * @param target The sandbox and its token.
+ * @returns The response, or undefined.
+ */
+export async function envdHttp(
+  request: Request,
+  target: EnvdTarget,
+): Promise<Response | undefined> {
+  const url = new URL(request.url);
+  if (url.pathname === "/health" && request.method === "GET") {
+    return new Response(null, { status: 204 });
+  }
+  if (url.pathname !== "/files") return undefined;
+  const operation = request.method === "GET" ? "read" : request.method === "POST" ? "write" : "";
+  if (operation === "") return error(405, `Method '${request.method}' is not allowed on /files`);
+  const user = url.searchParams.get("username") ?? "user";
+  if (user === "root") {
+    return error(403, "User 'root' is refused: commands and files run as the unprivileged user");
+  }
+  const denied = checkFileAuth(request, url, { operation, user, token: target.accessToken });
+  if (denied !== undefined) return denied;
+  const path = url.searchParams.get("path");
+  return operation === "read"
+    ? await readFile(target.sandbox, path)
+    : await writeFiles(request, target.sandbox, path);
+}
+
+function checkFileAuth(
+  request: Request,
+  url: URL,
+  expected: { operation: "read" | "write"; user: string; token: string },
+): Response | undefined {
+  const header = request.headers.get("x-access-token");
+  if (header !== null) {
+    return sameSecret(header, expected.token) ? undefined : error(401, "Invalid access token");
+  }
+  const signature = url.searchParams.get("signature");
+  if (signature === null) return error(401, "Missing access token or signature");
+  const expirationText = url.searchParams.get("signature_expiration");
+  const expiration = expirationText === null ? undefined : Number(expirationText);
+  if (expiration !== undefined && !(expiration * 1000 > Date.now())) {
+    return error(401, "The signature has expired");
+  }
+  const wanted = fileSignature({
+    path: url.searchParams.get("path") ?? "",
+    operation: expected.operation,
+    user: expected.user,
+    token: expected.token,
+    ...(expiration === undefined ? {} : { expiration }),
+  });
+  return sameSecret(signature, wanted) ? undefined : error(401, "Invalid signature");
+}
+
+async function readFile(sandbox: Sandbox, path: string | null): Promise<Response> {
+  if (path === null || path === "") return error(400, "Missing 'path'");
+  const reader = sandbox.files.read(sandboxPath(path)).getReader();
+  // The first read says whether the file is there, before any header goes out.
+  let first: ReadableStreamReadResult<Uint8Array>;
+  try {
+    first = await reader.read();
+  } catch (cause) {
+    return filesFailure(cause, path);
+  }
+  const body = new ReadableStream<Uint8Array>({
+    start(controller): void {
+      if (first.done) controller.close();
+      else controller.enqueue(first.value);
+    },
+    async pull(controller): Promise<void> {
+      if (first.done) return;
+      const next = await reader.read();
+      if (next.done) controller.close();
+      else controller.enqueue(next.value);
+    },
+    cancel(reason): Promise<void> {
+      return reader.cancel(reason);
+    },
+  });
+  return new Response(body, { headers: { "content-type": "application/octet-stream" } });
+}
+
+async function writeFiles(
+  request: Request,
+  sandbox: Sandbox,
+  path: string | null,
+): Promise<Response> {
+  const type = request.headers.get("content-type") ?? "";
+  const written: { name: string; path: string; type: "file" }[] = [];
+  try {
+    if (type.startsWith("multipart/form-data")) {
+      const form = await request.formData();
+      for (const [, value] of form.entries()) {
+        if (typeof value === "string") continue;
+        // Several files at once name each by its file name; one may be named by `path`.
+        const target = path ?? value.name;
+        if (!target) return error(400, "Missing 'path' for an uploaded file");
+        await sandbox.files.write(sandboxPath(target), value.stream());
+        written.push(entry(target));
+      }
+    } else {
+      if (path === null || path === "") return error(400, "Missing 'path'");
+      let body = request.body ?? new Uint8Array();
+      if (request.headers.get("content-encoding") === "gzip" && body instanceof ReadableStream) {
+        body = body.pipeThrough(new DecompressionStream("gzip"));
+      }
+      await sandbox.files.write(sandboxPath(path), body);
+      written.push(entry(path));
+    }
+  } catch (cause) {
+    return filesFailure(cause, path ?? "");
+  }
+  return Response.json(written);
+}
+
+function entry(path: string): { name: string; path: string; type: "file" } {
+  return { name: path.slice(path.lastIndexOf("/") + 1), path, type: "file" };
+}
+
+function filesFailure(cause: unknown, path: string): Response {
+  const message = cause instanceof Error ? cause.message : String(cause);
+  if (cause instanceof FilesError && /no such file|not found|does not exist/i.test(message)) {
+    return error(404, `Path '${path}' not found`);
+  }
+  if (/no space|quota/i.test(message)) return error(507, message);
+  return error(400, message);
+}
+
+/**
+ * An envd error answer: `{code, message}` with the same status.
+ *
+ * @param status The HTTP status.
+ * @param message One line.
+ * @returns The response.
+ */
+export function error(status: number, message: string): Response {
+  return Response.json({ code: status, message }, { status });
+}

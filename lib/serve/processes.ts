@@ -1,0 +1,204 @@
+/**
+ * The processes one sandbox runs for envd's `process.Process` service: each
+ * a waffle `spawn` (a queue session, so exactly once and as the sandbox's
+ * unprivileged uid) under a small pid of its own, with its events fanned out
+ * to the `Start` stream and to any `Connect` stream attached later.
+ *
+ * @module
+ */
+import { UsageError } from "../errors.ts";
+import type { ProcessStatus, SandboxProcess } from "../lifecycle/run.ts";
+import type { Sandbox } from "../sandbox/mod.ts";
+import { SANDBOX_HOME } from "./envd_http.ts";
+
+/** A process's configuration, as `Start` gives it and `List` returns it. */
+export interface ProcessConfig {
+  /** The program. */
+  cmd: string;
+  /** Its arguments. */
+  args: string[];
+  /** Its own variables (over the sandbox's). */
+  envs: Record<string, string>;
+  /** Its working directory (the user's home when absent). */
+  cwd?: string | undefined;
+}
+
+/** One event of a process, in the order envd sends them. */
+export type ProcessEvent =
+  | { kind: "start"; pid: number }
+  | { kind: "data"; stream: "stdout" | "stderr"; data: Uint8Array }
+  | { kind: "end"; exitCode: number; exited: boolean; status: string; error?: string };
+
+/** A process of the table. */
+export interface ProcessEntry {
+  /** Its pid in this table (what the SDK calls its pid). */
+  pid: number;
+  /** The tag it was started with. */
+  tag: string | undefined;
+  /** How it was started. */
+  config: ProcessConfig;
+  /** The waffle process. */
+  process: SandboxProcess;
+  /** Its stdin, while open. */
+  stdin: WritableStreamDefaultWriter<Uint8Array> | undefined;
+  /** Subscribers to its events. */
+  listeners: Set<(event: ProcessEvent) => void>;
+  /** Its end, once it came. */
+  ended: ProcessEvent | undefined;
+}
+
+/** Options of {@linkcode ProcessTable.start}. */
+export interface StartOptions {
+  /** A tag to find it by. */
+  tag?: string | undefined;
+  /** Keep stdin open for `SendInput` (closed at once otherwise). */
+  stdin: boolean;
+  /** Its lifetime in milliseconds (`Connect-Timeout-Ms`); none when undefined or 0. */
+  timeoutMs?: number | undefined;
+  /** Variables of the whole sandbox (the process's own win). */
+  sandboxEnv: Record<string, string>;
+}
+
+/** The first pid handed out: small numbers stay clear of the container's own. */
+const FIRST_PID = 1000;
+
+/** The processes of one sandbox. */
+export class ProcessTable {
+  readonly #sandbox: Sandbox;
+  readonly #entries = new Map<number, ProcessEntry>();
+  #nextPid = FIRST_PID;
+
+  /** @param sandbox The open waffle sandbox. */
+  constructor(sandbox: Sandbox) {
+    this.#sandbox = sandbox;
+  }
+
+  /**
+   * Starts a process; `onEvent` gets its events from `start` on.
+   *
+   * @param config What to run.
+   * @param options Tag, stdin, lifetime, the sandbox's variables and the listener.
+   * @returns The entry.
+   */
+  async start(
+    config: ProcessConfig,
+    options: StartOptions & { onEvent: (event: ProcessEvent) => void },
+  ): Promise<ProcessEntry> {
+    const { argv, cwd } = placeCommand(config);
+    const process = await this.#sandbox.spawn(argv, {
+      env: { HOME: SANDBOX_HOME, ...options.sandboxEnv, ...config.envs },
+      ...(cwd === undefined ? {} : { cwd }),
+      ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
+    });
+    const stdin = process.stdin.getWriter();
+    if (!options.stdin) await stdin.close().catch(() => {});
+    const pid = this.#nextPid++;
+    const entry: ProcessEntry = {
+      pid,
+      tag: options.tag,
+      config,
+      process,
+      stdin: options.stdin ? stdin : undefined,
+      listeners: new Set([options.onEvent]),
+      ended: undefined,
+    };
+    this.#entries.set(pid, entry);
+    options.onEvent({ kind: "start", pid });
+    void this.#pump(entry);
+    return entry;
+  }
+
+  async #pump(entry: ProcessEntry): Promise<void> {
+    const emit = (event: ProcessEvent): void => {
+      for (const listener of entry.listeners) listener(event);
+    };
+    const drain = async (stream: "stdout" | "stderr"): Promise<void> => {
+      for await (const data of entry.process[stream]) emit({ kind: "data", stream, data });
+    };
+    let end: ProcessEvent;
+    try {
+      await Promise.all([drain("stdout"), drain("stderr")]);
+      end = endEvent(await entry.process.status);
+    } catch (cause) {
+      const message = cause instanceof Error ? cause.message : String(cause);
+      end = { kind: "end", exitCode: -1, exited: false, status: "error", error: message };
+    }
+    entry.ended = end;
+    this.#entries.delete(entry.pid);
+    emit(end);
+    entry.listeners.clear();
+  }
+
+  /**
+   * A running process by pid or tag.
+   *
+   * @param selector `{pid}` or `{tag}`.
+   * @returns The entry, or undefined.
+   */
+  find(selector: { pid?: number | undefined; tag?: string | undefined }): ProcessEntry | undefined {
+    if (selector.pid !== undefined) return this.#entries.get(selector.pid);
+    return [...this.#entries.values()].find((entry) => entry.tag === selector.tag);
+  }
+
+  /** The running processes. */
+  list(): ProcessEntry[] {
+    return [...this.#entries.values()];
+  }
+
+  /** Kills every process (the sandbox is going). */
+  async killAll(): Promise<void> {
+    await Promise.all(this.list().map((entry) => entry.process.kill()));
+  }
+}
+
+/**
+ * The argv and waffle cwd for a process: a cwd in the user's home is the
+ * workspace; another one is entered by a small `sh` wrapper, since a
+ * request's own cwd must lie in the workspace.
+ *
+ * @param config The process.
+ * @returns Argv and cwd.
+ */
+export function placeCommand(config: ProcessConfig): { argv: string[]; cwd: string | undefined } {
+  const argv = [config.cmd, ...config.args];
+  if (config.cmd === "") throw new UsageError("Empty command");
+  const cwd = config.cwd;
+  if (cwd === undefined || cwd === "" || cwd === SANDBOX_HOME) return { argv, cwd: undefined };
+  if (cwd.startsWith(`${SANDBOX_HOME}/`)) {
+    return { argv, cwd: cwd.slice(SANDBOX_HOME.length + 1) };
+  }
+  if (cwd === "/workspace" || cwd.startsWith("/workspace/")) return { argv, cwd };
+  return {
+    argv: ["/bin/sh", "-c", 'cd "$1" || exit 1; shift; exec "$@"', "sh", cwd, ...argv],
+    cwd: undefined,
+  };
+}
+
+function endEvent(status: ProcessStatus): ProcessEvent {
+  if (status.signal !== null) {
+    const name = status.signal.replace(/^SIG/, "").toLowerCase();
+    return {
+      kind: "end",
+      exitCode: -1,
+      exited: false,
+      status: `signal: ${name === "kill" ? "killed" : name}`,
+      ...(status.error === null ? {} : { error: status.error }),
+    };
+  }
+  if (status.exitCode === null) {
+    return {
+      kind: "end",
+      exitCode: -1,
+      exited: false,
+      status: "error",
+      error: status.error ?? "The process did not run",
+    };
+  }
+  return {
+    kind: "end",
+    exitCode: status.exitCode,
+    exited: true,
+    status: `exit status ${status.exitCode}`,
+    ...(status.error === null || status.exitCode === 0 ? {} : { error: status.error }),
+  };
+}

@@ -1,0 +1,225 @@
+/**
+ * The sandboxes `waffle serve` made: each an ordinary waffle sandbox whose
+ * user id is the E2B sandbox id and whose tenant is its key's, recorded in
+ * {@linkcode SandboxStore} so a restarted server serves them again. A reaper
+ * removes each at its end time.
+ *
+ * @module
+ */
+import { newBearerToken } from "../mcp/bearer_token.ts";
+import type { DockerClient } from "../docker/mod.ts";
+import { UsageError } from "../errors.ts";
+import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
+import type { SandboxRecord, SandboxStore } from "./state.ts";
+
+/** What a create asks for. */
+export interface CreateRequest {
+  /** The tenant of the calling key. */
+  tenant: string;
+  /** The calling key's id. */
+  keyId: string;
+  /** The template's name. */
+  template: string;
+  /** The image the template names. */
+  image: string;
+  /** Seconds until the sandbox is removed. */
+  timeoutS: number;
+  /** The caller's metadata. */
+  metadata: Record<string, string>;
+  /** Variables for every command. */
+  envVars: Record<string, string>;
+}
+
+/** Options of {@linkcode ServeSandboxes}. */
+export interface ServeSandboxesOptions {
+  /** The waffle home sandboxes live in. */
+  home: string;
+  /** The Docker client every sandbox shares. */
+  docker: DockerClient;
+  /** Clock (tests). */
+  now?: () => number;
+}
+
+/** A live sandbox: its record's id, the open waffle sandbox and what ends with it. */
+interface Live {
+  sandbox: Sandbox;
+  /** Aborted when the sandbox is killed: every stream of it ends. */
+  killed: AbortController;
+}
+
+/** Lowercase letters and digits: E2B ids carry no dash, and waffle user ids take them. */
+const ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789";
+
+/**
+ * A new sandbox id: 20 characters of `[a-z0-9]` from the system's random
+ * source, starting with a letter (a waffle user id starts with a letter or digit).
+ *
+ * @returns The id.
+ */
+export function newSandboxId(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(20));
+  let id = "";
+  for (const [i, byte] of bytes.entries()) {
+    id += i === 0 ? ID_ALPHABET[byte % 26] : ID_ALPHABET[byte % ID_ALPHABET.length];
+  }
+  return id;
+}
+
+/** The sandboxes of one server. */
+export class ServeSandboxes {
+  readonly #store: SandboxStore;
+  readonly #options: ServeSandboxesOptions;
+  readonly #live = new Map<string, Live>();
+  readonly #removing = new Map<string, Promise<boolean>>();
+  #reaper: ReturnType<typeof setInterval> | undefined;
+
+  /**
+   * @param store The server's record.
+   * @param options Home, Docker client, clock.
+   */
+  constructor(store: SandboxStore, options: ServeSandboxesOptions) {
+    this.#store = store;
+    this.#options = options;
+  }
+
+  /** The server's record. */
+  get store(): SandboxStore {
+    return this.#store;
+  }
+
+  #now(): number {
+    return this.#options.now?.() ?? Date.now();
+  }
+
+  /**
+   * Makes a sandbox and returns once its runner serves. Recorded first, so a
+   * server killed during a create leaves a record the reaper removes, never
+   * an unrecorded container.
+   *
+   * @param request Owner, template and settings.
+   * @returns The record.
+   */
+  async create(request: CreateRequest): Promise<SandboxRecord> {
+    const now = this.#now();
+    const record: SandboxRecord = {
+      id: newSandboxId(),
+      tenant: request.tenant,
+      keyId: request.keyId,
+      template: request.template,
+      image: request.image,
+      metadata: request.metadata,
+      envVars: request.envVars,
+      accessToken: newBearerToken(),
+      startedAt: now,
+      endAt: now + request.timeoutS * 1000,
+      state: "creating",
+    };
+    this.#store.insert(record);
+    try {
+      const live = this.#open(record);
+      await live.sandbox.ensure();
+      this.#store.setState(record.id, "running");
+      return { ...record, state: "running" };
+    } catch (error) {
+      await this.remove(record.id);
+      throw error;
+    }
+  }
+
+  /**
+   * The open waffle sandbox of a recorded sandbox (opened on first use after
+   * a restart), with the signal its kill aborts.
+   *
+   * @param record The sandbox.
+   * @returns The live handle.
+   */
+  live(record: SandboxRecord): Live {
+    return this.#live.get(record.id) ?? this.#open(record);
+  }
+
+  #open(record: SandboxRecord): Live {
+    const sandbox = openSandbox(record.id, {
+      tenant: record.tenant,
+      config: { home: this.#options.home, image: record.image },
+      docker: this.#options.docker,
+    });
+    const live = { sandbox, killed: new AbortController() };
+    this.#live.set(record.id, live);
+    return live;
+  }
+
+  /**
+   * Removes a sandbox: its streams end, its container and state go, then its
+   * record. Concurrent calls share one removal.
+   *
+   * @param id The sandbox id.
+   * @returns False when there was no such sandbox.
+   */
+  remove(id: string): Promise<boolean> {
+    let removing = this.#removing.get(id);
+    if (removing === undefined) {
+      removing = this.#removeNow(id).finally(() => this.#removing.delete(id));
+      this.#removing.set(id, removing);
+    }
+    return removing;
+  }
+
+  async #removeNow(id: string): Promise<boolean> {
+    const record = this.#store.get(id);
+    if (record === undefined) return false;
+    const live = this.#live.get(id);
+    live?.killed.abort(new UsageError(`Sandbox '${id}' was killed`));
+    const sandbox = live?.sandbox ?? this.#open(record).sandbox;
+    this.#live.delete(id);
+    try {
+      await removeSandbox(this.#options.docker, sandbox.key, {
+        config: sandbox.config,
+        purge: true,
+      });
+    } finally {
+      sandbox.close();
+    }
+    this.#store.delete(id);
+    return true;
+  }
+
+  /**
+   * Extends (or with `shorten`, sets) a sandbox's end time.
+   *
+   * @param id The sandbox id.
+   * @param timeoutS Seconds from now.
+   * @param options `shorten: true` lets the end come earlier (`setTimeout`);
+   *   `connect` only ever extends.
+   */
+  setTimeout(id: string, timeoutS: number, options: { shorten: boolean }): void {
+    const record = this.#store.get(id);
+    if (record === undefined) return;
+    const endAt = this.#now() + timeoutS * 1000;
+    if (options.shorten || endAt > record.endAt) this.#store.setEndAt(id, endAt);
+  }
+
+  /**
+   * Removes every sandbox past its end time, then every `intervalMs`.
+   *
+   * @param intervalMs How often to look.
+   */
+  startReaper(intervalMs = 1000): void {
+    const reap = async (): Promise<void> => {
+      for (const record of this.#store.expired(this.#now())) {
+        await this.remove(record.id).catch(() => {});
+      }
+    };
+    void reap();
+    this.#reaper = setInterval(() => void reap(), intervalMs);
+  }
+
+  /** Stops the reaper and closes every open sandbox (their containers keep running). */
+  close(): void {
+    clearInterval(this.#reaper);
+    for (const live of this.#live.values()) {
+      live.killed.abort(new UsageError("The server is stopping"));
+      live.sandbox.close();
+    }
+    this.#live.clear();
+  }
+}

@@ -1,0 +1,188 @@
+/**
+ * `waffle serve`'s one listener: E2B's control API and, for each sandbox,
+ * envd (routed by the `E2b-Sandbox-Id` header the SDKs send when
+ * `E2B_SANDBOX_URL` points here, or by the host name `49983-<id>.<domain>`).
+ * Every request's `Host` (and `Origin`, when sent) must name this server:
+ * a page on another site that rebinds its DNS name to this address is
+ * refused before anything runs.
+ *
+ * @module
+ */
+import type { DatabaseSync } from "node:sqlite";
+import type { DockerClient } from "../docker/mod.ts";
+import { type AuditEntry, type Caller, controlApp } from "./control.ts";
+import { envdHttp, error } from "./envd_http.ts";
+import { envdConnect } from "./envd_rpc.ts";
+import { ProcessTable } from "./processes.ts";
+import { ServeSandboxes } from "./sandboxes.ts";
+import { sameSecret } from "./secret.ts";
+import { SandboxStore } from "./state.ts";
+
+/** Options of {@linkcode startServer}. */
+export interface ServerOptions {
+  /** The waffle home the sandboxes live in. */
+  home: string;
+  /** The server's database (keys and sandboxes). */
+  db: DatabaseSync;
+  /** The Docker client. */
+  docker: DockerClient;
+  /** Address and port to listen on (port 0: any free one). */
+  hostname: string;
+  /** The port. */
+  port: number;
+  /** The domain for host-name routing (`49983-<id>.<domain>`), if any. */
+  domain?: string | undefined;
+  /** Verifies an API key. */
+  verifyKey: (key: string) => Caller | undefined;
+  /** Admits a create, or says when to retry. */
+  admitCreate: (tenant: string, count: number) => { retryAfterSeconds: number } | undefined;
+  /** The image a template names. */
+  templateImage: (template: string) => string | undefined;
+  /** Default and maximum sandbox timeouts, in seconds. */
+  timeouts: { defaultS: number; maxS: number };
+  /** Limits reported by `getInfo`. */
+  resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
+  /** Largest request body, in bytes. */
+  maxBodyBytes: number;
+  /** Records each API call. */
+  audit?: (entry: AuditEntry) => void;
+  /** TLS certificate and key (PEM), for a non-loopback address. */
+  tls?: { cert: string; key: string } | undefined;
+  /** Stops the server. */
+  signal?: AbortSignal;
+  /** Called once listening, with the address. */
+  onListen?: (address: { hostname: string; port: number }) => void;
+}
+
+/** A running server. */
+export interface RunningServer {
+  /** Where it listens. */
+  address: { hostname: string; port: number };
+  /** The sandboxes it serves. */
+  sandboxes: ServeSandboxes;
+  /** Resolves when it has stopped. */
+  finished: Promise<void>;
+  /** Stops it (sandboxes keep running; a restarted server serves them). */
+  shutdown(): Promise<void>;
+}
+
+/**
+ * Starts the server.
+ *
+ * @param options Where, who may call, and the limits.
+ * @returns The running server.
+ */
+export function startServer(options: ServerOptions): RunningServer {
+  const store = new SandboxStore(options.db);
+  const sandboxes = new ServeSandboxes(store, { home: options.home, docker: options.docker });
+  const tables = new Map<string, ProcessTable>();
+  const control = controlApp({
+    sandboxes,
+    verifyKey: options.verifyKey,
+    admitCreate: (tenant) => options.admitCreate(tenant, store.count(tenant)),
+    templateImage: options.templateImage,
+    defaultTimeoutS: options.timeouts.defaultS,
+    maxTimeoutS: options.timeouts.maxS,
+    resources: options.resources,
+    ...(options.audit === undefined ? {} : { audit: options.audit }),
+  });
+  let port = options.port;
+  const handler = async (request: Request): Promise<Response> => {
+    const refused = checkHost(request, { hostname: options.hostname, port, domain: options.domain });
+    if (refused !== undefined) return refused;
+    const length = Number(request.headers.get("content-length") ?? 0);
+    if (length > options.maxBodyBytes) {
+      return error(413, `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`);
+    }
+    const id = sandboxIdOf(request, options.domain);
+    if (id === undefined) return await control.fetch(request);
+    const record = store.get(id);
+    if (record === undefined || record.state === "creating") {
+      return Response.json({ message: "The sandbox was not found", sandboxId: id, code: 502 }, {
+        status: 502,
+      });
+    }
+    const live = sandboxes.live(record);
+    const target = { sandbox: live.sandbox, accessToken: record.accessToken };
+    const plain = await envdHttp(request, target);
+    if (plain !== undefined) return plain;
+    const token = request.headers.get("x-access-token");
+    if (token === null || !sameSecret(token, record.accessToken)) {
+      return Response.json({ code: "unauthenticated", message: "Invalid access token" }, {
+        status: 401,
+      });
+    }
+    let table = tables.get(id);
+    if (table === undefined) tables.set(id, table = new ProcessTable(live.sandbox));
+    return await envdConnect(request, {
+      table,
+      record,
+      killed: live.killed.signal,
+      maxBodyBytes: options.maxBodyBytes,
+    });
+  };
+  const server = Deno.serve({
+    hostname: options.hostname,
+    port: options.port,
+    ...(options.signal === undefined ? {} : { signal: options.signal }),
+    ...(options.tls === undefined ? {} : { cert: options.tls.cert, key: options.tls.key }),
+    onListen: (address) => {
+      port = address.port;
+      options.onListen?.({ hostname: address.hostname, port: address.port });
+    },
+  }, handler);
+  port = server.addr.port;
+  sandboxes.startReaper();
+  const finished = server.finished.finally(() => sandboxes.close());
+  return {
+    address: { hostname: server.addr.hostname, port: server.addr.port },
+    sandboxes,
+    finished,
+    shutdown: async () => {
+      await server.shutdown();
+      await finished;
+    },
+  };
+}
+
+const ENVD_HOST = /^49983-([a-z0-9]+)\.(.+)$/;
+
+// The sandbox a request is for: the SDK's header, else the envd host name.
+function sandboxIdOf(request: Request, domain: string | undefined): string | undefined {
+  const header = request.headers.get("e2b-sandbox-id");
+  if (header !== null) return header;
+  if (domain === undefined) return undefined;
+  const host = (request.headers.get("host") ?? "").replace(/:\d+$/, "");
+  const match = ENVD_HOST.exec(host);
+  return match !== null && match[2] === domain ? match[1] : undefined;
+}
+
+// DNS rebinding: a browser sends the attacker's name as Host, and its own
+// origin as Origin; only this server's own names pass.
+function checkHost(
+  request: Request,
+  own: { hostname: string; port: number; domain: string | undefined },
+): Response | undefined {
+  const allowed = (host: string): boolean => {
+    const name = host.replace(/:\d+$/, "").replace(/^\[|\]$/g, "").toLowerCase();
+    const port = /:(\d+)$/.exec(host)?.[1];
+    if (own.domain !== undefined && (name === own.domain || name.endsWith(`.${own.domain}`))) {
+      return true;
+    }
+    const local = ["127.0.0.1", "localhost", "::1", own.hostname.toLowerCase()];
+    return local.includes(name) && port === String(own.port);
+  };
+  const host = request.headers.get("host") ?? new URL(request.url).host;
+  if (!allowed(host)) return error(403, `Host '${host.slice(0, 200)}' is not this server`);
+  const origin = request.headers.get("origin");
+  if (origin !== null && origin !== "null") {
+    let originHost: string;
+    try {
+      originHost = new URL(origin).host;
+    } catch {
+      return error(403, `Origin '${origin.slice(0, 200)}' is not this server`);
+    }
+    if (!allowed(originHost)) return error(403, `Origin '${origin.slice(0, 200)}' is not this server`);
+  }
+  return undefined;
+}

@@ -1,0 +1,167 @@
+/**
+ * The server's record of the sandboxes it made: who owns each (tenant and
+ * key), its template, metadata, environment, access token and end time. In
+ * `serve.db` beside the keys, so a server killed and started again serves
+ * every sandbox it had.
+ *
+ * @module
+ */
+import type { DatabaseSync } from "node:sqlite";
+import { statement } from "../queue/connection.ts";
+
+/** A sandbox as the server records it. */
+export interface SandboxRecord {
+  /** The E2B sandbox id, also the waffle user id of its sandbox (`[a-z0-9]`). */
+  id: string;
+  /** The tenant of the key that made it. */
+  tenant: string;
+  /** The id of the key that made it. */
+  keyId: string;
+  /** The template it was made from. */
+  template: string;
+  /** The image the template named then. */
+  image: string;
+  /** The caller's metadata (string to string). */
+  metadata: Record<string, string>;
+  /** Variables every command of the sandbox gets (a command's own win). */
+  envVars: Record<string, string>;
+  /** The envd access token (`X-Access-Token`); also signs `/files` URLs. */
+  accessToken: string;
+  /** When it was made (ms since the epoch). */
+  startedAt: number;
+  /** When the reaper removes it (ms since the epoch). */
+  endAt: number;
+  /** `creating` until its container serves; `running` or `paused` after. */
+  state: "creating" | "running" | "paused";
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS sandboxes (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  key_id TEXT NOT NULL,
+  template TEXT NOT NULL,
+  image TEXT NOT NULL,
+  metadata TEXT NOT NULL,
+  env_vars TEXT NOT NULL,
+  access_token TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  end_at INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('creating', 'running', 'paused'))
+);
+CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant, started_at, id);
+`;
+
+interface Row {
+  id: string;
+  tenant: string;
+  key_id: string;
+  template: string;
+  image: string;
+  metadata: string;
+  env_vars: string;
+  access_token: string;
+  started_at: number;
+  end_at: number;
+  state: SandboxRecord["state"];
+}
+
+/** The `sandboxes` table of `serve.db`. */
+export class SandboxStore {
+  readonly #db: DatabaseSync;
+
+  /**
+   * Opens the table, creating it when missing.
+   *
+   * @param db The server's database (see `openServeDb`).
+   */
+  constructor(db: DatabaseSync) {
+    this.#db = db;
+    db.exec(SCHEMA);
+  }
+
+  /** Records a new sandbox (state `creating`). */
+  insert(record: SandboxRecord): void {
+    statement(
+      this.#db,
+      `INSERT INTO sandboxes (id, tenant, key_id, template, image, metadata, env_vars,
+         access_token, started_at, end_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    ).run(
+      record.id,
+      record.tenant,
+      record.keyId,
+      record.template,
+      record.image,
+      JSON.stringify(record.metadata),
+      JSON.stringify(record.envVars),
+      record.accessToken,
+      record.startedAt,
+      record.endAt,
+      record.state,
+    );
+  }
+
+  /** The sandbox, when this tenant owns it (another tenant's is not found). */
+  get(id: string, tenant?: string): SandboxRecord | undefined {
+    const row = statement(this.#db, "SELECT * FROM sandboxes WHERE id = ?").get(id) as
+      | Row
+      | undefined;
+    if (row === undefined || (tenant !== undefined && row.tenant !== tenant)) return undefined;
+    return fromRow(row);
+  }
+
+  /** A tenant's sandboxes (or every one), oldest first. */
+  list(tenant?: string): SandboxRecord[] {
+    const rows = (tenant === undefined
+      ? statement(this.#db, "SELECT * FROM sandboxes ORDER BY started_at, id").all()
+      : statement(this.#db, "SELECT * FROM sandboxes WHERE tenant = ? ORDER BY started_at, id")
+        .all(tenant)) as unknown as Row[];
+    return rows.map(fromRow);
+  }
+
+  /** How many sandboxes a tenant has (creating ones included). */
+  count(tenant: string): number {
+    const row = statement(this.#db, "SELECT count(*) AS n FROM sandboxes WHERE tenant = ?").get(
+      tenant,
+    ) as { n: number };
+    return row.n;
+  }
+
+  /** Sets a sandbox's state. */
+  setState(id: string, state: SandboxRecord["state"]): void {
+    statement(this.#db, "UPDATE sandboxes SET state = ? WHERE id = ?").run(state, id);
+  }
+
+  /** Sets a sandbox's end time. */
+  setEndAt(id: string, endAt: number): void {
+    statement(this.#db, "UPDATE sandboxes SET end_at = ? WHERE id = ?").run(endAt, id);
+  }
+
+  /** Forgets a sandbox. */
+  delete(id: string): void {
+    statement(this.#db, "DELETE FROM sandboxes WHERE id = ?").run(id);
+  }
+
+  /** Sandboxes whose end time has passed. */
+  expired(now: number): SandboxRecord[] {
+    return (statement(this.#db, "SELECT * FROM sandboxes WHERE end_at <= ?").all(
+      now,
+    ) as unknown as Row[]).map(fromRow);
+  }
+}
+
+function fromRow(row: Row): SandboxRecord {
+  return {
+    id: row.id,
+    tenant: row.tenant,
+    keyId: row.key_id,
+    template: row.template,
+    image: row.image,
+    metadata: JSON.parse(row.metadata),
+    envVars: JSON.parse(row.env_vars),
+    accessToken: row.access_token,
+    startedAt: row.started_at,
+    endAt: row.end_at,
+    state: row.state,
+  };
+}
