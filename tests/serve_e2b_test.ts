@@ -101,7 +101,10 @@ function sdkTest(name: string, fn: (served: Served) => Promise<void>): void {
 sdkTest(
   "the E2B SDK creates a sandbox, runs commands with output and exit codes, moves files and kills it",
   async (served) => {
-    const sandbox = await Sandbox.create("base", { ...sdk(served, served.keys.a), timeoutMs: 120_000 });
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      timeoutMs: 120_000,
+    });
     assert.match(sandbox.sandboxId, /^[a-z0-9]+$/);
 
     const chunks: string[] = [];
@@ -187,24 +190,28 @@ sdkTest(
   },
 );
 
-sdkTest("metadata lists, setTimeout shortens, and the reaper removes an expired sandbox", async (served) => {
-  const options = sdk(served, served.keys.a);
-  const tagged = await Sandbox.create("base", { ...options, metadata: { job: "j1" } });
-  const other = await Sandbox.create("base", { ...options, metadata: { job: "j2" } });
-  try {
-    const found = await Sandbox.list({ ...options, query: { metadata: { job: "j1" } } }).nextItems();
-    assert.deepEqual(found.map((s) => s.sandboxId), [tagged.sandboxId]);
-    assert.deepEqual(found[0]!.metadata, { job: "j1" });
-    const info = await tagged.getInfo();
-    assert.equal(info.sandboxId, tagged.sandboxId);
-    assert.equal(info.state, "running");
-    await other.setTimeout(1000);
-    // Bounded: the reaper looks every second.
-    for (let i = 0; i < 40 && await other.isRunning().catch(() => false); i++) await delay(250);
-    assert.equal(await other.isRunning(), false);
-    await assert.rejects(Sandbox.getInfo(other.sandboxId, options));
-  } finally {
-    await tagged.kill();
-    await other.kill().catch(() => {});
-  }
-});
+sdkTest(
+  "metadata lists, setTimeout shortens, and the reaper removes an expired sandbox",
+  async (served) => {
+    const options = sdk(served, served.keys.a);
+    const tagged = await Sandbox.create("base", { ...options, metadata: { job: "j1" } });
+    const other = await Sandbox.create("base", { ...options, metadata: { job: "j2" } });
+    try {
+      const found = await Sandbox.list({ ...options, query: { metadata: { job: "j1" } } })
+        .nextItems();
+      assert.deepEqual(found.map((s) => s.sandboxId), [tagged.sandboxId]);
+      assert.deepEqual(found[0]!.metadata, { job: "j1" });
+      const info = await tagged.getInfo();
+      assert.equal(info.sandboxId, tagged.sandboxId);
+      assert.equal(info.state, "running");
+      await other.setTimeout(1000);
+      // Bounded: the reaper looks every second.
+      for (let i = 0; i < 40 && await other.isRunning().catch(() => false); i++) await delay(250);
+      assert.equal(await other.isRunning(), false);
+      await assert.rejects(Sandbox.getInfo(other.sandboxId, options));
+    } finally {
+      await tagged.kill();
+      await other.kill().catch(() => {});
+    }
+  },
+);

@@ -163,7 +163,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     const body = TimeoutBody.safeParse(await c.req.json().catch(() => undefined));
     if (!body.success) return fail(c, 400, `Invalid timeout request: ${problem(body.error)}`);
     if (body.data.timeout > deps.maxTimeoutS) {
-      return fail(c, 400, `Timeout '${body.data.timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
+      return fail(
+        c,
+        400,
+        `Timeout '${body.data.timeout}' is over the maximum of ${deps.maxTimeoutS} s`,
+      );
     }
     deps.sandboxes.setTimeout(record.id, body.data.timeout, { shorten: true });
     return c.body(null, 204);
@@ -185,8 +189,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
   };
   app.post("/sandboxes/:id/connect", connect);
   app.post("/v2/sandboxes/:id/connect", connect);
-  app.post("/sandboxes/:id/pause", (c) =>
-    owned(c) === undefined ? notFound(c) : fail(c, 501, "Pausing a sandbox is not supported yet"));
+  app.post(
+    "/sandboxes/:id/pause",
+    (c) =>
+      owned(c) === undefined ? notFound(c) : fail(c, 501, "Pausing a sandbox is not supported yet"),
+  );
 
   app.get("/sandboxes", (c) =>
     c.json(

@@ -24,7 +24,9 @@ export const SANDBOX_HOME = "/home/user";
  */
 export function sandboxPath(path: string): string {
   if (path === SANDBOX_HOME || path === `${SANDBOX_HOME}/`) return "/workspace";
-  if (path.startsWith(`${SANDBOX_HOME}/`)) return `/workspace/${path.slice(SANDBOX_HOME.length + 1)}`;
+  if (path.startsWith(`${SANDBOX_HOME}/`)) {
+    return `/workspace/${path.slice(SANDBOX_HOME.length + 1)}`;
+  }
   return path;
 }
 
@@ -36,7 +38,13 @@ export function sandboxPath(path: string): string {
  * @returns The signature.
  */
 export function fileSignature(
-  fields: { path: string; operation: "read" | "write"; user: string; token: string; expiration?: number },
+  fields: {
+    path: string;
+    operation: "read" | "write";
+    user: string;
+    token: string;
+    expiration?: number;
+  },
 ): string {
   const text = [fields.path, fields.operation, fields.user, fields.token].join(":") +
     (fields.expiration === undefined ? "" : `:${fields.expiration}`);

@@ -41,8 +41,8 @@ export interface ProcessEntry {
   process: SandboxProcess;
   /** Its stdin, while open. */
   stdin: WritableStreamDefaultWriter<Uint8Array> | undefined;
-  /** Subscribers to its events. */
-  listeners: Set<(event: ProcessEvent) => void>;
+  /** Subscribers to its events; the output waits for a promise one returns. */
+  listeners: Set<(event: ProcessEvent) => Promise<void> | undefined>;
   /** Its end, once it came. */
   ended: ProcessEvent | undefined;
 }
@@ -82,7 +82,7 @@ export class ProcessTable {
    */
   async start(
     config: ProcessConfig,
-    options: StartOptions & { onEvent: (event: ProcessEvent) => void },
+    options: StartOptions & { onEvent: (event: ProcessEvent) => Promise<void> | undefined },
   ): Promise<ProcessEntry> {
     const { argv, cwd } = placeCommand(config);
     const process = await this.#sandbox.spawn(argv, {
@@ -109,11 +109,13 @@ export class ProcessTable {
   }
 
   async #pump(entry: ProcessEntry): Promise<void> {
-    const emit = (event: ProcessEvent): void => {
-      for (const listener of entry.listeners) listener(event);
+    // Each stream's next read waits for every listener to have room: memory
+    // stays bounded however slowly a client reads.
+    const emit = async (event: ProcessEvent): Promise<void> => {
+      await Promise.all([...entry.listeners].map((listener) => listener(event)));
     };
     const drain = async (stream: "stdout" | "stderr"): Promise<void> => {
-      for await (const data of entry.process[stream]) emit({ kind: "data", stream, data });
+      for await (const data of entry.process[stream]) await emit({ kind: "data", stream, data });
     };
     let end: ProcessEvent;
     try {
@@ -125,7 +127,7 @@ export class ProcessTable {
     }
     entry.ended = end;
     this.#entries.delete(entry.pid);
-    emit(end);
+    await emit(end);
     entry.listeners.clear();
   }
 

@@ -12,7 +12,8 @@ import type { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../docker/mod.ts";
 import { type AuditEntry, type Caller, controlApp } from "./control.ts";
 import { envdHttp, error } from "./envd_http.ts";
-import { envdConnect } from "./envd_rpc.ts";
+import { envdServices } from "./envd_rpc.ts";
+import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
@@ -75,7 +76,7 @@ export interface RunningServer {
 export function startServer(options: ServerOptions): RunningServer {
   const store = new SandboxStore(options.db);
   const sandboxes = new ServeSandboxes(store, { home: options.home, docker: options.docker });
-  const tables = new Map<string, ProcessTable>();
+  const envds = new Map<string, { table: ProcessTable; services: ConnectFetchHandler }>();
   const control = controlApp({
     sandboxes,
     verifyKey: options.verifyKey,
@@ -88,11 +89,18 @@ export function startServer(options: ServerOptions): RunningServer {
   });
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
-    const refused = checkHost(request, { hostname: options.hostname, port, domain: options.domain });
+    const refused = checkHost(request, {
+      hostname: options.hostname,
+      port,
+      domain: options.domain,
+    });
     if (refused !== undefined) return refused;
     const length = Number(request.headers.get("content-length") ?? 0);
     if (length > options.maxBodyBytes) {
-      return error(413, `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`);
+      return error(
+        413,
+        `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`,
+      );
     }
     const id = sandboxIdOf(request, options.domain);
     if (id === undefined) return await control.fetch(request);
@@ -112,14 +120,25 @@ export function startServer(options: ServerOptions): RunningServer {
         status: 401,
       });
     }
-    let table = tables.get(id);
-    if (table === undefined) tables.set(id, table = new ProcessTable(live.sandbox));
-    return await envdConnect(request, {
-      table,
-      record,
-      killed: live.killed.signal,
-      maxBodyBytes: options.maxBodyBytes,
-    });
+    let envd = envds.get(id);
+    if (envd === undefined || live.killed.signal.aborted) {
+      const table = new ProcessTable(live.sandbox);
+      const services = envdServices({
+        table,
+        record,
+        killed: live.killed.signal,
+        maxBodyBytes: options.maxBodyBytes,
+      });
+      envds.set(id, envd = { table, services });
+      live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
+    }
+    return await envd.services(request) ??
+      Response.json({
+        code: "unimplemented",
+        message: `No route '${new URL(request.url).pathname}'`,
+      }, {
+        status: 404,
+      });
   };
   const server = Deno.serve({
     hostname: options.hostname,
@@ -182,7 +201,9 @@ function checkHost(
     } catch {
       return error(403, `Origin '${origin.slice(0, 200)}' is not this server`);
     }
-    if (!allowed(originHost)) return error(403, `Origin '${origin.slice(0, 200)}' is not this server`);
+    if (!allowed(originHost)) {
+      return error(403, `Origin '${origin.slice(0, 200)}' is not this server`);
+    }
   }
   return undefined;
 }

@@ -112,10 +112,11 @@ export class SandboxStore {
 
   /** A tenant's sandboxes (or every one), oldest first. */
   list(tenant?: string): SandboxRecord[] {
-    const rows = (tenant === undefined
-      ? statement(this.#db, "SELECT * FROM sandboxes ORDER BY started_at, id").all()
-      : statement(this.#db, "SELECT * FROM sandboxes WHERE tenant = ? ORDER BY started_at, id")
-        .all(tenant)) as unknown as Row[];
+    const rows =
+      (tenant === undefined
+        ? statement(this.#db, "SELECT * FROM sandboxes ORDER BY started_at, id").all()
+        : statement(this.#db, "SELECT * FROM sandboxes WHERE tenant = ? ORDER BY started_at, id")
+          .all(tenant)) as unknown as Row[];
     return rows.map(fromRow);
   }
 
