@@ -550,7 +550,11 @@ Deno.test("loadWaffleConfig() names the file, key and value of every bad egress 
       "egress.proxy",
       /is not a known key \(expected one of: max_connections, bytes_per_second, extra_ca, hosts\)/,
     ],
-    [`[egres]\n`, "egres", /is not a known key \(expected one of: .*users, secrets, egress\)/],
+    [
+      `[egres]\n`,
+      "egres",
+      /is not a known key \(expected one of: .*users, secrets, egress, serve, templates\)/,
+    ],
   ];
   for (const [toml, key, detail] of cases) {
     const home = await Deno.makeTempDir({ prefix: "waffle-egress-" });

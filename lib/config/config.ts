@@ -39,6 +39,14 @@ import type { EgressEntry, EgressSettings } from "./egress_types.ts";
 import { type ConfigProblem, issueProblem, parseToml } from "./toml.ts";
 import { exists } from "../fs.ts";
 import { absolutePathSchema as absolutePath } from "./absolute_path.ts";
+import { imageRefSchema } from "./image_ref.ts";
+import {
+  serveNameProblem,
+  type ServeSettings,
+  serveSettings,
+  serveShape,
+  serveTableKeys,
+} from "./serve_schema.ts";
 
 /** Settings that shape the sandbox container. */
 export interface SandboxConfig {
@@ -114,6 +122,8 @@ export interface WaffleConfig {
   policy: McpPolicy;
   /** The `[egress]` table, defaults filled in. */
   egress: EgressSettings;
+  /** `waffle serve`'s `[serve]` and `[templates.*]` tables, defaults filled in. */
+  serve: ServeSettings;
 }
 
 /** Options of {@linkcode loadWaffleConfig}. */
@@ -129,7 +139,7 @@ export interface LoadOptions {
 
 const field = {
   mode: z.enum(["docker", "host"]),
-  image: z.string().check(z.minLength(1), z.maxLength(256)),
+  image: imageRefSchema,
   idleSeconds: z.number().check(z.minimum(0), z.maximum(7 * 24 * 3600)),
   // The runner itself uses up to ~25 tasks (threads count against pids.max).
   pidsLimit: z.int().check(z.minimum(32), z.maximum(65536)),
@@ -226,10 +236,11 @@ const fileSchema = z.strictObject({
   sandbox: z.optional(sandboxTableSchema),
   ...policyShape,
   ...egressShape,
+  ...serveShape,
 });
 
 const KNOWN_KEYS: Record<string, readonly string[]> = {
-  "": ["sandbox", "mcp", "groups", "cron", "users", "secrets", "egress"],
+  "": ["sandbox", "mcp", "groups", "cron", "users", "secrets", "egress", "serve", "templates"],
   sandbox: [...Object.keys(SANDBOX_KEYS), "home"],
   ...POLICY_TABLE_KEYS,
   ...EGRESS_TABLE_KEYS,
@@ -238,6 +249,8 @@ const KNOWN_KEYS: Record<string, readonly string[]> = {
 function knownKeys(path: readonly PropertyKey[]): string[] {
   // `mcp.<name>.env.<VAR>` is `{ host = "NAME" }`.
   if (path[0] === "mcp" && path[2] === "env" && path.length === 4) return ["host"];
+  const serve = serveTableKeys(path);
+  if (serve !== undefined) return serve;
   return [...(KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [])];
 }
 
@@ -425,10 +438,11 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
   const fromFile: Settings = {};
   let policy = EMPTY_POLICY;
   let egress = egressSettings(undefined);
+  let serve = settingsOrThrow(serveSettings({}), undefined);
   let fileHome: string | undefined;
   if (found !== undefined) {
     const root = parseToml(found.text, found.path);
-    const badName = tableNameProblem(root) ?? egressNameProblem(root);
+    const badName = tableNameProblem(root) ?? egressNameProblem(root) ?? serveNameProblem(root);
     if (badName !== undefined) {
       throw new UsageError(`Config file '${found.path}': '${badName.key}' ${badName.detail}`);
     }
@@ -446,6 +460,7 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     }
     policy = built.policy;
     egress = egressSettings(parsed.data.egress);
+    serve = settingsOrThrow(serveSettings(parsed.data), found.path);
     const { home: homeKey, ...table } = parsed.data.sandbox ?? {};
     fileHome = homeKey;
     for (const [key, value] of Object.entries(table)) {
@@ -486,13 +501,25 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
   refuseOverlap(sandbox.mcpCache, home);
   refuseProblem(egressConfigProblem({ sandbox, policy }), found?.path);
   const searched = found === undefined ? candidates : candidates.slice(0, found.index + 1);
-  return { path: found?.path, searched, sandbox, policy, egress };
+  return { path: found?.path, searched, sandbox, policy, egress, serve };
+}
+
+// Settings resolved from the file's tables, or the error of their problem.
+function settingsOrThrow<T>(
+  built: { settings: T } | { problem: ConfigProblem },
+  file: string | undefined,
+): T {
+  if ("settings" in built) return built.settings;
+  throw problemError(built.problem, file);
 }
 
 // A problem found once every layer is applied: the file's when there is one.
 function refuseProblem(problem: ConfigProblem | undefined, file: string | undefined): void {
-  if (problem === undefined) return;
-  throw new UsageError(
+  if (problem !== undefined) throw problemError(problem, file);
+}
+
+function problemError(problem: ConfigProblem, file: string | undefined): UsageError {
+  return new UsageError(
     file === undefined
       ? `Invalid setting '${problem.key}': ${problem.detail}`
       : `Config file '${file}': '${problem.key}' ${problem.detail}`,

@@ -1,10 +1,11 @@
 /**
  * waffle's configuration: the whole of `waffle.toml` (`[sandbox]`,
  * `[egress]`, `[mcp.*]`, `[groups.*]`, `[cron.*]`, `[users.*]`,
- * `[secrets.*]`), its schemas, cross-key checks and one-line errors, layered
- * under `WAFFLE_*` variables and CLI flags, and where the file is looked
- * for; the egress policy each identity is composed to, and the names and
- * paths a sandbox's spec is made of.
+ * `[secrets.*]`, `[serve]`, `[templates.*]`), its schemas, cross-key checks
+ * and one-line errors, layered under `WAFFLE_*` variables and CLI flags,
+ * and where the file is looked for; the egress policy each identity is
+ * composed to, the names and paths a sandbox's spec is made of, and the
+ * settings `waffle serve` runs with.
  *
  * @module
  */
@@ -37,3 +38,4 @@ export * from "./package_pin.ts";
 export * from "./resolve.ts";
 export * from "./sandbox_key.ts";
 export * from "./subject.ts";
+export * from "./serve_schema.ts";

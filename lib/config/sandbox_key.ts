@@ -26,6 +26,47 @@ export interface SandboxKey {
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
 
+/** The id rule as a message gives it. */
+export const ID_RULE = "use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit";
+
+/**
+ * Whether a value is a valid id (see {@linkcode checkId}).
+ *
+ * @example
+ * ```ts
+ * import { isId } from "./sandbox_key.ts";
+ * isId("alice@example.com"); // true
+ * isId("../x"); // false
+ * ```
+ *
+ * @param value The id.
+ * @returns True when it keeps the rule.
+ */
+export function isId(value: string): boolean {
+  return ID.test(value);
+}
+
+/**
+ * Checks an id by the rule of tenant and user ids (`--tenant`, `--user`):
+ * 1-128 of `A-Z a-z 0-9 . _ @ + -`, starting with a letter or digit. Other
+ * names that stand beside them (a `waffle serve` key's name) use it too.
+ *
+ * @example
+ * ```ts
+ * import { checkId } from "./sandbox_key.ts";
+ * checkId("tenant id", "acme"); // "acme"
+ * ```
+ *
+ * @param what What the id is, for the message: `tenant id`, `user id`, `key name`.
+ * @param value The id.
+ * @returns The id.
+ * @throws {UsageError} When it breaks the rule: one line quoting it.
+ */
+export function checkId(what: string, value: string): string {
+  if (ID.test(value)) return value;
+  throw new UsageError(`Invalid ${what} '${value.slice(0, 140)}': ${ID_RULE}`);
+}
+
 /**
  * Validates a tenant and user id and derives the sandbox key. Ids are
  * length-prefixed before hashing, so ("ab","c") and ("a","bc") never collide.
@@ -37,15 +78,8 @@ const ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
  * @throws {UsageError} When an id has characters outside `A-Z a-z 0-9 . _ @ + -` or is longer than 128.
  */
 export function sandboxKey(tenant: string, user: string, options: { home: string }): SandboxKey {
-  for (const [what, value] of [["tenant", tenant], ["user", user]] as const) {
-    if (!ID.test(value)) {
-      throw new UsageError(
-        `Invalid ${what} id '${
-          value.slice(0, 140)
-        }': use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit`,
-      );
-    }
-  }
+  checkId("tenant id", tenant);
+  checkId("user id", user);
   const hash = sha256Hex(`${tenant.length}:${tenant}|${user.length}:${user}`);
   const home = sha256Hex(options.home).slice(0, 8);
   return { tenant, user, hash, containerName: `waffle-${home}-${hash.slice(0, 24)}` };

@@ -43,6 +43,12 @@ export interface OpenOptions {
   busyTimeoutMs?: number;
   /** DDL that brings a file of an older schema version (the key) to this one; owner only. */
   upgrades?: Readonly<Record<number, string>>;
+  /**
+   * The schema version the file must have, stored in `user_version`. Default
+   * the queue's {@linkcode SCHEMA_VERSION}; another host-only file (`waffle
+   * serve`'s state) passes its own.
+   */
+  version?: number;
 }
 
 /**
@@ -77,11 +83,12 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
       throw new QueueError(`Queue file '${path}' refused busy_timeout: got '${busy}'`);
     }
     const version = userVersion(db);
+    const wanted = options.version ?? SCHEMA_VERSION;
     const upgrade = readOnly ? undefined : options.upgrades?.[version];
     if ((version === 0 && options.schema !== undefined) || upgrade !== undefined) {
-      migrate(db, version, version === 0 ? options.schema! : upgrade!);
+      migrate(db, { from: version, to: wanted }, version === 0 ? options.schema! : upgrade!);
     }
-    const problem = schemaVersionProblem(db, path);
+    const problem = schemaVersionProblem(db, path, wanted);
     if (problem !== undefined) throw new QueueError(problem);
     return db;
   } catch (cause) {
@@ -94,12 +101,12 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
 // Runs the DDL that creates (from version 0) or upgrades the file, once:
 // the version is read again under the write lock, as the other side may
 // have just done it.
-function migrate(db: DatabaseSync, version: number, ddl: string): void {
+function migrate(db: DatabaseSync, version: { from: number; to: number }, ddl: string): void {
   db.exec("BEGIN IMMEDIATE");
   try {
-    if (userVersion(db) === version) {
+    if (userVersion(db) === version.from) {
       db.exec(ddl);
-      db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
+      db.exec(`PRAGMA user_version = ${version.to}`);
     }
     db.exec("COMMIT");
   } catch (cause) {
@@ -110,16 +117,22 @@ function migrate(db: DatabaseSync, version: number, ddl: string): void {
 
 /**
  * The schema-version check every queue file passes, however it is opened:
- * its `user_version` must be this waffle's {@linkcode SCHEMA_VERSION}.
+ * its `user_version` must be this waffle's {@linkcode SCHEMA_VERSION} (or
+ * the version another file of {@linkcode openDatabase}'s is opened at).
  *
  * @param db A connection to the file, or the host's copy of it.
  * @param path The file, for the message.
+ * @param wanted The version it must have; default {@linkcode SCHEMA_VERSION}.
  * @returns Undefined when the versions match, else a one-line reason naming the file.
  */
-export function schemaVersionProblem(db: DatabaseSync, path: string): string | undefined {
+export function schemaVersionProblem(
+  db: DatabaseSync,
+  path: string,
+  wanted: number = SCHEMA_VERSION,
+): string | undefined {
   const version = userVersion(db);
-  if (version === SCHEMA_VERSION) return undefined;
-  return `Queue file '${path}' has schema version ${version}, this waffle speaks ${SCHEMA_VERSION}`;
+  if (version === wanted) return undefined;
+  return `Queue file '${path}' has schema version ${version}, this waffle speaks ${wanted}`;
 }
 
 /**

@@ -1,0 +1,282 @@
+/**
+ * The `[serve]`, `[serve.tenants.<tenant>]` and `[templates.<name>]` tables
+ * of `waffle.toml` (`waffle serve`, E2B's API on waffle): their schema, the
+ * check of their names, and the {@linkcode ServeSettings} they resolve to,
+ * once, at load.
+ *
+ * @module
+ */
+import * as z from "../schema.ts";
+import { checkEntry } from "./egress_entries.ts";
+import { imageRefSchema } from "./image_ref.ts";
+import { NAME_PATTERN } from "./mcp_types.ts";
+import { ID_RULE, isId } from "./sandbox_key.ts";
+import type { ConfigProblem } from "./toml.ts";
+
+/** Where `waffle serve` listens: a host name or address and a port. */
+export interface ListenAddress {
+  /** A name or an address, as `Deno.serve` takes it (an IPv6 address without brackets). */
+  hostname: string;
+  /** The TCP port; 0 asks for any free one. */
+  port: number;
+}
+
+/** What one tenant may have of `waffle serve`. */
+export interface TenantLimitSettings {
+  /** Sandboxes it may have at once. */
+  maxSandboxes: number;
+  /** Sandboxes it may create in any minute. */
+  createsPerMinute: number;
+}
+
+/** `waffle serve`'s settings, defaults filled in. */
+export interface ServeSettings {
+  /** `[serve] listen`: default 127.0.0.1:3000. */
+  listen: ListenAddress;
+  /**
+   * `[serve] domain`: when set, a sandbox's envd is also routed by the host
+   * name `49983-<id>.<domain>` (lower case, no trailing dot).
+   */
+  domain: string | undefined;
+  /** `[serve] default_timeout`: a sandbox's lifetime when a create names none, in seconds. */
+  defaultTimeoutSeconds: number;
+  /** `[serve] max_timeout`: the longest lifetime a create or `setTimeout` may ask, in seconds. */
+  maxTimeoutSeconds: number;
+  /** `[serve] max_body_bytes`: the largest request body. */
+  maxBodyBytes: number;
+  /** `[serve] max_streams_per_key`: streams (commands, watches) one key may hold open at once. */
+  maxStreamsPerKey: number;
+  /** `[serve.tenants.<tenant>]` by tenant; a tenant not listed has {@linkcode DEFAULT_TENANT_LIMITS}. */
+  tenants: ReadonlyMap<string, TenantLimitSettings>;
+  /** `[templates.<name>] image` by template name; `base` is always there. */
+  templates: ReadonlyMap<string, string>;
+}
+
+/** The limits of a tenant `[serve.tenants]` does not list, and of what a listed one leaves out. */
+export const DEFAULT_TENANT_LIMITS: Readonly<TenantLimitSettings> = Object.freeze({
+  maxSandboxes: 20,
+  createsPerMinute: 60,
+});
+
+/** The image of template `base` unless `[templates.base]` names another. */
+export const BASE_TEMPLATE_IMAGE = "waffle-base:bookworm";
+
+/** The longest sandbox lifetime any setting may allow: 30 days, in seconds. */
+const MAX_LIFETIME_SECONDS = 30 * 24 * 3600;
+
+const LISTEN_RULE =
+  'must be "host:port" (an address or a name, "[v6]:port" for IPv6, port 0-65535)';
+
+/**
+ * Parses a listen address, `host:port` or `[v6]:port` (the `[serve] listen`
+ * key and `waffle serve --listen`). The host is an IP address or a DNS name
+ * (no wildcard); port 0 asks for any free port.
+ *
+ * @example
+ * ```ts
+ * import { parseListen } from "./serve_schema.ts";
+ * parseListen("[::1]:3000"); // { address: { hostname: "::1", port: 3000 } }
+ * ```
+ *
+ * @param text The address.
+ * @returns The address, or what is wrong with it (a phrase, the value not quoted).
+ */
+export function parseListen(text: string): { address: ListenAddress } | { problem: string } {
+  const colon = text.lastIndexOf(":");
+  const host = text.slice(0, Math.max(colon, 0));
+  const port = text.slice(colon + 1);
+  if (colon < 0 || !/^(0|[1-9][0-9]{0,4})$/.test(port) || Number(port) > 65535) {
+    return { problem: LISTEN_RULE };
+  }
+  // A bare IPv6 address ("::1:3000") is ambiguous: it needs its brackets.
+  if (host.includes(":") && !host.startsWith("[")) return { problem: LISTEN_RULE };
+  const checked = checkEntry(host);
+  if ("problem" in checked) return { problem: `${LISTEN_RULE}: ${checked.problem}` };
+  if (checked.entry.kind === "suffix") return { problem: `${LISTEN_RULE}: not a wildcard` };
+  return { address: { hostname: checked.entry.host, port: Number(port) } };
+}
+
+// The domain is the tail of a host name: a DNS name, as egress judges one.
+function domainProblem(text: string): string | undefined {
+  const checked = checkEntry(text);
+  if ("problem" in checked) return `must be a DNS name (${checked.problem})`;
+  if (checked.entry.kind !== "name" || text.includes(":")) {
+    return "must be a DNS name (no wildcard, IP address or port)";
+  }
+  return undefined;
+}
+
+const seconds = z.int().check(z.minimum(1), z.maximum(MAX_LIFETIME_SECONDS));
+const count = z.int().check(z.minimum(1), z.maximum(1_000_000));
+
+const tenantSchema = z.strictObject({
+  max_sandboxes: z.optional(count),
+  creates_per_minute: z.optional(count),
+});
+
+const serveSchema = z.strictObject({
+  listen: z.optional(
+    z.string().check(
+      z.refine((v) => !("problem" in parseListen(v)), { error: LISTEN_RULE }),
+    ),
+  ),
+  domain: z.optional(
+    z.string().check(
+      z.refine((v) => domainProblem(v) === undefined, {
+        error: "must be a DNS name (no wildcard, IP address or port)",
+      }),
+    ),
+  ),
+  default_timeout: z.optional(seconds),
+  max_timeout: z.optional(seconds),
+  max_body_bytes: z.optional(z.int().check(z.minimum(1024), z.maximum(2 ** 40))),
+  max_streams_per_key: z.optional(z.int().check(z.minimum(1), z.maximum(65536))),
+  tenants: z.optional(z.record(z.string(), tenantSchema)),
+});
+
+const templateSchema = z.strictObject({ image: imageRefSchema });
+
+/** The `[serve]` and `[templates.*]` tables of `waffle.toml`, as zod shapes. */
+export const serveShape = {
+  serve: z.optional(serveSchema),
+  templates: z.optional(z.record(z.string(), templateSchema)),
+};
+
+/** The parsed `[serve]` and `[templates.*]` tables. */
+export type ServeTables = {
+  serve?: z.infer<typeof serveSchema> | undefined;
+  templates?: Record<string, z.infer<typeof templateSchema>> | undefined;
+};
+
+/**
+ * The keys a table of `waffle serve`'s may have, by its path (for the
+ * unknown-key message), or undefined when the path is none of them.
+ *
+ * @param path The table's key path (`["serve"]`, `["serve", "tenants", "acme"]`, `["templates", "x"]`).
+ * @returns Its keys.
+ */
+export function serveTableKeys(path: readonly PropertyKey[]): string[] | undefined {
+  if (path[0] === "serve" && path.length === 1) return Object.keys(serveSchema.shape);
+  if (path[0] === "serve" && path[1] === "tenants" && path.length === 3) {
+    return Object.keys(tenantSchema.shape);
+  }
+  if (path[0] === "templates" && path.length === 2) return Object.keys(templateSchema.shape);
+  return undefined;
+}
+
+/**
+ * Checks the names of the `[serve.tenants.<tenant>]` tables (tenant ids,
+ * the rule of `--tenant`) and of the `[templates.<name>]` tables. Run it on
+ * the parsed document before the schema, so that no name reaches an object
+ * as a key unchecked.
+ *
+ * @example
+ * ```ts ignore
+ * serveNameProblem({ templates: { "a b": {} } }); // { key: "templates.a b", ... }
+ * ```
+ *
+ * @param root The parsed document.
+ * @returns The first bad name as a problem, or undefined.
+ */
+export function serveNameProblem(root: Record<string, unknown>): ConfigProblem | undefined {
+  for (const name of Object.keys(tableAt(tableAt(root, "serve"), "tenants"))) {
+    if (!isId(name)) {
+      return {
+        key: `serve.tenants.${name}`,
+        detail: `name is not a tenant id (${ID_RULE}), found ${JSON.stringify(name)}`,
+      };
+    }
+  }
+  for (const name of Object.keys(tableAt(root, "templates"))) {
+    if (!NAME_PATTERN.test(name)) {
+      return {
+        key: `templates.${name}`,
+        detail:
+          `name must be 1-64 letters, digits, '_' or '-', starting with a letter or digit, found ${
+            JSON.stringify(name)
+          }`,
+      };
+    }
+  }
+  return undefined;
+}
+
+function tableAt(root: Record<string, unknown>, key: string): Record<string, unknown> {
+  const table = Object.hasOwn(root, key) ? root[key] : undefined;
+  if (table === null || typeof table !== "object" || Array.isArray(table)) return {};
+  return table as Record<string, unknown>;
+}
+
+/**
+ * Resolves the `[serve]` and `[templates.*]` tables (schema-valid, names
+ * checked) to the settings `waffle serve` runs with, defaults filled in.
+ *
+ * @example
+ * ```ts ignore
+ * serveSettings({}).listen; // { hostname: "127.0.0.1", port: 3000 }
+ * ```
+ *
+ * @param tables The parsed tables.
+ * @returns The settings, or the problem of a value that contradicts another.
+ */
+export function serveSettings(tables: ServeTables): { settings: ServeSettings } | {
+  problem: ConfigProblem;
+} {
+  const serve = tables.serve ?? {};
+  const maxTimeoutSeconds = serve.max_timeout ?? 86400;
+  const defaultTimeoutSeconds = serve.default_timeout ?? Math.min(300, maxTimeoutSeconds);
+  if (defaultTimeoutSeconds > maxTimeoutSeconds) {
+    return {
+      problem: {
+        key: "serve.default_timeout",
+        detail:
+          `must be <= serve.max_timeout (${maxTimeoutSeconds}), found ${defaultTimeoutSeconds}`,
+      },
+    };
+  }
+  const listen = serve.listen === undefined ? undefined : parseListen(serve.listen);
+  const tenants = new Map<string, TenantLimitSettings>();
+  for (const [tenant, limits] of Object.entries(serve.tenants ?? {})) {
+    tenants.set(tenant, {
+      maxSandboxes: limits.max_sandboxes ?? DEFAULT_TENANT_LIMITS.maxSandboxes,
+      createsPerMinute: limits.creates_per_minute ?? DEFAULT_TENANT_LIMITS.createsPerMinute,
+    });
+  }
+  const templates = new Map<string, string>([["base", BASE_TEMPLATE_IMAGE]]);
+  for (const [name, template] of Object.entries(tables.templates ?? {})) {
+    templates.set(name, template.image);
+  }
+  const domain = serve.domain === undefined ? undefined : checkEntry(serve.domain);
+  return {
+    settings: {
+      // The schema has refused a listen that does not parse.
+      listen: listen !== undefined && "address" in listen
+        ? listen.address
+        : { hostname: "127.0.0.1", port: 3000 },
+      domain: domain !== undefined && "entry" in domain ? domain.entry.host : undefined,
+      defaultTimeoutSeconds,
+      maxTimeoutSeconds,
+      maxBodyBytes: serve.max_body_bytes ?? 64 * 1024 * 1024,
+      maxStreamsPerKey: serve.max_streams_per_key ?? 64,
+      tenants,
+      templates,
+    },
+  };
+}
+
+/**
+ * The limits of one tenant: its `[serve.tenants.<tenant>]` table, else
+ * {@linkcode DEFAULT_TENANT_LIMITS}.
+ *
+ * @example
+ * ```ts ignore
+ * tenantLimitsOf(config.serve, "acme"); // { maxSandboxes: 20, createsPerMinute: 60 }
+ * ```
+ *
+ * @param settings `waffle serve`'s settings.
+ * @param tenant The tenant id.
+ * @returns Its limits.
+ */
+export function tenantLimitsOf(settings: ServeSettings, tenant: string): TenantLimitSettings {
+  return settings.tenants.get(tenant) ?? { ...DEFAULT_TENANT_LIMITS };
+}

@@ -1,0 +1,250 @@
+/**
+ * The API keys of `waffle serve`: each belongs to one tenant, and a request
+ * that carries it acts as that tenant. A key is `e2b_` and 40 lowercase hex
+ * digits (160 random bits; E2B's Python SDK refuses a key not of the form
+ * `^e2b_[0-9a-f]+$`). Only its SHA-256 is stored, so the database (or a copy
+ * of it) never gives a key away; a key is shown once, when it is made.
+ *
+ * @module
+ */
+import type { DatabaseSync } from "node:sqlite";
+import { sha256Hex } from "../digest.ts";
+import { UsageError } from "../errors.ts";
+import { checkId } from "../config/sandbox_key.ts";
+import { isBusyError, statement, transaction } from "../queue/connection.ts";
+
+/** A key as listed: never the key nor its hash. */
+export interface KeyInfo {
+  /** The key's id, `k_` and 16 hex digits. */
+  id: string;
+  /** Its name, unique within its tenant. */
+  name: string;
+  /** The tenant it acts as. */
+  tenant: string;
+  /** When it was made, in milliseconds since the epoch. */
+  createdAt: number;
+  /** When a request last carried it (to the minute), or null when none has. */
+  lastUsedAt: number | null;
+}
+
+/** A key just made: the only time the key itself is known. */
+export interface CreatedKey {
+  /** The key's id. */
+  id: string;
+  /** Its name. */
+  name: string;
+  /** Its tenant. */
+  tenant: string;
+  /** The key: `e2b_` and 40 lowercase hex digits. */
+  key: string;
+}
+
+/** Whose a verified key is. */
+export interface KeyOwner {
+  /** The key's id. */
+  id: string;
+  /** Its name. */
+  name: string;
+  /** The tenant the request acts as. */
+  tenant: string;
+}
+
+/** Options of {@linkcode KeyStore}. */
+export interface KeyStoreOptions {
+  /** The wall clock, in milliseconds since the epoch (tests); default `Date.now`. */
+  now?: () => number;
+}
+
+/** The form of every key: checked before anything is hashed or looked up. */
+export const KEY_PATTERN: RegExp = /^e2b_[0-9a-f]{40}$/;
+
+const KEY_BYTES = 20;
+const ID_PATTERN = /^k_[0-9a-f]{16}$/;
+/** `last_used_at` is written at most this often per key: no write per request. */
+const LAST_USED_GRAIN_MS = 60_000;
+
+interface KeyRow {
+  id: string;
+  name: string;
+  tenant: string;
+  hash: string;
+  created_at: number;
+  last_used_at: number | null;
+}
+
+/**
+ * The keys of one `waffle serve` database (see `openServeDb`). Several
+ * stores (a server, `waffle serve key` processes) may share one file.
+ *
+ * @example
+ * ```ts ignore
+ * const keys = new KeyStore(openServeDb(home));
+ * const { key } = keys.create({ tenant: "acme" });
+ * keys.verify(key); // { id: "k_…", name: "key-…", tenant: "acme" }
+ * ```
+ */
+export class KeyStore {
+  readonly #db: DatabaseSync;
+  readonly #now: () => number;
+
+  /**
+   * Uses the keys of an open database.
+   *
+   * @param db A connection from `openServeDb`; the caller closes it.
+   * @param options The clock.
+   */
+  constructor(db: DatabaseSync, options: KeyStoreOptions = {}) {
+    this.#db = db;
+    this.#now = options.now ?? Date.now;
+  }
+
+  /**
+   * Makes a key for a tenant. Its name defaults to `key-` and 8 hex digits.
+   *
+   * @param request The tenant (a `--tenant` id) and, optionally, the name (the same rule).
+   * @returns The key, shown this once, with its id, name and tenant.
+   * @throws {UsageError} On a bad tenant or name, a name shaped like a key id, or a name the
+   *   tenant already has.
+   */
+  create(request: { tenant: string; name?: string | undefined }): CreatedKey {
+    const tenant = checkId("tenant id", request.tenant);
+    const given = request.name === undefined ? undefined : checkId("key name", request.name);
+    if (given !== undefined && ID_PATTERN.test(given)) {
+      throw new UsageError(`Invalid key name '${given}': names of this form are key ids`);
+    }
+    const key = `e2b_${hex(KEY_BYTES)}`;
+    const hash = sha256Hex(key);
+    // A generated name that a tenant already has is drawn again; a given one is refused.
+    for (let attempt = 0; attempt < 8; attempt++) {
+      const id = `k_${hex(8)}`;
+      const name = given ?? `key-${hex(4)}`;
+      const made = transaction(this.#db, () => {
+        const taken = statement(this.#db, "SELECT 1 FROM keys WHERE tenant = ? AND name = ?")
+          .get(tenant, name);
+        if (taken !== undefined) return false;
+        statement(
+          this.#db,
+          "INSERT INTO keys (id, name, tenant, hash, created_at) VALUES (?, ?, ?, ?, ?)",
+        ).run(id, name, tenant, hash, this.#now());
+        return true;
+      });
+      if (made) return { id, name, tenant, key };
+      if (given !== undefined) {
+        throw new UsageError(`Tenant '${tenant}' already has a key named '${given}'`);
+      }
+    }
+    throw new UsageError(`Cannot find a free key name for tenant '${tenant}': give --name N`);
+  }
+
+  /**
+   * Lists the keys, by tenant then age.
+   *
+   * @param filter Only one tenant's keys.
+   * @returns Each key's id, name, tenant and times; never a key or its hash.
+   */
+  list(filter: { tenant?: string | undefined } = {}): KeyInfo[] {
+    const rows =
+      (filter.tenant === undefined
+        ? statement(this.#db, "SELECT * FROM keys ORDER BY tenant, created_at, id").all()
+        : statement(this.#db, "SELECT * FROM keys WHERE tenant = ? ORDER BY created_at, id")
+          .all(filter.tenant)) as unknown as KeyRow[];
+    return rows.map(infoOf);
+  }
+
+  /**
+   * Removes a key, named by its id or by its name. A name several tenants
+   * have needs the tenant.
+   *
+   * @param idOrName The key's id (`k_…`) or name.
+   * @param options Only a key of this tenant.
+   * @returns True when a key was removed, false when none matched.
+   * @throws {UsageError} When a name without a tenant matches keys of several tenants.
+   */
+  remove(idOrName: string, options: { tenant?: string | undefined } = {}): boolean {
+    return transaction(this.#db, () => {
+      const rows = (statement(
+        this.#db,
+        "SELECT * FROM keys WHERE id = ?1 OR name = ?1 ORDER BY tenant",
+      ).all(idOrName) as unknown as KeyRow[])
+        .filter((row) => options.tenant === undefined || row.tenant === options.tenant);
+      // An id is unique, and no name has an id's form.
+      const byId = rows.filter((row) => row.id === idOrName);
+      const matches = byId.length > 0 ? byId : rows;
+      if (matches.length === 0) return false;
+      if (matches.length > 1) {
+        const tenants = matches.map((row) => `'${row.tenant}'`).join(", ");
+        throw new UsageError(
+          `Key name '${idOrName}' is in several tenants (${tenants}): give --tenant T or the key's id`,
+        );
+      }
+      statement(this.#db, "DELETE FROM keys WHERE id = ?").run(matches[0]!.id);
+      return true;
+    });
+  }
+
+  /**
+   * Finds whose a key is. Anything not of the key's form is refused before
+   * it is hashed; the stored hash is compared in time that does not depend
+   * on where it differs. Marks the key used (at most once a minute).
+   *
+   * @param key What a request carried (`X-API-KEY`).
+   * @returns The key's id, name and tenant, or undefined when it is no key of this store.
+   */
+  verify(key: string): KeyOwner | undefined {
+    if (!KEY_PATTERN.test(key)) return undefined;
+    const hash = sha256Hex(key);
+    const row = statement(this.#db, "SELECT * FROM keys WHERE hash = ?").get(hash) as
+      | KeyRow
+      | undefined;
+    if (row === undefined || !timingSafeEqual(encode(row.hash), encode(hash))) return undefined;
+    const now = this.#now();
+    if (row.last_used_at === null || now - row.last_used_at >= LAST_USED_GRAIN_MS) {
+      try {
+        statement(this.#db, "UPDATE keys SET last_used_at = ? WHERE id = ?").run(now, row.id);
+      } catch (error) {
+        // Only a note: a file locked past the busy timeout must not fail the request.
+        if (!isBusyError(error)) throw error;
+      }
+    }
+    return { id: row.id, name: row.name, tenant: row.tenant };
+  }
+}
+
+function infoOf(row: KeyRow): KeyInfo {
+  return {
+    id: row.id,
+    name: row.name,
+    tenant: row.tenant,
+    createdAt: row.created_at,
+    lastUsedAt: row.last_used_at,
+  };
+}
+
+function hex(bytes: number): string {
+  const random = crypto.getRandomValues(new Uint8Array(bytes));
+  return Array.from(random, (byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+function encode(text: string): Uint8Array {
+  return new TextEncoder().encode(text);
+}
+
+/**
+ * Whether two byte strings are equal, in time that depends on their
+ * lengths only, never on where they differ.
+ *
+ * @example
+ * ```ts
+ * import { timingSafeEqual } from "./keys.ts";
+ * timingSafeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 2])); // true
+ * ```
+ *
+ * @param a One.
+ * @param b The other.
+ * @returns True when they are equal.
+ */
+export function timingSafeEqual(a: Uint8Array, b: Uint8Array): boolean {
+  let difference = a.length ^ b.length;
+  for (let i = 0; i < a.length; i++) difference |= a[i]! ^ (b[i] ?? 0);
+  return difference === 0;
+}

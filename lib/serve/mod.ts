@@ -1,0 +1,18 @@
+/**
+ * `waffle serve`: E2B's API on waffle's sandboxes. Its state (the API keys,
+ * and what the server keeps of each sandbox) is one SQLite file of the
+ * home; its tenants' limits come from `[serve.tenants.*]`.
+ *
+ * @module
+ */
+export { openServeDb, SERVE_MIGRATIONS, type ServeDbOptions, serveDbPath } from "./db.ts";
+export {
+  type CreatedKey,
+  KEY_PATTERN,
+  type KeyInfo,
+  type KeyOwner,
+  KeyStore,
+  type KeyStoreOptions,
+  timingSafeEqual,
+} from "./keys.ts";
+export { type Admission, TenantLimits, type TenantLimitsOptions } from "./limits.ts";

@@ -1,0 +1,196 @@
+/**
+ * `waffle.toml`'s `[serve]`, `[serve.tenants.*]` and `[templates.*]`: the
+ * defaults, overrides, and a one-line error naming the key and the value
+ * for each bad one. Deterministic: nothing is started.
+ */
+import assert from "node:assert/strict";
+import { join } from "../lib/path.ts";
+import { loadWaffleConfig, type WaffleConfig } from "../lib/config/config.ts";
+import {
+  BASE_TEMPLATE_IMAGE,
+  DEFAULT_TENANT_LIMITS,
+  parseListen,
+  tenantLimitsOf,
+} from "../lib/config/serve_schema.ts";
+import { UsageError } from "../lib/errors.ts";
+
+async function withConfig<T>(
+  toml: string,
+  fn: (config: WaffleConfig, file: string) => T | Promise<T>,
+): Promise<T> {
+  const home = await Deno.makeTempDir({ prefix: "waffle-serve-config-" });
+  try {
+    const file = join(home, "waffle.toml");
+    await Deno.writeTextFile(file, toml);
+    return await fn(loadWaffleConfig({ configPath: file, overrides: { home } }), file);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+}
+
+async function refusal(toml: string): Promise<string> {
+  const home = await Deno.makeTempDir({ prefix: "waffle-serve-config-" });
+  try {
+    const file = join(home, "waffle.toml");
+    await Deno.writeTextFile(file, toml);
+    try {
+      loadWaffleConfig({ configPath: file, overrides: { home } });
+    } catch (error) {
+      assert.ok(error instanceof UsageError, String(error));
+      assert.ok(!error.message.includes("\n"), error.message);
+      return error.message.replace(`Config file '${file}': `, "");
+    }
+    throw new Error(`accepted: ${toml}`);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+}
+
+Deno.test("[serve] defaults: loopback port 3000, 300 s of 86400, 64 MiB, 64 streams, base template", async () => {
+  await withConfig("", (config) => {
+    const serve = config.serve;
+    assert.deepEqual(serve.listen, { hostname: "127.0.0.1", port: 3000 });
+    assert.equal(serve.domain, undefined);
+    assert.equal(serve.defaultTimeoutSeconds, 300);
+    assert.equal(serve.maxTimeoutSeconds, 86400);
+    assert.equal(serve.maxBodyBytes, 64 * 1024 * 1024);
+    assert.equal(serve.maxStreamsPerKey, 64);
+    assert.deepEqual([...serve.templates], [["base", BASE_TEMPLATE_IMAGE]]);
+    assert.equal(BASE_TEMPLATE_IMAGE, "waffle-base:bookworm");
+    assert.deepEqual(tenantLimitsOf(serve, "anyone"), { maxSandboxes: 20, createsPerMinute: 60 });
+  });
+});
+
+Deno.test("[serve] with no config file at all has the same defaults", async () => {
+  const home = await Deno.makeTempDir({ prefix: "waffle-serve-config-" });
+  try {
+    const config = loadWaffleConfig({ overrides: { home } });
+    assert.deepEqual(config.serve.listen, { hostname: "127.0.0.1", port: 3000 });
+    assert.equal(config.serve.templates.get("base"), BASE_TEMPLATE_IMAGE);
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});
+
+Deno.test("[serve], [serve.tenants.*] and [templates.*] override the defaults", async () => {
+  const toml = `
+[serve]
+listen = "[::1]:8443"
+domain = "Sandbox.Example.COM."
+default_timeout = 60
+max_timeout = 3600
+max_body_bytes = 1048576
+max_streams_per_key = 8
+
+[serve.tenants.acme]
+max_sandboxes = 2
+creates_per_minute = 5
+
+[serve.tenants."alice@example.com"]
+max_sandboxes = 1
+
+[templates.base]
+image = "my-base:1"
+
+[templates.python]
+image = "python:3.13-slim"
+`;
+  await withConfig(toml, (config) => {
+    const serve = config.serve;
+    assert.deepEqual(serve.listen, { hostname: "::1", port: 8443 });
+    assert.equal(serve.domain, "sandbox.example.com");
+    assert.equal(serve.defaultTimeoutSeconds, 60);
+    assert.equal(serve.maxTimeoutSeconds, 3600);
+    assert.equal(serve.maxBodyBytes, 1048576);
+    assert.equal(serve.maxStreamsPerKey, 8);
+    assert.deepEqual(tenantLimitsOf(serve, "acme"), { maxSandboxes: 2, createsPerMinute: 5 });
+    // A tenant table takes the default for what it leaves out; a tenant not listed, all of them.
+    assert.deepEqual(tenantLimitsOf(serve, "alice@example.com"), {
+      maxSandboxes: 1,
+      createsPerMinute: DEFAULT_TENANT_LIMITS.createsPerMinute,
+    });
+    assert.deepEqual(tenantLimitsOf(serve, "constructor"), { ...DEFAULT_TENANT_LIMITS });
+    assert.deepEqual(Object.fromEntries(serve.templates), {
+      base: "my-base:1",
+      python: "python:3.13-slim",
+    });
+  });
+});
+
+Deno.test("a max_timeout below 300 lowers the default timeout with it", async () => {
+  await withConfig("[serve]\nmax_timeout = 120\n", (config) => {
+    assert.equal(config.serve.defaultTimeoutSeconds, 120);
+  });
+});
+
+Deno.test("parseListen() takes addresses and names, and port 0 for any free port", () => {
+  assert.deepEqual(parseListen("0.0.0.0:0"), { address: { hostname: "0.0.0.0", port: 0 } });
+  assert.deepEqual(parseListen("localhost:3000"), {
+    address: { hostname: "localhost", port: 3000 },
+  });
+  for (const bad of ["3000", "127.0.0.1", ":3000", "::1:3000", "*.x.com:1", "a b:1", "h:65536"]) {
+    assert.ok("problem" in parseListen(bad), bad);
+  }
+});
+
+Deno.test("bad [serve] values are one-line errors naming the key and the value", async () => {
+  const cases: [string, string][] = [
+    [
+      '[serve]\nlisten = "127.0.0.1"',
+      `'serve.listen' must be "host:port" (an address or a name, "[v6]:port" for IPv6, port 0-65535), found "127.0.0.1"`,
+    ],
+    [
+      '[serve]\nlisten = "127.0.0.1:70000"',
+      `'serve.listen' must be "host:port" (an address or a name, "[v6]:port" for IPv6, port 0-65535), found "127.0.0.1:70000"`,
+    ],
+    [
+      '[serve]\ndomain = "*.example.com"',
+      `'serve.domain' must be a DNS name (no wildcard, IP address or port), found "*.example.com"`,
+    ],
+    [
+      '[serve]\ndomain = "10.0.0.1"',
+      `'serve.domain' must be a DNS name (no wildcard, IP address or port), found "10.0.0.1"`,
+    ],
+    ["[serve]\ndefault_timeout = 0", "'serve.default_timeout' must be >= 1, found 0"],
+    ["[serve]\ndefault_timeout = 1.5", "'serve.default_timeout' must be an integer, found 1.5"],
+    [
+      "[serve]\ndefault_timeout = 600\nmax_timeout = 300",
+      "'serve.default_timeout' must be <= serve.max_timeout (300), found 600",
+    ],
+    ["[serve]\nmax_timeout = 2592001", "'serve.max_timeout' must be <= 2592000, found 2592001"],
+    ["[serve]\nmax_body_bytes = 10", "'serve.max_body_bytes' must be >= 1024, found 10"],
+    [
+      '[serve]\nmax_streams_per_key = "64"',
+      `'serve.max_streams_per_key' must be a number, found "64"`,
+    ],
+    [
+      "[serve]\nmax_sandboxes = 3",
+      "'serve.max_sandboxes' is not a known key (expected one of: listen, domain, default_timeout, max_timeout, max_body_bytes, max_streams_per_key, tenants)",
+    ],
+    [
+      "[serve.tenants.acme]\nmax_sandboxes = 0",
+      "'serve.tenants.acme.max_sandboxes' must be >= 1, found 0",
+    ],
+    [
+      "[serve.tenants.acme]\nburst = 3",
+      "'serve.tenants.acme.burst' is not a known key (expected one of: max_sandboxes, creates_per_minute)",
+    ],
+    [
+      '[serve.tenants."a/b"]\nmax_sandboxes = 1',
+      `'serve.tenants.a/b' name is not a tenant id (use 1-128 of A-Z a-z 0-9 . _ @ + - starting with a letter or digit), found "a/b"`,
+    ],
+    [
+      '[templates."py 3"]\nimage = "python:3"',
+      `'templates.py 3' name must be 1-64 letters, digits, '_' or '-', starting with a letter or digit, found "py 3"`,
+    ],
+    ['[templates.py]\nimage = ""', `'templates.py.image' must not be empty, found ""`],
+    [
+      '[templates.py]\nimage = "python:3"\ntag = "x"',
+      "'templates.py.tag' is not a known key (expected one of: image)",
+    ],
+    ["[templates.py]", "'templates.py.image' must be a string, found nothing"],
+  ];
+  for (const [toml, expected] of cases) {
+    assert.equal(await refusal(toml), expected, toml);
+  }
+});
