@@ -33,3 +33,22 @@ export async function writeAll(
   let rest = data;
   while (rest.byteLength > 0) rest = rest.subarray(await writer.write(rest));
 }
+
+/**
+ * Whether two byte strings are equal, in time that depends on neither's
+ * contents (only on the expected one's length): for secrets.
+ *
+ * @example
+ * ```ts
+ * timingSafeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 2])); // true
+ * ```
+ *
+ * @param given What the caller sent.
+ * @param expected The secret.
+ * @returns True when they are equal.
+ */
+export function timingSafeEqual(given: Uint8Array, expected: Uint8Array): boolean {
+  let difference = given.length ^ expected.length;
+  for (let i = 0; i < expected.length; i++) difference |= expected[i]! ^ (given[i] ?? 0);
+  return difference === 0;
+}

@@ -98,6 +98,13 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.EGRESS_HELP, run: m.egressCommand, nested: true }),
     ),
   }],
+  ["serve", {
+    summary: "serve E2B's API on this home's sandboxes; 'serve key' manages API keys",
+    load: lazy(
+      () => import("./serve.ts"),
+      (m) => ({ help: m.SERVE_HELP, run: m.serveCommand, nested: true }),
+    ),
+  }],
   ["egress-proxy", {
     summary: "serve a home's egress proxy (runs in its own container)",
     load: lazy(

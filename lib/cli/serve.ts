@@ -9,13 +9,11 @@ import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
 import { openServeDb } from "../serve/db.ts";
 import { KeyStore } from "../serve/keys.ts";
-import { TenantLimits } from "../serve/limits.ts";
 import { startServer } from "../serve/server.ts";
-import { tenantLimitsOf } from "../config/serve_schema.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
 import type { CliIo } from "./io.ts";
 import { serveKeyCommand } from "./serve_key.ts";
-import { parseListen } from "../config/serve_schema.ts";
+import { parseListen, tenantLimitsOf } from "../config/serve_schema.ts";
 
 /** Help of `waffle serve`. */
 export const SERVE_HELP =
@@ -43,6 +41,11 @@ SIGTERM stops it.
  */
 export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   if (args[0] === "key") return await serveKeyCommand(args.slice(1), io);
+  // `serve` serves; only `serve key` has subcommands, which answer --help themselves.
+  if (args.includes("--help") || args.includes("-h")) {
+    await io.stdout(SERVE_HELP);
+    return 0;
+  }
   const parsed = parse(args, {
     listen: { type: "string" },
     config: { type: "string" },
@@ -58,7 +61,9 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   let listen = settings.listen;
   if (listenText !== undefined) {
     const read = parseListen(listenText);
-    if ("problem" in read) throw new UsageError(`Invalid --listen '${listenText}': ${read.problem}`);
+    if ("problem" in read) {
+      throw new UsageError(`Invalid --listen '${listenText}': ${read.problem}`);
+    }
     listen = read.address;
   }
   const tls = await readTls(stringFlag(parsed, "tls-cert"), stringFlag(parsed, "tls-key"));
@@ -85,8 +90,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
         ? undefined
         : { keyId: owner.id, keyName: owner.name, tenant: owner.tenant };
     },
-    limits: (count) =>
-      new TenantLimits({ limitsOf: (tenant) => tenantLimitsOf(settings, tenant), sandboxCount: count }),
+    limitsOf: (tenant) => tenantLimitsOf(settings, tenant),
     templateImage: (template) => settings.templates.get(template),
     timeouts: { defaultS: settings.defaultTimeoutSeconds, maxS: settings.maxTimeoutSeconds },
     resources: {

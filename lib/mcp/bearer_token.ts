@@ -7,6 +7,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
+import { timingSafeEqual } from "../bytes.ts";
 
 /** Random bytes in a fresh token. */
 export const TOKEN_BYTES = 32;
@@ -88,9 +89,5 @@ export async function readBearerToken(path: string): Promise<string> {
 export function bearerMatches(header: string | null, token: string): boolean {
   const match = header === null ? null : /^Bearer +(\S+) *$/i.exec(header);
   if (match === null) return false;
-  const given = new TextEncoder().encode(match[1]!);
-  const wanted = new TextEncoder().encode(token);
-  let difference = given.length ^ wanted.length;
-  for (let i = 0; i < wanted.length; i++) difference |= wanted[i]! ^ (given[i] ?? 0);
-  return difference === 0;
+  return timingSafeEqual(new TextEncoder().encode(match[1]!), new TextEncoder().encode(token));
 }

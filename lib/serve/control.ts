@@ -12,6 +12,7 @@ import type { Context } from "hono";
 import { z } from "zod";
 import type { SandboxRecord } from "./state.ts";
 import type { ServeSandboxes } from "./sandboxes.ts";
+import type { Admission } from "./limits.ts";
 
 /** The envd version waffle reports: the SDKs gate features on it. */
 export const ENVD_VERSION = "0.6.4";
@@ -32,8 +33,8 @@ export interface ControlDeps {
   sandboxes: ServeSandboxes;
   /** Verifies an API key. */
   verifyKey: (key: string) => Caller | undefined;
-  /** Admits a create, or says when to retry (seconds). */
-  admitCreate: (tenant: string) => { retryAfterSeconds: number } | undefined;
+  /** Admits a create, or says why not and when to retry. */
+  admitCreate: (tenant: string) => Admission;
   /** The image a template names, undefined for an unknown template. */
   templateImage: (template: string) => string | undefined;
   /** Seconds a sandbox lives when the create names no timeout. */
@@ -124,10 +125,10 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     const wider = widening(body.data);
     if (wider !== undefined) return fail(c, 403, wider);
     if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
-    const busy = deps.admitCreate(caller.tenant);
-    if (busy !== undefined) {
-      c.header("Retry-After", String(busy.retryAfterSeconds));
-      return fail(c, 429, `Tenant '${caller.tenant}' is over its sandbox limits`);
+    const admission = deps.admitCreate(caller.tenant);
+    if (!admission.ok) {
+      c.header("Retry-After", String(admission.retryAfterSeconds));
+      return fail(c, 429, admission.message);
     }
     const record = await deps.sandboxes.create({
       tenant: caller.tenant,

@@ -32,11 +32,31 @@ CREATE TABLE keys (
 `;
 
 /**
+ * Version 2: the sandboxes the server made (lib/serve/state.ts), so a server
+ * started again serves every one it had.
+ */
+const SANDBOXES_TABLE = `
+CREATE TABLE sandboxes (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  key_id TEXT NOT NULL,
+  template TEXT NOT NULL,
+  image TEXT NOT NULL,
+  metadata TEXT NOT NULL,
+  env_vars TEXT NOT NULL,
+  access_token TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  end_at INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('creating', 'running', 'paused'))
+);
+CREATE INDEX sandboxes_tenant ON sandboxes (tenant, started_at, id);
+`;
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
  */
-export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([KEYS_TABLE]);
+export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([KEYS_TABLE, SANDBOXES_TABLE]);
 
 /** Options of {@linkcode openServeDb}. */
 export interface ServeDbOptions {

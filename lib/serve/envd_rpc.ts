@@ -7,9 +7,15 @@
  * @module
  */
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { DescMessage, MessageInitShape } from "@bufbuild/protobuf";
 import { type ConnectFetchHandler, connectHandler } from "./connect.ts";
-import { Process, type ProcessEventSchema } from "./gen/process/process_pb.ts";
+import {
+  type ConnectResponseSchema,
+  type ListResponseSchema,
+  Process,
+  type ProcessEventSchema,
+  type StartResponseSchema,
+} from "./gen/process/process_pb.ts";
 import type { ProcessEntry, ProcessEvent, ProcessTable } from "./processes.ts";
 import type { SandboxRecord } from "./state.ts";
 
@@ -30,7 +36,9 @@ const STREAM_BUFFER_BYTES = 1024 * 1024;
 /** Keepalive interval when the client names none (`Keepalive-Ping-Interval`, seconds). */
 const DEFAULT_KEEPALIVE_S = 90;
 
-type Event = MessageInitShape<typeof ProcessEventSchema>;
+type Shape<T extends DescMessage> = MessageInitShape<T>;
+type Event = Shape<typeof ProcessEventSchema>;
+type Empty = Record<never, never>;
 
 /**
  * The Connect routes of one sandbox's envd.
@@ -42,7 +50,7 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
   const { table } = context;
   return connectHandler((router) => {
     router.service(Process, {
-      async *start(request, handler) {
+      async *start(request, handler): AsyncGenerator<Shape<typeof StartResponseSchema>> {
         refuseRoot(handler);
         if (request.pty !== undefined) {
           throw new ConnectError("Terminals are not supported yet", Code.Unimplemented);
@@ -69,7 +77,7 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         }
         for await (const event of events.drain()) yield { event };
       },
-      async *connect(request, handler) {
+      async *connect(request, handler): AsyncGenerator<Shape<typeof ConnectResponseSchema>> {
         refuseRoot(handler);
         const entry = find(table, request.process?.selector);
         const events = new EventStream(handler, context.killed);
@@ -77,7 +85,7 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         events.push({ kind: "start", pid: entry.pid });
         for await (const event of events.drain()) yield { event };
       },
-      list() {
+      list(): Shape<typeof ListResponseSchema> {
         return {
           processes: table.list().map((entry) => ({
             pid: entry.pid,
@@ -91,7 +99,7 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
           })),
         };
       },
-      async sendInput(request) {
+      async sendInput(request): Promise<Empty> {
         const entry = find(table, request.process?.selector);
         const input = request.input?.input;
         if (input?.case !== "stdin") {
@@ -106,23 +114,23 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         await entry.stdin.write(input.value);
         return {};
       },
-      async closeStdin(request) {
+      async closeStdin(request): Promise<Empty> {
         const entry = find(table, request.process?.selector);
         const stdin = entry.stdin;
         entry.stdin = undefined;
         await stdin?.close().catch(() => {});
         return {};
       },
-      async sendSignal(request) {
+      async sendSignal(request): Promise<Empty> {
         const entry = find(table, request.process?.selector);
         // SIGTERM and SIGKILL alike end the process's whole tree.
         await entry.process.kill();
         return {};
       },
-      update() {
+      update(): never {
         throw new ConnectError("Terminals are not supported yet", Code.Unimplemented);
       },
-      streamInput() {
+      streamInput(): never {
         throw new ConnectError("StreamInput is not supported", Code.Unimplemented);
       },
     });

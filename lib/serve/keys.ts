@@ -12,6 +12,7 @@ import { sha256Hex } from "../digest.ts";
 import { UsageError } from "../errors.ts";
 import { checkId } from "../config/sandbox_key.ts";
 import { isBusyError, statement, transaction } from "../queue/connection.ts";
+import { timingSafeEqual } from "../bytes.ts";
 
 /** A key as listed: never the key nor its hash. */
 export interface KeyInfo {
@@ -227,24 +228,4 @@ function hex(bytes: number): string {
 
 function encode(text: string): Uint8Array {
   return new TextEncoder().encode(text);
-}
-
-/**
- * Whether two byte strings are equal, in time that depends on their
- * lengths only, never on where they differ.
- *
- * @example
- * ```ts
- * import { timingSafeEqual } from "./keys.ts";
- * timingSafeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 2])); // true
- * ```
- *
- * @param a One.
- * @param b The other.
- * @returns True when they are equal.
- */
-export function timingSafeEqual(a: Uint8Array, b: Uint8Array): boolean {
-  let difference = a.length ^ b.length;
-  for (let i = 0; i < a.length; i++) difference |= a[i]! ^ (b[i] ?? 0);
-  return difference === 0;
 }

@@ -13,6 +13,10 @@ export {
   type KeyOwner,
   KeyStore,
   type KeyStoreOptions,
-  timingSafeEqual,
 } from "./keys.ts";
 export { type Admission, TenantLimits, type TenantLimitsOptions } from "./limits.ts";
+export { type RunningServer, type ServerOptions, startServer } from "./server.ts";
+export { type SandboxRecord, SandboxStore } from "./state.ts";
+export { type CreateRequest, newSandboxId, ServeSandboxes } from "./sandboxes.ts";
+export { type AuditEntry, type Caller, ENVD_VERSION } from "./control.ts";
+export { fileSignature, sandboxPath } from "./envd_http.ts";

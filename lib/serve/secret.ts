@@ -1,9 +1,11 @@
 /**
- * Comparing secrets (API keys, access tokens, signatures) in constant time.
+ * Comparing secrets of the caller's choosing (access tokens, signatures) in
+ * constant time.
  *
  * @module
  */
 import { sha256 } from "@noble/hashes/sha2";
+import { timingSafeEqual } from "../bytes.ts";
 
 /**
  * Whether two secrets are equal, in time that depends on neither: both are
@@ -15,9 +17,5 @@ import { sha256 } from "@noble/hashes/sha2";
  */
 export function sameSecret(given: string, expected: string): boolean {
   const encoder = new TextEncoder();
-  const a = sha256(encoder.encode(given));
-  const b = sha256(encoder.encode(expected));
-  let difference = 0;
-  for (let i = 0; i < a.length; i++) difference |= a[i]! ^ b[i]!;
-  return difference === 0;
+  return timingSafeEqual(sha256(encoder.encode(given)), sha256(encoder.encode(expected)));
 }

@@ -18,6 +18,8 @@ import { ProcessTable } from "./processes.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
 import { SandboxStore } from "./state.ts";
+import { TenantLimits } from "./limits.ts";
+import type { TenantLimitSettings } from "../config/serve_schema.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -35,8 +37,8 @@ export interface ServerOptions {
   domain?: string | undefined;
   /** Verifies an API key. */
   verifyKey: (key: string) => Caller | undefined;
-  /** Admits a create, or says when to retry. */
-  admitCreate: (tenant: string, count: number) => { retryAfterSeconds: number } | undefined;
+  /** A tenant's limits (`tenantLimitsOf` over the config's `serve`). */
+  limitsOf: (tenant: string) => TenantLimitSettings;
   /** The image a template names. */
   templateImage: (template: string) => string | undefined;
   /** Default and maximum sandbox timeouts, in seconds. */
@@ -77,10 +79,16 @@ export function startServer(options: ServerOptions): RunningServer {
   const store = new SandboxStore(options.db);
   const sandboxes = new ServeSandboxes(store, { home: options.home, docker: options.docker });
   const envds = new Map<string, { table: ProcessTable; services: ConnectFetchHandler }>();
+  // Counted from the record, creates under way included: two creates at once
+  // cannot both take a tenant's last place.
+  const limits = new TenantLimits({
+    limitsOf: options.limitsOf,
+    sandboxCount: (tenant) => store.count(tenant),
+  });
   const control = controlApp({
     sandboxes,
     verifyKey: options.verifyKey,
-    admitCreate: (tenant) => options.admitCreate(tenant, store.count(tenant)),
+    admitCreate: (tenant) => limits.admitCreate(tenant),
     templateImage: options.templateImage,
     defaultTimeoutS: options.timeouts.defaultS,
     maxTimeoutS: options.timeouts.maxS,

@@ -1,7 +1,7 @@
 /**
  * The server's record of the sandboxes it made: who owns each (tenant and
  * key), its template, metadata, environment, access token and end time. In
- * `serve.db` beside the keys, so a server killed and started again serves
+ * `serve.db` beside the keys (its table is `db.ts`'s), so a server killed and started again serves
  * every sandbox it had.
  *
  * @module
@@ -35,23 +35,6 @@ export interface SandboxRecord {
   state: "creating" | "running" | "paused";
 }
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS sandboxes (
-  id TEXT PRIMARY KEY,
-  tenant TEXT NOT NULL,
-  key_id TEXT NOT NULL,
-  template TEXT NOT NULL,
-  image TEXT NOT NULL,
-  metadata TEXT NOT NULL,
-  env_vars TEXT NOT NULL,
-  access_token TEXT NOT NULL,
-  started_at INTEGER NOT NULL,
-  end_at INTEGER NOT NULL,
-  state TEXT NOT NULL CHECK (state IN ('creating', 'running', 'paused'))
-);
-CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant, started_at, id);
-`;
-
 interface Row {
   id: string;
   tenant: string;
@@ -71,13 +54,12 @@ export class SandboxStore {
   readonly #db: DatabaseSync;
 
   /**
-   * Opens the table, creating it when missing.
+   * The table of an open `serve.db` (its migrations made it).
    *
    * @param db The server's database (see `openServeDb`).
    */
   constructor(db: DatabaseSync) {
     this.#db = db;
-    db.exec(SCHEMA);
   }
 
   /** Records a new sandbox (state `creating`). */
