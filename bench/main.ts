@@ -33,6 +33,7 @@ import { fleetSection } from "./fleet_bench.ts";
 import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
+import { serveSection } from "./serve_bench.ts";
 import { snapshotSection } from "./snapshot_bench.ts";
 import { applyTargets, checkExitCode, judge, loadBudgets, renderCheck } from "./budgets.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
@@ -50,6 +51,7 @@ export const SECTIONS: readonly Section[] = [
   cpSection,
   imageSection,
   egressSection,
+  serveSection,
 ];
 
 /**

@@ -8,6 +8,7 @@
  * @module
  */
 import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
 import type { Context } from "hono";
 import { z } from "zod";
 import type { SandboxRecord } from "./state.ts";
@@ -43,6 +44,8 @@ export interface ControlDeps {
   maxTimeoutS: number;
   /** Limits every sandbox gets, for `getInfo`. */
   resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
+  /** Largest request body, in bytes (a chunked body is counted as it comes). */
+  maxBodyBytes: number;
   /** Records one call (key, tenant, sandbox, method, outcome). */
   audit?: (entry: AuditEntry) => void;
 }
@@ -110,6 +113,14 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     });
     return undefined;
   });
+
+  app.use(
+    "*",
+    bodyLimit({
+      maxSize: deps.maxBodyBytes,
+      onError: (c) => fail(c, 413, `Request body over the limit of ${deps.maxBodyBytes} bytes`),
+    }),
+  );
 
   const create = async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
     const caller = c.get("caller");

@@ -93,6 +93,7 @@ export function startServer(options: ServerOptions): RunningServer {
     defaultTimeoutS: options.timeouts.defaultS,
     maxTimeoutS: options.timeouts.maxS,
     resources: options.resources,
+    maxBodyBytes: options.maxBodyBytes,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
   });
   let port = options.port;
@@ -103,8 +104,10 @@ export function startServer(options: ServerOptions): RunningServer {
       domain: options.domain,
     });
     if (refused !== undefined) return refused;
+    // A file upload streams into the sandbox (its quota bounds it); every
+    // other body is read whole, so it is capped.
     const length = Number(request.headers.get("content-length") ?? 0);
-    if (length > options.maxBodyBytes) {
+    if (length > options.maxBodyBytes && new URL(request.url).pathname !== "/files") {
       return error(
         413,
         `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`,
