@@ -105,6 +105,10 @@ Deno.test("library: run() and spawn() refuse bad arguments with one-line usage e
     ],
     [() => spawnIn(unreachable, ["cat"], { stdin: "x" } as never), /^Unknown spawn\(\) option/],
     [() => spawnIn(unreachable, ["cat"], { leaseMs: 10 }), /^Option leaseMs must be/],
+    [
+      () => spawnIn(unreachable, ["sh"], { tty: { rows: 0, cols: 80 } }),
+      /^Option tty must be \{ rows, cols \} of integers from 1 to 4096, got '\{"rows":0,"cols":80\}'$/,
+    ],
   ];
   for (const [call, message] of cases) {
     await assert.rejects(call, (error: unknown) => {
@@ -234,6 +238,67 @@ liveTest(
     await big.stderr.cancel();
     assert.equal(total, 3_000_000);
     assert.equal((await big.status).stdoutBytes, 3_000_000);
+  },
+);
+
+liveTest(
+  "library: sandbox.spawn with a tty runs on a terminal of that size, and resize() changes it",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const sandbox = home.open(uniqueUser("tty"));
+    // Each line read prints the terminal's size: the first one is the size asked for.
+    const shell = await sandbox.spawn([
+      "sh",
+      "-c",
+      "tty; stty size; while read x; do stty size; done",
+    ], {
+      tty: { rows: 12, cols: 34 },
+    });
+    const writer = shell.stdin.getWriter();
+    const reader = shell.stdout.getReader();
+    let seen = "";
+    // A read still pending after a wait is kept for the next one: no chunk is lost.
+    let pending: Promise<ReadableStreamReadResult<Uint8Array>> | undefined;
+    const readUntil = async (pattern: RegExp): Promise<boolean> => {
+      for (let i = 0; i < 20 && !pattern.test(seen); i++) {
+        pending ??= reader.read();
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const next = await Promise.race([
+          pending,
+          new Promise<"waited">((resolve) => timer = setTimeout(() => resolve("waited"), 500)),
+        ]).finally(() => clearTimeout(timer));
+        if (next === "waited") return pattern.test(seen);
+        pending = undefined;
+        assert.ok(!next.done, `output ended early: ${JSON.stringify(seen)}`);
+        seen += decoder.decode(next.value);
+      }
+      return pattern.test(seen);
+    };
+    assert.ok(await readUntil(/^\/dev\/pts\/\d+\r\n12 34\r\n/), JSON.stringify(seen));
+    await shell.resize({ rows: 20, cols: 50 });
+    // The runner applies a size on its next look at the queue: ask until it shows.
+    let resized = false;
+    for (let i = 0; i < 20 && !resized; i++) {
+      await writer.write(encoder.encode("\n"));
+      resized = await readUntil(/20 50\r\n/);
+    }
+    assert.ok(resized, JSON.stringify(seen));
+    await assert.rejects(shell.resize({ rows: 5000, cols: 1 }), UsageError);
+    await writer.close();
+    await shell.kill();
+    await reader.cancel();
+    await shell.stderr.cancel();
+    await shell.status;
+
+    const plain = await sandbox.spawn(["true"]);
+    await assert.rejects(
+      plain.resize({ rows: 10, cols: 10 }),
+      /^UsageError: Cannot resize a process without a terminal: spawn it with 'tty'$/,
+    );
+    await plain.stdin.close();
+    await plain.stdout.cancel();
+    await plain.stderr.cancel();
+    await plain.status;
   },
 );
 

@@ -9,7 +9,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CommandExitError, NotFoundError, Sandbox, SandboxError } from "e2b";
+import { CommandExitError, NotFoundError, Sandbox, SandboxError, TimeoutError } from "e2b";
 import { selfCommand } from "../lib/config/self.ts";
 import { dockerGate } from "./_docker_gate.ts";
 import { delay, runCliProcess } from "./_helpers.ts";
@@ -26,6 +26,8 @@ const missing = !gate.ok
 interface Served {
   url: string;
   home: string;
+  /** The server process's pid (its memory is read from /proc). */
+  pid: number;
   keys: { a: string; b: string };
   stop(): Promise<void>;
 }
@@ -60,6 +62,7 @@ async function serve(): Promise<Served> {
   return {
     url,
     home,
+    pid: child.pid,
     keys,
     async stop(): Promise<void> {
       child.kill("SIGTERM");
@@ -245,6 +248,348 @@ sdkTest(
     } finally {
       await tagged.kill();
       await other.kill().catch(() => {});
+    }
+  },
+);
+
+/** A sandbox made through the REST API by hand: its id and envd token, for raw Connect calls. */
+async function rawSandbox(served: Served): Promise<{ id: string; token: string }> {
+  const made = await fetch(`${served.url}/v2/sandboxes`, {
+    method: "POST",
+    headers: { "x-api-key": served.keys.a, "content-type": "application/json" },
+    body: JSON.stringify({ templateID: "base", timeout: 120 }),
+  });
+  assert.equal(made.status, 201);
+  const body = await made.json();
+  return { id: body.sandboxID, token: body.envdAccessToken };
+}
+
+/** A process event as Connect's JSON gives it (`{"event":{"data":{"stdout":"…"}}}`). */
+type RawEvent = { event: Record<string, Record<string, unknown>> };
+
+/**
+ * Starts a server stream of envd's `process.Process` by hand (one enveloped
+ * JSON request) and returns its response, unread.
+ */
+async function rawStream(
+  served: Served,
+  box: { id: string; token: string },
+  call: { method: "Start" | "Connect"; message: unknown; headers?: Record<string, string> },
+  signal?: AbortSignal,
+): Promise<Response> {
+  const json = new TextEncoder().encode(JSON.stringify(call.message));
+  const envelope = new Uint8Array(5 + json.byteLength);
+  new DataView(envelope.buffer).setUint32(1, json.byteLength);
+  envelope.set(json, 5);
+  const response = await fetch(`${served.url}/process.Process/${call.method}`, {
+    method: "POST",
+    headers: {
+      "content-type": "application/connect+json",
+      "connect-protocol-version": "1",
+      "e2b-sandbox-id": box.id,
+      "x-access-token": box.token,
+      ...call.headers,
+    },
+    body: envelope,
+    ...(signal === undefined ? {} : { signal }),
+  });
+  assert.equal(response.status, 200);
+  return response;
+}
+
+/** The events of a Connect stream's body, read as the caller iterates (nothing read ahead). */
+async function* rawEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<RawEvent> {
+  const reader = body.getReader();
+  let buffer = new Uint8Array(0);
+  try {
+    while (true) {
+      while (buffer.byteLength >= 5) {
+        const length = new DataView(buffer.buffer, buffer.byteOffset).getUint32(1);
+        if (buffer.byteLength < 5 + length) break;
+        const flags = buffer[0]!;
+        const message = JSON.parse(new TextDecoder().decode(buffer.subarray(5, 5 + length)));
+        buffer = buffer.slice(5 + length);
+        if ((flags & 0x02) !== 0) {
+          if (message.error !== undefined) throw new Error(JSON.stringify(message.error));
+          return;
+        }
+        yield message;
+      }
+      const next = await reader.read();
+      if (next.done) throw new Error("The stream ended without its end envelope");
+      const joined = new Uint8Array(buffer.byteLength + next.value.byteLength);
+      joined.set(buffer);
+      joined.set(next.value, buffer.byteLength);
+      buffer = joined;
+    }
+  } finally {
+    await reader.cancel().catch(() => {});
+  }
+}
+
+/** The resident memory of a process, in bytes. */
+async function rssOf(pid: number): Promise<number> {
+  const status = await Deno.readTextFile(`/proc/${pid}/status`);
+  return Number(/^VmRSS:\s+(\d+) kB$/m.exec(status)![1]) * 1024;
+}
+
+/** The bytes of a `data` event's stdout (base64 in Connect's JSON). */
+function stdoutBytes(event: RawEvent): number {
+  const data = event.event.data?.stdout;
+  return typeof data === "string" ? atob(data).length : 0;
+}
+
+sdkTest(
+  "the E2B SDK runs background commands: list, re-attach from another SDK object, stdin, kill",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      timeoutMs: 120_000,
+    });
+    try {
+      // Ticks until a file appears: the test decides when it ends, not a clock.
+      const seen: string[] = [];
+      const ticker = await sandbox.commands.run(
+        "i=0; until [ -e /tmp/stop ]; do i=$((i+1)); echo tick $i; sleep 0.2; done; echo stopped",
+        { background: true, onStdout: (data) => void seen.push(data) },
+      );
+      for (let i = 0; i < 50 && !seen.join("").includes("tick 2\n"); i++) await delay(100);
+      assert.match(seen.join(""), /^tick 1\ntick 2\n/, "output streams while it runs");
+
+      const listed = await sandbox.commands.list();
+      const entry = listed.find((process) => process.pid === ticker.pid);
+      assert.ok(entry !== undefined, JSON.stringify(listed));
+      assert.equal(entry.cmd, "/bin/bash");
+      assert.deepEqual(entry.args.slice(0, 2), ["-l", "-c"]);
+      assert.match(entry.args[2]!, /^i=0; until/);
+
+      // Another SDK object for the same sandbox re-attaches by pid and sees the rest.
+      const again = await Sandbox.connect(sandbox.sandboxId, sdk(served, served.keys.a));
+      const later: string[] = [];
+      const attached = await again.commands.connect(ticker.pid, {
+        onStdout: (data) => void later.push(data),
+      });
+      await sandbox.commands.run("touch /tmp/stop");
+      const result = await attached.wait();
+      assert.equal(result.exitCode, 0);
+      assert.match(later.join(""), /stopped\n$/);
+      const first = await ticker.wait();
+      assert.equal(first.exitCode, 0);
+      // Every tick once, in order, then the end: the command ran once.
+      const ticks = first.stdout.trimEnd().split("\n");
+      assert.equal(ticks.at(-1), "stopped");
+      assert.deepEqual(ticks.slice(0, -1), ticks.slice(0, -1).map((_, i) => `tick ${i + 1}`));
+      assert.equal(
+        (await sandbox.commands.list()).some((process) => process.pid === ticker.pid),
+        false,
+      );
+
+      // stdin: sent, closed, echoed; the exit code of cat.
+      const cat = await sandbox.commands.run("cat", { background: true, stdin: true });
+      await sandbox.commands.sendStdin(cat.pid, "x");
+      await sandbox.commands.closeStdin(cat.pid);
+      const catted = await cat.wait();
+      assert.equal(catted.stdout, "x");
+      assert.equal(catted.exitCode, 0);
+
+      // kill: true for a running one (its handle ends with an error), false for an unknown pid.
+      const sleeper = await sandbox.commands.run("sleep 60", { background: true });
+      assert.equal(await sandbox.commands.kill(sleeper.pid), true);
+      await assert.rejects(sleeper.wait(), CommandExitError);
+      assert.equal(await sandbox.commands.kill(sleeper.pid), false);
+      assert.equal(await sandbox.commands.kill(999_999), false);
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest(
+  "a broken Start stream never runs its command again: it runs on and is re-attached by pid",
+  async (served) => {
+    const box = await rawSandbox(served);
+    const sandbox = await Sandbox.connect(box.id, sdk(served, served.keys.a));
+    try {
+      const abort = new AbortController();
+      const response = await rawStream(served, box, {
+        method: "Start",
+        message: {
+          process: {
+            cmd: "/bin/sh",
+            args: [
+              "-c",
+              "echo run >> /workspace/runs; until [ -e /tmp/go ]; do sleep 0.1; done; echo end",
+            ],
+          },
+        },
+      }, abort.signal);
+      const events = rawEvents(response.body!);
+      const start = (await events.next()).value as RawEvent;
+      const pid = start.event.start?.pid as number;
+      assert.equal(typeof pid, "number");
+      abort.abort();
+      await events.return(undefined).catch(() => {});
+      const attached = await sandbox.commands.connect(pid);
+      await sandbox.commands.run("touch /tmp/go");
+      assert.equal((await attached.wait()).stdout, "end\n");
+      assert.equal((await sandbox.commands.run("cat /workspace/runs")).stdout, "run\n");
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest(
+  "the E2B SDK's timeoutMs ends a command and kills its tree; root is refused, 'user' is uid 10001",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      timeoutMs: 120_000,
+    });
+    try {
+      await assert.rejects(
+        sandbox.commands.run("sleep 30 & sleep 31; wait", { timeoutMs: 1500 }),
+        TimeoutError,
+      );
+      // The lifetime is the server's too: the tree is gone, not only the stream.
+      let left = "";
+      for (let i = 0; i < 40; i++) {
+        left = (await sandbox.commands.run("ps -eo args | grep '^sleep 3[01]' || true")).stdout;
+        if (left === "") break;
+        await delay(250);
+      }
+      assert.equal(left, "");
+
+      await assert.rejects(
+        sandbox.commands.run("whoami", { user: "root" }),
+        (error: unknown) =>
+          error instanceof SandboxError && /permission_denied/.test(error.message),
+      );
+      const user = await sandbox.commands.run("whoami; id -u", { user: "user" });
+      assert.equal(user.stdout, "user\n10001\n");
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest(
+  "the E2B SDK's PTY runs an interactive bash on a terminal, takes keys, resizes and is killed",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      timeoutMs: 120_000,
+    });
+    try {
+      const decoder = new TextDecoder();
+      let screen = "";
+      const terminal = await sandbox.pty.create({
+        cols: 80,
+        rows: 24,
+        onData: (data) => void (screen += decoder.decode(data, { stream: true })),
+      });
+      const type = (line: string): Promise<void> =>
+        sandbox.pty.sendInput(terminal.pid, new TextEncoder().encode(`${line}\n`));
+      const shows = async (pattern: RegExp): Promise<boolean> => {
+        for (let i = 0; i < 40 && !pattern.test(screen); i++) await delay(100);
+        return pattern.test(screen);
+      };
+      await type('echo "term=$TERM tty=$(tty) $0 $-"; stty size');
+      assert.ok(
+        await shows(/term=xterm-256color tty=\/dev\/pts\/\d+ \S*bash \S*i\S*\r\n24 80\r\n/),
+        screen,
+      );
+      await sandbox.pty.resize(terminal.pid, { cols: 100, rows: 30 });
+      // The runner applies a size on its next look at the queue: ask until it shows.
+      let resized = false;
+      for (let i = 0; i < 10 && !resized; i++) {
+        await type("stty size");
+        resized = await shows(/[^\d]30 100\r\n/);
+      }
+      assert.ok(resized, screen);
+      assert.equal(await sandbox.pty.kill(terminal.pid), true);
+      await assert.rejects(terminal.wait(), CommandExitError);
+      assert.equal(await sandbox.pty.kill(terminal.pid), false);
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest(
+  "large output arrives whole, a slow reader holds the process back (memory bounded), idle streams get keepalives",
+  async (served) => {
+    const box = await rawSandbox(served);
+    const sandbox = await Sandbox.connect(box.id, sdk(served, served.keys.a));
+    try {
+      // 20 MB of random bytes as base64, through the SDK, checked by hash.
+      await sandbox.commands.run("head -c 20000000 /dev/urandom > /tmp/big");
+      const big = await sandbox.commands.run("base64 /tmp/big", { timeoutMs: 120_000 });
+      const digest = new Uint8Array(
+        await crypto.subtle.digest("SHA-256", new TextEncoder().encode(big.stdout)),
+      );
+      const hex = [...digest].map((byte) => byte.toString(16).padStart(2, "0")).join("");
+      assert.equal(
+        (await sandbox.commands.run("base64 /tmp/big | sha256sum")).stdout,
+        `${hex}  -\n`,
+      );
+
+      // 200 MB to a client that stops reading: the server holds a bounded part of it.
+      const total = 200_000_000;
+      const before = await rssOf(served.pid);
+      const response = await rawStream(served, box, {
+        method: "Start",
+        message: {
+          process: {
+            cmd: "/bin/sh",
+            args: ["-c", `head -c ${total} /dev/zero; echo -n > /tmp/done`],
+          },
+        },
+        headers: { "connect-timeout-ms": "120000" },
+      });
+      const events = rawEvents(response.body!);
+      let received = 0;
+      let peak = before;
+      let first = await events.next();
+      assert.ok(first.value?.event.start !== undefined);
+      first = await events.next();
+      received += stdoutBytes(first.value as RawEvent);
+      for (let i = 0; i < 20; i++) {
+        await delay(100);
+        peak = Math.max(peak, await rssOf(served.pid));
+      }
+      // Held back: the command has not written it all while nobody reads.
+      assert.equal(
+        (await sandbox.commands.run("test -e /tmp/done && echo done || echo waiting")).stdout,
+        "waiting\n",
+      );
+      let count = 0;
+      for await (const event of events) {
+        received += stdoutBytes(event);
+        if (++count % 200 === 0) peak = Math.max(peak, await rssOf(served.pid));
+        if (event.event.end !== undefined) assert.equal(event.event.end.exited, true);
+      }
+      assert.equal(received, total);
+      // Held back, it grows by a few MiB; without backpressure, by most of the 200 MB.
+      assert.ok(
+        peak - before < 64 * 1024 * 1024,
+        `server memory grew by ${Math.round((peak - before) / 1048576)} MiB`,
+      );
+
+      // Keepalives on a silent stream, at the interval the client asks for.
+      const silent = await rawStream(served, box, {
+        method: "Start",
+        message: { process: { cmd: "/bin/sleep", args: ["3"] } },
+        headers: { "keepalive-ping-interval": "1" },
+      });
+      const kinds: string[] = [];
+      for await (const event of rawEvents(silent.body!)) kinds.push(Object.keys(event.event)[0]!);
+      assert.equal(kinds[0], "start");
+      assert.equal(kinds.at(-1), "end");
+      assert.ok(kinds.includes("keepalive"), kinds.join(","));
+      assert.deepEqual(new Set(kinds.slice(1, -1)), new Set(["keepalive"]));
+    } finally {
+      await sandbox.kill();
     }
   },
 );

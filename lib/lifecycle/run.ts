@@ -19,7 +19,12 @@
 import { UsageError } from "../errors.ts";
 import type { Backend } from "../queue/backend.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
-import { type ExecResult, MAX_OUTPUT_CAP, MAX_STDIN_BYTES } from "../queue/protocol.ts";
+import {
+  type ExecResult,
+  MAX_OUTPUT_CAP,
+  MAX_STDIN_BYTES,
+  type TtySize,
+} from "../queue/protocol.ts";
 import { QueueSession } from "../queue/session.ts";
 import { envNameSchema } from "../env_name.ts";
 
@@ -105,6 +110,12 @@ export interface SpawnOptions extends ProcessOptions {
   leaseMs?: number;
   /** The runner ends the process after this long with no input and no output (ms). */
   idleMs?: number;
+  /**
+   * Run on a terminal of this size (rows and columns, 1 to 4096): the command's
+   * stdin, stdout and stderr are the terminal, its output comes on `stdout`,
+   * and `resize()` changes the size.
+   */
+  tty?: TtySize;
 }
 
 /**
@@ -126,6 +137,14 @@ export interface SandboxProcess extends AsyncDisposable {
   readonly status: Promise<ProcessStatus>;
   /** Kills the command's process tree (`status` then says `cancelled`). */
   kill(): Promise<void>;
+  /**
+   * Sets the terminal's size (its foreground process group gets SIGWINCH).
+   *
+   * @param size Rows and columns, 1 to 4096.
+   * @throws {UsageError} When the process has no terminal (no `tty` option) or
+   *   the size is out of range.
+   */
+  resize(size: TtySize): Promise<void>;
 }
 
 /** The methods `openSandbox` attaches to a sandbox. */
@@ -160,7 +179,9 @@ export interface SandboxProcesses {
 }
 
 const RUN_KEYS = ["cwd", "env", "timeoutMs", "signal", "stdin", "outputCap", "encoding"];
-const SPAWN_KEYS = ["cwd", "env", "timeoutMs", "signal", "leaseMs", "idleMs"];
+const SPAWN_KEYS = ["cwd", "env", "timeoutMs", "signal", "leaseMs", "idleMs", "tty"];
+/** The largest side of a terminal, as the queue takes it. */
+const MAX_TTY_SIDE = 4096;
 /** Unread output each of a spawned process's streams holds before the command waits. */
 const STREAM_BUFFER_BYTES = 1024 * 1024;
 
@@ -260,7 +281,7 @@ export async function runIn(
  *
  * @param backend The sandbox (or any backend).
  * @param argv Program and arguments.
- * @param options Cwd, env, timeout, lease and idle limit.
+ * @param options Cwd, env, timeout, lease, idle limit and terminal.
  * @returns The running process.
  * @throws {UsageError} On invalid arguments.
  */
@@ -274,6 +295,7 @@ export async function spawnIn(
   const { leaseMs, idleMs, signal } = options;
   if (leaseMs !== undefined) checkInt("leaseMs", leaseMs, 3600 * 1000, 1000);
   if (idleMs !== undefined) checkInt("idleMs", idleMs, 7 * 24 * 3600 * 1000);
+  const tty = options.tty === undefined ? undefined : checkTty("tty", options.tty);
   signal?.throwIfAborted();
   const wait = { revive: reviver(backend) };
   const session = await QueueSession.open(backend, {
@@ -282,6 +304,7 @@ export async function spawnIn(
     endGraceMs: 0,
     ...(leaseMs === undefined ? {} : { leaseMs }),
     ...(idleMs === undefined ? {} : { idleMs }),
+    ...(tty === undefined ? {} : { tty }),
   }, wait);
   const kill = (): Promise<void> => session.cancel().catch(() => {});
   const onAbort = (): void => void kill();
@@ -333,6 +356,12 @@ export async function spawnIn(
     stderr: stderr.readable,
     status,
     kill,
+    resize: async (size) => {
+      if (tty === undefined) {
+        throw new UsageError("Cannot resize a process without a terminal: spawn it with 'tty'");
+      }
+      await session.resize(checkTty("resize", size));
+    },
     [Symbol.asyncDispose]: async () => {
       await kill();
       await stdout.readable.cancel().catch(() => {});
@@ -470,6 +499,22 @@ function checkInt(name: string, value: unknown, max: number, min = 1): void {
       `Option ${name} must be an integer from ${min} to ${max}, got ${quote(value)}`,
     );
   }
+}
+
+function checkTty(name: string, size: unknown): TtySize {
+  const { rows, cols } = (typeof size === "object" && size !== null ? size : {}) as Partial<
+    TtySize
+  >;
+  const side = (value: unknown): boolean =>
+    typeof value === "number" && Number.isInteger(value) && value >= 1 && value <= MAX_TTY_SIDE;
+  if (!side(rows) || !side(cols)) {
+    throw new UsageError(
+      `Option ${name} must be { rows, cols } of integers from 1 to ${MAX_TTY_SIDE}, got ${
+        quote(size)
+      }`,
+    );
+  }
+  return { rows: rows!, cols: cols! };
 }
 
 function statusOf(result: ExecResult): ProcessStatus {

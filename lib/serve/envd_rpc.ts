@@ -17,6 +17,8 @@ import {
   type StartResponseSchema,
 } from "./gen/process/process_pb.ts";
 import type { ProcessEntry, ProcessEvent, ProcessTable } from "./processes.ts";
+import type { TtySize } from "../queue/protocol.ts";
+import { UsageError } from "../errors.ts";
 import type { SandboxRecord } from "./state.ts";
 
 /** What the services of one sandbox need. */
@@ -52,21 +54,22 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
     router.service(Process, {
       async *start(request, handler): AsyncGenerator<Shape<typeof StartResponseSchema>> {
         refuseRoot(handler);
-        if (request.pty !== undefined) {
-          throw new ConnectError("Terminals are not supported yet", Code.Unimplemented);
-        }
         const config = request.process;
         if (config === undefined) throw new ConnectError("No process", Code.InvalidArgument);
+        const pty = request.pty === undefined ? undefined : ptySize(request.pty.size);
         const events = new EventStream(handler, context.killed);
+        const listener = (event: ProcessEvent): Promise<void> | undefined => events.push(event);
+        let entry: ProcessEntry;
         try {
-          await table.start(
+          entry = await table.start(
             { cmd: config.cmd, args: config.args, envs: config.envs, cwd: config.cwd },
             {
               tag: request.tag,
               stdin: request.stdin ?? true,
+              pty,
               timeoutMs: handler.timeoutMs(),
               sandboxEnv: context.record.envVars,
-              onEvent: (event) => events.push(event),
+              onEvent: listener,
             },
           );
         } catch (cause) {
@@ -75,15 +78,25 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
             Code.InvalidArgument,
           );
         }
-        for await (const event of events.drain()) yield { event };
+        try {
+          for await (const event of events.drain()) yield { event };
+        } finally {
+          entry.listeners.delete(listener);
+        }
       },
       async *connect(request, handler): AsyncGenerator<Shape<typeof ConnectResponseSchema>> {
         refuseRoot(handler);
         const entry = find(table, request.process?.selector);
         const events = new EventStream(handler, context.killed);
-        entry.listeners.add((event) => events.push(event));
+        const listener = (event: ProcessEvent): Promise<void> | undefined => events.push(event);
+        // Added and started in one turn: no output falls between them.
+        entry.listeners.add(listener);
         events.push({ kind: "start", pid: entry.pid });
-        for await (const event of events.drain()) yield { event };
+        try {
+          for await (const event of events.drain()) yield { event };
+        } finally {
+          entry.listeners.delete(listener);
+        }
       },
       list(): Shape<typeof ListResponseSchema> {
         return {
@@ -99,11 +112,13 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
           })),
         };
       },
-      async sendInput(request): Promise<Empty> {
+      async sendInput(request, handler): Promise<Empty> {
+        refuseRoot(handler);
         const entry = find(table, request.process?.selector);
+        // Keys for a terminal and stdin for a pipe go the same way: the process's input.
         const input = request.input?.input;
-        if (input?.case !== "stdin") {
-          throw new ConnectError("Only stdin input is supported", Code.Unimplemented);
+        if (input?.case !== "stdin" && input?.case !== "pty") {
+          throw new ConnectError("No input", Code.InvalidArgument);
         }
         if (entry.stdin === undefined) {
           throw new ConnectError(
@@ -114,21 +129,38 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         await entry.stdin.write(input.value);
         return {};
       },
-      async closeStdin(request): Promise<Empty> {
+      async closeStdin(request, handler): Promise<Empty> {
+        refuseRoot(handler);
         const entry = find(table, request.process?.selector);
         const stdin = entry.stdin;
         entry.stdin = undefined;
         await stdin?.close().catch(() => {});
         return {};
       },
-      async sendSignal(request): Promise<Empty> {
+      async sendSignal(request, handler): Promise<Empty> {
+        refuseRoot(handler);
         const entry = find(table, request.process?.selector);
         // SIGTERM and SIGKILL alike end the process's whole tree.
         await entry.process.kill();
         return {};
       },
-      update(): never {
-        throw new ConnectError("Terminals are not supported yet", Code.Unimplemented);
+      async update(request, handler): Promise<Empty> {
+        refuseRoot(handler);
+        const entry = find(table, request.process?.selector);
+        if (request.pty === undefined) return {};
+        if (!entry.pty) {
+          throw new ConnectError(
+            `Process '${entry.pid}' has no terminal to resize`,
+            Code.FailedPrecondition,
+          );
+        }
+        try {
+          await entry.process.resize(ptySize(request.pty.size));
+        } catch (cause) {
+          if (!(cause instanceof UsageError)) throw cause;
+          throw new ConnectError(cause.message, Code.InvalidArgument);
+        }
+        return {};
       },
       streamInput(): never {
         throw new ConnectError("StreamInput is not supported", Code.Unimplemented);
@@ -155,6 +187,12 @@ function refuseRoot(handler: HandlerContext): void {
       Code.PermissionDenied,
     );
   }
+}
+
+// A terminal size from the request (the library checks its range).
+function ptySize(size: { cols: number; rows: number } | undefined): TtySize {
+  if (size === undefined) throw new ConnectError("No terminal size", Code.InvalidArgument);
+  return { rows: size.rows, cols: size.cols };
 }
 
 function find(

@@ -8,6 +8,7 @@
  */
 import { UsageError } from "../errors.ts";
 import type { ProcessStatus, SandboxProcess } from "../lifecycle/run.ts";
+import type { TtySize } from "../queue/protocol.ts";
 import type { Sandbox } from "../sandbox/mod.ts";
 import { SANDBOX_HOME } from "./envd_http.ts";
 
@@ -26,7 +27,7 @@ export interface ProcessConfig {
 /** One event of a process, in the order envd sends them. */
 export type ProcessEvent =
   | { kind: "start"; pid: number }
-  | { kind: "data"; stream: "stdout" | "stderr"; data: Uint8Array }
+  | { kind: "data"; stream: "stdout" | "stderr" | "pty"; data: Uint8Array }
   | { kind: "end"; exitCode: number; exited: boolean; status: string; error?: string };
 
 /** A process of the table. */
@@ -37,6 +38,8 @@ export interface ProcessEntry {
   tag: string | undefined;
   /** How it was started. */
   config: ProcessConfig;
+  /** It runs on a terminal (its output is `pty` data; it can be resized). */
+  pty: boolean;
   /** The waffle process. */
   process: SandboxProcess;
   /** Its stdin, while open. */
@@ -51,8 +54,10 @@ export interface ProcessEntry {
 export interface StartOptions {
   /** A tag to find it by. */
   tag?: string | undefined;
-  /** Keep stdin open for `SendInput` (closed at once otherwise). */
+  /** Keep stdin open for `SendInput` (closed at once otherwise; a terminal's stays open). */
   stdin: boolean;
+  /** Run on a terminal of this size. */
+  pty?: TtySize | undefined;
   /** Its lifetime in milliseconds (`Connect-Timeout-Ms`); none when undefined or 0. */
   timeoutMs?: number | undefined;
   /** Variables of the whole sandbox (the process's own win). */
@@ -89,16 +94,19 @@ export class ProcessTable {
       env: { HOME: SANDBOX_HOME, ...options.sandboxEnv, ...config.envs },
       ...(cwd === undefined ? {} : { cwd }),
       ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
+      ...(options.pty === undefined ? {} : { tty: options.pty }),
     });
     const stdin = process.stdin.getWriter();
-    if (!options.stdin) await stdin.close().catch(() => {});
+    const keepStdin = options.stdin || options.pty !== undefined;
+    if (!keepStdin) await stdin.close().catch(() => {});
     const pid = this.#nextPid++;
     const entry: ProcessEntry = {
       pid,
       tag: options.tag,
       config,
+      pty: options.pty !== undefined,
       process,
-      stdin: options.stdin ? stdin : undefined,
+      stdin: keepStdin ? stdin : undefined,
       listeners: new Set([options.onEvent]),
       ended: undefined,
     };
@@ -114,8 +122,12 @@ export class ProcessTable {
     const emit = async (event: ProcessEvent): Promise<void> => {
       await Promise.all([...entry.listeners].map((listener) => listener(event)));
     };
+    // A terminal's output is one stream, sent as `pty` data.
     const drain = async (stream: "stdout" | "stderr"): Promise<void> => {
-      for await (const data of entry.process[stream]) await emit({ kind: "data", stream, data });
+      const as = entry.pty ? "pty" : stream;
+      for await (const data of entry.process[stream]) {
+        await emit({ kind: "data", stream: as, data });
+      }
     };
     let end: ProcessEvent;
     try {
