@@ -80,7 +80,7 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
     i < creates && (context.wants("e2b_create") || context.wants("e2b_docker_run_cold"));
     i++
   ) {
-    let t0 = now();
+    const t0 = now();
     const sandbox = await Sandbox.create("base", options);
     await sandbox.commands.run("true");
     add("e2b_create", now() - t0);
