@@ -31,6 +31,20 @@ export function sandboxPath(path: string): string {
 }
 
 /**
+ * The inverse of {@linkcode sandboxPath} for a path the sandbox reports: the
+ * workspace is named as the user's home again, so the SDK sees the paths it
+ * named.
+ *
+ * @param path An absolute path inside the sandbox.
+ * @returns The path as the SDK names it.
+ */
+export function clientPath(path: string): string {
+  if (path === "/workspace") return SANDBOX_HOME;
+  if (path.startsWith("/workspace/")) return `${SANDBOX_HOME}/${path.slice("/workspace/".length)}`;
+  return path;
+}
+
+/**
  * The signature E2B's SDKs put in a signed `/files` URL:
  * `v1_` + unpadded base64 of sha256(`path:operation:user:token[:expiration]`).
  *

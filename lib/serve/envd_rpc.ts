@@ -20,6 +20,8 @@ import type { ProcessEntry, ProcessEvent, ProcessTable } from "./processes.ts";
 import type { TtySize } from "../queue/protocol.ts";
 import { UsageError } from "../errors.ts";
 import type { SandboxRecord } from "./state.ts";
+import type { Sandbox } from "../sandbox/mod.ts";
+import { registerFilesystem } from "./envd_fs.ts";
 
 /** What the services of one sandbox need. */
 export interface EnvdContext {
@@ -31,6 +33,8 @@ export interface EnvdContext {
   killed: AbortSignal;
   /** Largest request body. */
   maxBodyBytes: number;
+  /** The open waffle sandbox (the filesystem service runs its commands). */
+  sandbox: Sandbox;
 }
 
 /** How many bytes of events one stream holds before the process's output waits. */
@@ -166,12 +170,19 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         throw new ConnectError("StreamInput is not supported", Code.Unimplemented);
       },
     });
+    registerFilesystem(router, context);
   }, { maxBodyBytes: context.maxBodyBytes });
 }
 
 // The user comes from the Basic-auth name; every user runs as the sandbox's
 // unprivileged uid, and root is refused rather than quietly run as another.
-function refuseRoot(handler: HandlerContext): void {
+/**
+ * Refuses a call made as `root` (`permission_denied`): every user runs as
+ * the sandbox's unprivileged uid.
+ *
+ * @param handler The call.
+ */
+export function refuseRoot(handler: HandlerContext): void {
   const header = handler.requestHeader.get("authorization") ?? "";
   const match = /^Basic\s+(\S+)$/i.exec(header);
   if (match === null) return;

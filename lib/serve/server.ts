@@ -139,6 +139,7 @@ export function startServer(options: ServerOptions): RunningServer {
         record,
         killed: live.killed.signal,
         maxBodyBytes: options.maxBodyBytes,
+        sandbox: live.sandbox,
       });
       envds.set(id, envd = { table, services });
       live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });

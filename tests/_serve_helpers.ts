@@ -1,0 +1,128 @@
+/**
+ * Shared by the tests that drive `waffle serve` with the real E2B SDK: a
+ * `waffle serve` process (the CLI from source) on loopback in a fresh home
+ * with one key per tenant, the SDK's options for a key, a raw HTTP/1.1 GET,
+ * and `sdkTest`, which registers a live test (ignored with the reason where
+ * Docker or the `base` image is missing; failing instead under
+ * `WAFFLE_REQUIRE_DOCKER=1`).
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { selfCommand } from "../lib/config/self.ts";
+import { dockerGate } from "./_docker_gate.ts";
+import { runCliProcess } from "./_helpers.ts";
+
+/** The image of the `base` template. */
+export const BASE = "waffle-base:bookworm";
+const gate = await dockerGate();
+const missing = !gate.ok
+  ? gate.reason
+  : await gate.client!.inspectImage(BASE) === null
+  ? `image '${BASE}' is missing: run 'bash scripts/build_images.sh base'`
+  : undefined;
+
+/** A running `waffle serve` with one key per tenant. */
+export interface Served {
+  url: string;
+  home: string;
+  /** The server process's pid (its memory is read from /proc). */
+  pid: number;
+  keys: { a: string; b: string };
+  stop(): Promise<void>;
+}
+
+/** Starts `waffle serve` on 127.0.0.1:0 in a fresh home, with keys of tenants `a` and `b`. */
+export async function serve(): Promise<Served> {
+  const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-serve-" }));
+  const env = { WAFFLE_HOME: home };
+  const key = async (tenant: string): Promise<string> => {
+    const made = await runCliProcess(["serve", "key", "create", "--tenant", tenant], { env });
+    assert.equal(made.code, 0, made.stderr);
+    return made.stdout.trim();
+  };
+  const keys = { a: await key("a"), b: await key("b") };
+  const self = selfCommand();
+  const child = new Deno.Command(self.executable, {
+    args: [...self.prefix, "serve", "--listen", "127.0.0.1:0", "--json"],
+    env: { ...env, PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin" },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let text = "";
+  while (!text.includes("\n")) {
+    const next = await reader.read();
+    if (next.done) throw new Error(`waffle serve exited before listening: ${text}`);
+    text += next.value;
+  }
+  reader.releaseLock();
+  const url = JSON.parse(text.slice(0, text.indexOf("\n"))).url as string;
+  return {
+    url,
+    home,
+    pid: child.pid,
+    keys,
+    async stop(): Promise<void> {
+      child.kill("SIGTERM");
+      await child.status;
+      await child.stdout.cancel().catch(() => {});
+      // What the server left running: each sandbox of this home, removed by the CLI.
+      const listed = await runCliProcess(["ps", "--json"], { env });
+      for (const row of JSON.parse(listed.stdout).sandboxes as { tenant: string; user: string }[]) {
+        await runCliProcess(["rm", "--purge", "--tenant", row.tenant, "--user", row.user], { env });
+      }
+      await Deno.remove(home, { recursive: true }).catch(() => {});
+    },
+  };
+}
+
+/** One HTTP/1.1 GET with exactly these headers; the response's head and body as text. */
+export async function rawGet(
+  url: string,
+  path: string,
+  headers: Record<string, string>,
+): Promise<string> {
+  const { hostname, port } = new URL(url);
+  const connection = await Deno.connect({ hostname, port: Number(port) });
+  const head = Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join("");
+  await connection.write(
+    new TextEncoder().encode(`GET ${path} HTTP/1.1\r\n${head}connection: close\r\n\r\n`),
+  );
+  let text = "";
+  for await (const chunk of connection.readable.pipeThrough(new TextDecoderStream())) text += chunk;
+  return text;
+}
+
+/** The SDK's options for a tenant's key: what the three variables give it. */
+export function sdk(
+  served: Served,
+  key: string,
+): { apiKey: string; apiUrl: string; sandboxUrl: string } {
+  return { apiKey: key, apiUrl: served.url, sandboxUrl: served.url };
+}
+
+/**
+ * Registers a live test that gets a fresh `waffle serve`, stopped after it.
+ *
+ * @param name The test's name.
+ * @param fn The test.
+ */
+export function sdkTest(name: string, fn: (served: Served) => Promise<void>): void {
+  if (missing !== undefined) {
+    if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
+      Deno.test({ name, fn: () => assert.fail(`Required (WAFFLE_REQUIRE_DOCKER=1): ${missing}`) });
+    } else Deno.test({ name: `${name} [ignored: ${missing}]`, ignore: true, fn: () => {} });
+    return;
+  }
+  // The SDK keeps its HTTP connections for reuse: not a leak of the test's.
+  Deno.test({ name, sanitizeResources: false, sanitizeOps: false }, async () => {
+    const served = await serve();
+    try {
+      await fn(served);
+    } finally {
+      await served.stop();
+    }
+  });
+}
