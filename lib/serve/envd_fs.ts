@@ -20,7 +20,7 @@ import { FilesError } from "../errors.ts";
 import { basename, dirname, normalize } from "../path.ts";
 import { escapeControls } from "../terminal/control_text.ts";
 import { clientPath, SANDBOX_HOME, sandboxPath } from "./envd_http.ts";
-import { type EnvdContext, refuseRoot } from "./envd_rpc.ts";
+import { type EnvdContext, refuseRoot } from "./envd_context.ts";
 import {
   type CreateWatcherResponseSchema,
   type EntryInfoSchema,

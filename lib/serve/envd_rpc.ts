@@ -19,23 +19,10 @@ import {
 import type { ProcessEntry, ProcessEvent, ProcessTable } from "./processes.ts";
 import type { TtySize } from "../queue/protocol.ts";
 import { UsageError } from "../errors.ts";
-import type { SandboxRecord } from "./state.ts";
-import type { Sandbox } from "../sandbox/mod.ts";
 import { registerFilesystem } from "./envd_fs.ts";
+import { type EnvdContext, refuseRoot } from "./envd_context.ts";
 
-/** What the services of one sandbox need. */
-export interface EnvdContext {
-  /** The sandbox's processes. */
-  table: ProcessTable;
-  /** The sandbox's record (its variables). */
-  record: SandboxRecord;
-  /** Aborted when the sandbox is killed: its streams end. */
-  killed: AbortSignal;
-  /** Largest request body. */
-  maxBodyBytes: number;
-  /** The open waffle sandbox (the filesystem service runs its commands). */
-  sandbox: Sandbox;
-}
+export type { EnvdContext } from "./envd_context.ts";
 
 /** How many bytes of events one stream holds before the process's output waits. */
 const STREAM_BUFFER_BYTES = 1024 * 1024;
@@ -172,32 +159,6 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
     });
     registerFilesystem(router, context);
   }, { maxBodyBytes: context.maxBodyBytes });
-}
-
-// The user comes from the Basic-auth name; every user runs as the sandbox's
-// unprivileged uid, and root is refused rather than quietly run as another.
-/**
- * Refuses a call made as `root` (`permission_denied`): every user runs as
- * the sandbox's unprivileged uid.
- *
- * @param handler The call.
- */
-export function refuseRoot(handler: HandlerContext): void {
-  const header = handler.requestHeader.get("authorization") ?? "";
-  const match = /^Basic\s+(\S+)$/i.exec(header);
-  if (match === null) return;
-  let user = "";
-  try {
-    user = atob(match[1]!).split(":")[0] ?? "";
-  } catch {
-    throw new ConnectError("Unreadable Authorization header", Code.InvalidArgument);
-  }
-  if (user === "root") {
-    throw new ConnectError(
-      "User 'root' is refused: commands run as the sandbox's unprivileged user",
-      Code.PermissionDenied,
-    );
-  }
 }
 
 // A terminal size from the request (the library checks its range).

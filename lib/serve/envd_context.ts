@@ -1,0 +1,49 @@
+/**
+ * What every envd service of one sandbox shares: its context, and the rule
+ * that no call runs as root.
+ *
+ * @module
+ */
+import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
+import type { Sandbox } from "../sandbox/mod.ts";
+import type { ProcessTable } from "./processes.ts";
+import type { SandboxRecord } from "./state.ts";
+
+/** What the services of one sandbox need. */
+export interface EnvdContext {
+  /** The sandbox's processes. */
+  table: ProcessTable;
+  /** The sandbox's record (its variables). */
+  record: SandboxRecord;
+  /** Aborted when the sandbox is killed: its streams end. */
+  killed: AbortSignal;
+  /** Largest request body. */
+  maxBodyBytes: number;
+  /** The open waffle sandbox (the filesystem service runs its commands). */
+  sandbox: Sandbox;
+}
+
+/**
+ * Refuses a call made as `root` (`permission_denied`). The user comes from
+ * the Basic-auth name; every user runs as the sandbox's unprivileged uid,
+ * and root is refused rather than quietly run as another.
+ *
+ * @param handler The call.
+ */
+export function refuseRoot(handler: HandlerContext): void {
+  const header = handler.requestHeader.get("authorization") ?? "";
+  const match = /^Basic\s+(\S+)$/i.exec(header);
+  if (match === null) return;
+  let user = "";
+  try {
+    user = atob(match[1]!).split(":")[0] ?? "";
+  } catch {
+    throw new ConnectError("Unreadable Authorization header", Code.InvalidArgument);
+  }
+  if (user === "root") {
+    throw new ConnectError(
+      "User 'root' is refused: commands run as the sandbox's unprivileged user",
+      Code.PermissionDenied,
+    );
+  }
+}
