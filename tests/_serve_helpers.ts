@@ -29,6 +29,8 @@ export interface Served {
   /** The server process's pid (its memory is read from /proc). */
   pid: number;
   keys: { a: string; b: string };
+  /** Kills the server with SIGKILL and starts another on the same home (`url` and `pid` change). */
+  crashAndRestart(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -42,6 +44,39 @@ export async function serve(): Promise<Served> {
     return made.stdout.trim();
   };
   const keys = { a: await key("a"), b: await key("b") };
+  let { child, url } = await startServe(env);
+  const served: Served = {
+    url,
+    home,
+    pid: child.pid,
+    keys,
+    async crashAndRestart(): Promise<void> {
+      child.kill("SIGKILL");
+      await child.status;
+      await child.stdout.cancel().catch(() => {});
+      ({ child, url } = await startServe(env));
+      served.url = url;
+      served.pid = child.pid;
+    },
+    async stop(): Promise<void> {
+      child.kill("SIGTERM");
+      await child.status;
+      await child.stdout.cancel().catch(() => {});
+      // What the server left running: each sandbox of this home, removed by the CLI.
+      const listed = await runCliProcess(["ps", "--json"], { env });
+      for (const row of JSON.parse(listed.stdout).sandboxes as { tenant: string; user: string }[]) {
+        await runCliProcess(["rm", "--purge", "--tenant", row.tenant, "--user", row.user], { env });
+      }
+      await Deno.remove(home, { recursive: true }).catch(() => {});
+    },
+  };
+  return served;
+}
+
+/** Starts `waffle serve --listen 127.0.0.1:0 --json` on a home; its process and URL once listening. */
+async function startServe(
+  env: Record<string, string>,
+): Promise<{ child: Deno.ChildProcess; url: string }> {
   const self = selfCommand();
   const child = new Deno.Command(self.executable, {
     args: [...self.prefix, "serve", "--listen", "127.0.0.1:0", "--json"],
@@ -58,24 +93,7 @@ export async function serve(): Promise<Served> {
     text += next.value;
   }
   reader.releaseLock();
-  const url = JSON.parse(text.slice(0, text.indexOf("\n"))).url as string;
-  return {
-    url,
-    home,
-    pid: child.pid,
-    keys,
-    async stop(): Promise<void> {
-      child.kill("SIGTERM");
-      await child.status;
-      await child.stdout.cancel().catch(() => {});
-      // What the server left running: each sandbox of this home, removed by the CLI.
-      const listed = await runCliProcess(["ps", "--json"], { env });
-      for (const row of JSON.parse(listed.stdout).sandboxes as { tenant: string; user: string }[]) {
-        await runCliProcess(["rm", "--purge", "--tenant", row.tenant, "--user", row.user], { env });
-      }
-      await Deno.remove(home, { recursive: true }).catch(() => {});
-    },
-  };
+  return { child, url: JSON.parse(text.slice(0, text.indexOf("\n"))).url as string };
 }
 
 /** One HTTP/1.1 GET with exactly these headers; the response's head and body as text. */

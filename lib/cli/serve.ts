@@ -7,7 +7,9 @@
 import { loadWaffleConfig } from "../config/config.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
-import { openServeDb } from "../serve/db.ts";
+import { openServeDb, serveDbPath } from "../serve/db.ts";
+import { openJsonLines } from "../jsonl_log.ts";
+import { dirname, join } from "../path.ts";
 import { KeyStore } from "../serve/keys.ts";
 import { startServer } from "../serve/server.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
@@ -76,6 +78,10 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   const home = config.sandbox.home;
   const db = openServeDb(home);
   const keys = new KeyStore(db);
+  // Every API call, one line each (key name or id, tenant, sandbox, method, status).
+  const audit = openJsonLines(join(dirname(serveDbPath(home)), "audit.jsonl"), {
+    onError: (message) => void io.stderr(`waffle serve: ${message}\n`),
+  });
   const stop = new AbortController();
   const server = startServer({
     home,
@@ -99,6 +105,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
       diskSizeMB: Math.round(config.sandbox.quotaBytes / 2 ** 20),
     },
     maxBodyBytes: settings.maxBodyBytes,
+    audit: (entry) => void audit.append({ time: new Date().toISOString(), ...entry }),
     tls,
     signal: stop.signal,
   });
@@ -118,6 +125,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
       Deno.removeSignalListener(signal, onSignal);
     }
     db.close();
+    audit.close();
   }
   return 0;
 }

@@ -9,6 +9,7 @@
  * @module
  */
 import { join } from "../path.ts";
+import { openJsonLines } from "../jsonl_log.ts";
 
 /**
  * How a request ended: ok, tool_error (result.isError), error (a JSON-RPC
@@ -99,40 +100,11 @@ export function openAuditLog(
   options: { onError?: (message: string) => void } = {},
 ): AuditLog {
   Deno.mkdirSync(home, { recursive: true, mode: 0o700 });
-  const path = join(home, AUDIT_FILE);
-  const file = Deno.openSync(path, { append: true, create: true, mode: 0o600 });
-  let reported = false;
-  let closed = false;
-  let chain = Promise.resolve();
+  const log = openJsonLines(join(home, AUDIT_FILE), options);
   return {
-    path,
-    append(record: AuditRecord): Promise<void> {
-      if (closed) return Promise.resolve();
-      const bytes = new TextEncoder().encode(`${JSON.stringify(auditLine(record))}\n`);
-      chain = chain.then(async () => {
-        try {
-          // One write: a partial write of a line under O_APPEND is not expected
-          // for regular files; if it happens, the rest follows at once.
-          let rest = bytes;
-          while (rest.byteLength > 0) rest = rest.subarray(await file.write(rest));
-        } catch (error) {
-          if (!reported) {
-            reported = true;
-            options.onError?.(
-              `Cannot write audit log '${path}': ${
-                error instanceof Error ? error.message : String(error)
-              }`,
-            );
-          }
-        }
-      });
-      return chain;
-    },
-    close(): void {
-      if (closed) return;
-      closed = true;
-      void chain.finally(() => file.close());
-    },
+    path: log.path,
+    append: (record: AuditRecord): Promise<void> => log.append(auditLine(record)),
+    close: (): void => log.close(),
   };
 }
 

@@ -52,8 +52,10 @@ export interface ControlDeps {
 
 /** One audited API call. */
 export interface AuditEntry {
-  /** The key's name, when a key was given and valid. */
+  /** The key's id, when a key was given and valid (for envd: the key that made the sandbox). */
   key?: string;
+  /** The key's name, when known (control calls). */
+  keyName?: string;
   /** The key's tenant. */
   tenant?: string;
   /** The sandbox the call named. */
@@ -105,7 +107,8 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     await next();
     const sandbox = /^(?:\/v2)?\/sandboxes\/([^/]+)/.exec(c.req.path)?.[1];
     deps.audit?.({
-      key: caller.keyName,
+      key: caller.keyId,
+      keyName: caller.keyName,
       tenant: caller.tenant,
       ...(sandbox === undefined ? {} : { sandbox }),
       method: `${c.req.method} ${c.req.path}`,

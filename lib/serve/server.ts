@@ -17,7 +17,7 @@ import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
-import { SandboxStore } from "./state.ts";
+import { type SandboxRecord, SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 
@@ -121,6 +121,20 @@ export function startServer(options: ServerOptions): RunningServer {
         status: 502,
       });
     }
+    const response = await envdResponse(request, record);
+    options.audit?.({
+      key: record.keyId,
+      tenant: record.tenant,
+      sandbox: id,
+      method: `${request.method} ${new URL(request.url).pathname}`,
+      status: response.status,
+    });
+    return response;
+  };
+  // One sandbox's envd: its plain routes (their own auth), then, with its
+  // access token, its Connect services.
+  const envdResponse = async (request: Request, record: SandboxRecord): Promise<Response> => {
+    const id = record.id;
     const live = sandboxes.live(record);
     const target = { sandbox: live.sandbox, accessToken: record.accessToken };
     const plain = await envdHttp(request, target);

@@ -1,0 +1,141 @@
+/**
+ * `waffle serve`'s new surface, attacked, and its durability: a command and
+ * a compromised runner (`docker exec -u 0`) of a real sandbox try to reach
+ * the server; one sandbox's token is tried on another's envd; every call is
+ * audited; a server killed with SIGKILL and started again serves what it
+ * had. Live tests with the real E2B SDK (see tests/_serve_helpers.ts).
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { Sandbox } from "e2b";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
+import { sdk, sdkTest, type Served } from "./_serve_helpers.ts";
+import { runProcess } from "./_helpers.ts";
+
+/** The audit's lines so far. */
+async function auditLines(served: Served): Promise<Record<string, unknown>[]> {
+  const text = await Deno.readTextFile(join(served.home, "serve", "audit.jsonl")).catch(() => "");
+  return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
+}
+
+/** The envd token of a sandbox, as the control API gives it to its owner. */
+async function tokenOf(served: Served, key: string, id: string): Promise<string> {
+  const info = await fetch(`${served.url}/sandboxes/${id}`, { headers: { "x-api-key": key } });
+  return (await info.json()).envdAccessToken;
+}
+
+sdkTest(
+  "attack: a command and a compromised runner cannot reach waffle serve; nothing reaches its audit",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+    try {
+      const port = new URL(served.url).port;
+      const before = (await auditLines(served)).length;
+      // Loopback is the container's own; the default bridge's gateway is this
+      // host's (never any other address).
+      const bridge = await runProcess("docker", [
+        "network",
+        "inspect",
+        "bridge",
+        "--format",
+        "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+      ]);
+      const gateway = bridge.stdout.trim();
+      assert.match(gateway, /^\d+\.\d+\.\d+\.\d+$/);
+      const probe = `for h in 127.0.0.1 ${gateway}; do ` +
+        `(exec 3<>/dev/tcp/$h/${port}) 2>/dev/null && echo "reached $h"; done; echo done`;
+      const asCommand = await sandbox.commands.run(`bash -c '${probe}'`);
+      assert.equal(asCommand.stdout, "done\n");
+      const container = sandboxKey("a", sandbox.sandboxId, { home: served.home }).containerName;
+      const asRunner = await runProcess("docker", [
+        "exec",
+        "-u",
+        "0",
+        container,
+        "bash",
+        "-c",
+        probe,
+      ]);
+      assert.equal(asRunner.stdout, "done\n", asRunner.stderr);
+      // The victim: the server heard nothing from inside (its audit has only
+      // the command's own Start, made through the API).
+      const after = (await auditLines(served)).slice(before);
+      assert.deepEqual(after.map((line) => line.method), ["POST /process.Process/Start"]);
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest("attack: one sandbox's token opens no other sandbox's envd", async (served) => {
+  const one = await Sandbox.create("base", sdk(served, served.keys.a));
+  const two = await Sandbox.create("base", sdk(served, served.keys.a));
+  try {
+    await one.files.write("secret.txt", "one's secret");
+    const tokenTwo = await tokenOf(served, served.keys.a, two.sandboxId);
+    const headers = { "e2b-sandbox-id": one.sandboxId, "x-access-token": tokenTwo };
+    const read = await fetch(`${served.url}/files?path=secret.txt&username=user`, { headers });
+    assert.equal(read.status, 401);
+    await read.body?.cancel();
+    const list = await fetch(`${served.url}/process.Process/List`, {
+      method: "POST",
+      headers: { ...headers, "content-type": "application/json" },
+      body: "{}",
+    });
+    assert.equal(list.status, 401);
+    assert.equal((await list.json()).code, "unauthenticated");
+    // Its own token still opens it.
+    assert.equal(await one.files.read("secret.txt"), "one's secret");
+  } finally {
+    await one.kill();
+    await two.kill();
+  }
+});
+
+sdkTest("every API call is audited: key, tenant, sandbox, method and status", async (served) => {
+  const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+  try {
+    await sandbox.commands.run("true");
+    await assert.rejects(Sandbox.list(sdk(served, "e2b_" + "1".repeat(40))).nextItems());
+    const lines = await auditLines(served);
+    const create = lines.find((line) => line.method === "POST /v2/sandboxes");
+    assert.equal(create?.status, 201);
+    assert.equal(create?.tenant, "a");
+    assert.match(String(create?.key), /^k_[0-9a-f]{16}$/);
+    const start = lines.find((line) => line.method === "POST /process.Process/Start");
+    assert.equal(start?.sandbox, sandbox.sandboxId);
+    assert.equal(start?.tenant, "a");
+    assert(lines.some((line) => line.status === 401 && line.key === undefined));
+    for (const line of lines) assert.match(String(line.time), /^\d{4}-\d\d-\d\dT/);
+  } finally {
+    await sandbox.kill();
+  }
+});
+
+sdkTest(
+  "a server killed with SIGKILL and started again serves its sandboxes, their files and timeouts",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      metadata: { job: "durable" },
+    });
+    await sandbox.files.write("kept.txt", "before the crash");
+    const endAt = (await sandbox.getInfo()).endAt;
+    await served.crashAndRestart();
+    const options = sdk(served, served.keys.a);
+    const again = await Sandbox.connect(sandbox.sandboxId, options);
+    try {
+      assert.equal(await again.files.read("kept.txt"), "before the crash");
+      assert.equal((await again.commands.run("cat kept.txt")).stdout, "before the crash");
+      const listed = await Sandbox.list({ ...options, query: { metadata: { job: "durable" } } })
+        .nextItems();
+      assert.deepEqual(listed.map((s) => s.sandboxId), [sandbox.sandboxId]);
+      // Connect extends, never shortens: the end time is at least what it was.
+      assert((await again.getInfo()).endAt.getTime() >= endAt.getTime());
+    } finally {
+      await again.kill();
+    }
+  },
+);
