@@ -35,8 +35,9 @@ export interface Served {
 }
 
 /** Starts `waffle serve` on 127.0.0.1:0 in a fresh home, with keys of tenants `a` and `b`. */
-export async function serve(): Promise<Served> {
+export async function serve(options: { toml?: string } = {}): Promise<Served> {
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-serve-" }));
+  if (options.toml !== undefined) await Deno.writeTextFile(`${home}/waffle.toml`, options.toml);
   const env = { WAFFLE_HOME: home };
   const key = async (tenant: string): Promise<string> => {
     const made = await runCliProcess(["serve", "key", "create", "--tenant", tenant], { env });
@@ -126,8 +127,13 @@ export function sdk(
  *
  * @param name The test's name.
  * @param fn The test.
+ * @param options A `waffle.toml` for the server's home.
  */
-export function sdkTest(name: string, fn: (served: Served) => Promise<void>): void {
+export function sdkTest(
+  name: string,
+  fn: (served: Served) => Promise<void>,
+  options: { toml?: string } = {},
+): void {
   if (missing !== undefined) {
     if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
       Deno.test({ name, fn: () => assert.fail(`Required (WAFFLE_REQUIRE_DOCKER=1): ${missing}`) });
@@ -136,7 +142,7 @@ export function sdkTest(name: string, fn: (served: Served) => Promise<void>): vo
   }
   // The SDK keeps its HTTP connections for reuse: not a leak of the test's.
   Deno.test({ name, sanitizeResources: false, sanitizeOps: false }, async () => {
-    const served = await serve();
+    const served = await serve(options);
     try {
       await fn(served);
     } finally {

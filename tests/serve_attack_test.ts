@@ -139,3 +139,31 @@ sdkTest(
     }
   },
 );
+
+sdkTest(
+  "a key's sandboxes hold at most max_streams_per_key open streams; a finished one frees its place",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+    try {
+      const first = await sandbox.commands.run("sleep 30", { background: true });
+      const second = await sandbox.commands.run("sleep 30", { background: true });
+      await assert.rejects(
+        sandbox.commands.run("echo third"),
+        (error: unknown) => error instanceof Error && /max_streams_per_key/.test(error.message),
+      );
+      assert.equal(await first.kill(), true);
+      await first.wait().catch(() => {});
+      // Its stream ended: the place is free again (bounded wait for the close).
+      let ran = "";
+      for (let i = 0; i < 20 && ran === ""; i++) {
+        ran = await sandbox.commands.run("echo third").then((r) => r.stdout, () => "");
+        if (ran === "") await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.equal(ran, "third\n");
+      await second.kill();
+    } finally {
+      await sandbox.kill();
+    }
+  },
+  { toml: "[serve]\nmax_streams_per_key = 2\n" },
+);

@@ -105,6 +105,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
       diskSizeMB: Math.round(config.sandbox.quotaBytes / 2 ** 20),
     },
     maxBodyBytes: settings.maxBodyBytes,
+    maxStreamsPerKey: settings.maxStreamsPerKey,
     audit: (entry) => void audit.append({ time: new Date().toISOString(), ...entry }),
     tls,
     signal: stop.signal,

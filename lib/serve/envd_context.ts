@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
+import { Code, ConnectError, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import type { Sandbox } from "../sandbox/mod.ts";
 import type { ProcessTable } from "./processes.ts";
 import type { SandboxRecord } from "./state.ts";
@@ -21,6 +21,8 @@ export interface EnvdContext {
   maxBodyBytes: number;
   /** The open waffle sandbox (the filesystem service runs its commands). */
   sandbox: Sandbox;
+  /** Run around every call (the server's stream limit). */
+  interceptors?: Interceptor[];
 }
 
 /**

@@ -158,7 +158,7 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
       },
     });
     registerFilesystem(router, context);
-  }, { maxBodyBytes: context.maxBodyBytes });
+  }, { maxBodyBytes: context.maxBodyBytes, interceptors: context.interceptors ?? [] });
 }
 
 // A terminal size from the request (the library checks its range).

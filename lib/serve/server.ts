@@ -18,6 +18,7 @@ import { ProcessTable } from "./processes.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
 import { type SandboxRecord, SandboxStore } from "./state.ts";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 
@@ -47,6 +48,8 @@ export interface ServerOptions {
   resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
   /** Largest request body, in bytes. */
   maxBodyBytes: number;
+  /** Streams (commands, re-attaches, watches) the sandboxes of one key may hold open at once. */
+  maxStreamsPerKey: number;
   /** Records each API call. */
   audit?: (entry: AuditEntry) => void;
   /** TLS certificate and key (PEM), for a non-loopback address. */
@@ -154,17 +157,56 @@ export function startServer(options: ServerOptions): RunningServer {
         killed: live.killed.signal,
         maxBodyBytes: options.maxBodyBytes,
         sandbox: live.sandbox,
+        interceptors: [streamLimit(record.keyId)],
       });
       envds.set(id, envd = { table, services });
       live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
     }
-    return await envd.services(request) ??
-      Response.json({
-        code: "unimplemented",
-        message: `No route '${new URL(request.url).pathname}'`,
-      }, {
-        status: 404,
-      });
+    return await envd.services(request) ?? noRoute(new URL(request.url).pathname);
+  };
+  /** Open streams by the key that made their sandbox. */
+  const streams = new Map<string, number>();
+  // Each streaming call (a command, a re-attach, a watch) holds one of its
+  // key's places until its stream ends, however it ends.
+  const streamLimit = (keyId: string): Interceptor => (next) => async (call) => {
+    if (!call.method.methodKind.startsWith("server_streaming")) return await next(call);
+    const held = streams.get(keyId) ?? 0;
+    if (held >= options.maxStreamsPerKey) {
+      throw new ConnectError(
+        `Key '${keyId}' holds ${held} open streams, its limit ([serve] max_streams_per_key)`,
+        Code.ResourceExhausted,
+      );
+    }
+    streams.set(keyId, held + 1);
+    const release = (): void => {
+      const left = (streams.get(keyId) ?? 1) - 1;
+      if (left > 0) streams.set(keyId, left);
+      else streams.delete(keyId);
+    };
+    let response;
+    try {
+      response = await next(call);
+    } catch (error) {
+      release();
+      throw error;
+    }
+    if (!response.stream) {
+      release();
+      return response;
+    }
+    const messages = response.message;
+    return {
+      ...response,
+      message: (async function* (): AsyncGenerator<
+        (typeof messages extends AsyncIterable<infer M> ? M : never)
+      > {
+        try {
+          yield* messages;
+        } finally {
+          release();
+        }
+      })(),
+    };
   };
   const server = Deno.serve({
     hostname: options.hostname,
@@ -191,6 +233,10 @@ export function startServer(options: ServerOptions): RunningServer {
 }
 
 const ENVD_HOST = /^49983-([a-z0-9]+)\.(.+)$/;
+
+function noRoute(path: string): Response {
+  return Response.json({ code: "unimplemented", message: `No route '${path}'` }, { status: 404 });
+}
 
 // The sandbox a request is for: the SDK's header, else the envd host name.
 function sandboxIdOf(request: Request, domain: string | undefined): string | undefined {
