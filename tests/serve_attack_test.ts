@@ -123,6 +123,8 @@ sdkTest(
     });
     await sandbox.files.write("kept.txt", "before the crash");
     const endAt = (await sandbox.getInfo()).endAt;
+    // A command running at the crash: it counts its starts in the workspace.
+    await sandbox.commands.run("echo started >> starts; exec sleep 300", { background: true });
     await served.crashAndRestart();
     const options = sdk(served, served.keys.a);
     const again = await Sandbox.connect(sandbox.sandboxId, options);
@@ -134,6 +136,16 @@ sdkTest(
       assert.deepEqual(listed.map((s) => s.sandboxId), [sandbox.sandboxId]);
       // Connect extends, never shortens: the end time is at least what it was.
       assert((await again.getInfo()).endAt.getTime() >= endAt.getTime());
+      // The command's lease ran out with the old server: it ended, and ran once
+      // (bounded: the lease is 10 s).
+      let left = "";
+      for (let i = 0; i < 40; i++) {
+        left = (await again.commands.run("pgrep -x sleep || true")).stdout;
+        if (left === "") break;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+      assert.equal(left, "");
+      assert.equal(await again.files.read("starts"), "started\n");
     } finally {
       await again.kill();
     }
