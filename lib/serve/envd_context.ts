@@ -21,6 +21,8 @@ export interface EnvdContext {
   maxBodyBytes: number;
   /** The open waffle sandbox (the filesystem service runs its commands). */
   sandbox: Sandbox;
+  /** Why the sandbox takes no call now (it is paused), read afresh on each call; else undefined. */
+  paused?: () => string | undefined;
 }
 
 /**

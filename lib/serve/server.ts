@@ -15,7 +15,7 @@ import { envdHttp, error } from "./envd_http.ts";
 import { envdServices } from "./envd_rpc.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
-import { ServeSandboxes } from "./sandboxes.ts";
+import { pausedMessage, ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
 import { SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
@@ -122,7 +122,11 @@ export function startServer(options: ServerOptions): RunningServer {
       });
     }
     const live = sandboxes.live(record);
-    const target = { sandbox: live.sandbox, accessToken: record.accessToken };
+    const target = {
+      sandbox: live.sandbox,
+      accessToken: record.accessToken,
+      paused: record.state === "paused" ? pausedMessage(id) : undefined,
+    };
     const plain = await envdHttp(request, target);
     if (plain !== undefined) return plain;
     const token = request.headers.get("x-access-token");
@@ -140,6 +144,7 @@ export function startServer(options: ServerOptions): RunningServer {
         killed: live.killed.signal,
         maxBodyBytes: options.maxBodyBytes,
         sandbox: live.sandbox,
+        paused: () => store.get(id)?.state === "paused" ? pausedMessage(id) : undefined,
       });
       envds.set(id, envd = { table, services });
       live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
