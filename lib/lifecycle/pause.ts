@@ -18,7 +18,7 @@
  *
  * Docker's word wins where it differs: `ensureContainer` refuses a paused
  * container whoever paused it, and `resumeSandbox` of a container that is
- * not paused only clears the record.
+ * not paused only records the resume.
  *
  * @module
  */

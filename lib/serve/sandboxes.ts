@@ -9,7 +9,7 @@
  */
 import { newBearerToken } from "../mcp/bearer_token.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import { UsageError } from "../errors.ts";
+import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
 import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
@@ -204,8 +204,11 @@ export class ServeSandboxes {
   async pause(record: SandboxRecord): Promise<boolean> {
     if (record.state === "paused") return false;
     const { sandbox } = this.live(record);
-    // Its runner may have made its idle exit: started, so there is something to freeze.
-    await sandbox.ensure();
+    // Its runner may have made its idle exit: started, so there is something
+    // to freeze (one paused by hand is left to pauseSandbox, which says so).
+    await sandbox.ensure().catch((error) => {
+      if (!(error instanceof SandboxPausedError)) throw error;
+    });
     const paused = await pauseSandbox(this.#options.docker, sandbox.key, {
       config: sandbox.config,
     });
@@ -217,19 +220,20 @@ export class ServeSandboxes {
    * Resumes a paused sandbox where it was, and records it running.
    *
    * @param record The sandbox.
-   * @returns True when its record said paused (the connect then answers 201).
+   * @returns True when it was paused, by its record or Docker (the connect then answers 201).
    */
   async resume(record: SandboxRecord): Promise<boolean> {
-    if (record.state !== "paused") return false;
     const { sandbox } = this.live(record);
+    let resumed = false;
     try {
-      await resumeSandbox(this.#options.docker, sandbox.key, { config: sandbox.config });
+      // Asked of Docker whatever the record says: a container paused by hand resumes too.
+      resumed = await resumeSandbox(this.#options.docker, sandbox.key, { config: sandbox.config });
     } catch (error) {
       // Its container is gone: the connect's ensure makes it anew.
       if (!(error instanceof UsageError)) throw error;
     }
-    this.#store.setState(record.id, "running");
-    return true;
+    if (record.state === "paused") this.#store.setState(record.id, "running");
+    return resumed || record.state === "paused";
   }
 
   /**
