@@ -155,6 +155,32 @@ export class RunnerError extends WaffleError {
   }
 }
 
+/**
+ * The sandbox is paused (`waffle pause`): it takes no command until it is
+ * resumed. Nothing was queued, so nothing runs later or twice.
+ */
+export class SandboxPausedError extends WaffleError {
+  /** The paused sandbox's tenant. */
+  readonly tenant: string;
+  /** The paused sandbox's user. */
+  readonly user: string;
+  /**
+   * Creates the error; its message names the sandbox and how to resume it.
+   *
+   * @param sandbox Whose sandbox is paused.
+   * @param options Cause and exit code.
+   */
+  constructor(sandbox: { tenant: string; user: string }, options: WaffleErrorOptions = {}) {
+    super(
+      `Sandbox '${sandbox.user}' of tenant '${sandbox.tenant}' is paused; resume it with 'waffle resume --user ${sandbox.user} --tenant ${sandbox.tenant}'`,
+      options,
+    );
+    this.name = "SandboxPausedError";
+    this.tenant = sandbox.tenant;
+    this.user = sandbox.user;
+  }
+}
+
 /** Why the host could not read a file the sandbox can write. */
 export type SandboxFileProblem = "missing" | "busy" | "damaged";
 

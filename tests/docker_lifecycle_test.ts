@@ -28,6 +28,7 @@ import { delay, text, waitFor } from "./_helpers.ts";
 import { recordDockerEvents, volumesMountedInto } from "./_docker_events.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
+import { SandboxPausedError } from "../lib/errors.ts";
 import {
   dockerCli,
   homeContainers,
@@ -295,13 +296,16 @@ liveTest(
     const recreated = changed.lastEnsure!.containerId;
     assert.equal((await docker.inspectContainer(recreated))!.HostConfig.PidsLimit, 300);
 
-    // Paused: its runner stops beating, so the record stops holding once the
-    // beat is stale (the inode change time is read in whole seconds).
+    // Paused (by hand, with no pause record): its runner stops beating, so
+    // the record stops holding once the beat is stale (the inode change time
+    // is read in whole seconds); the full ensure refuses the paused container
+    // rather than replacing it, and it serves again once thawed.
     await docker.pauseContainer(recreated);
     await delay(STALE_AFTER_MS + 1500);
-    await changed.ensure();
-    assert.equal(changed.lastEnsure!.action, "recreated", "a paused container is replaced");
-    assert.notEqual(changed.lastEnsure!.containerId, recreated);
+    await assert.rejects(changed.ensure(), SandboxPausedError);
+    assert.equal((await docker.inspectContainer(recreated))!.State.Paused, true);
+    await docker.unpauseContainer(recreated);
+    await waitFor(() => changed.queue.liveness().state === "alive", { what: "a beat" });
 
     // A record that is not valid JSON is no record: the full ensure runs and rewrites it.
     await Deno.writeTextFile(record, "{not json");
@@ -374,25 +378,30 @@ liveTest("a stopped container is started again: same container id", async (docke
 });
 
 liveTest(
-  "a paused container is removed by sweep; the next call creates a fresh one",
+  "a paused container is kept by sweep, even once its beat is stale; thawed, the same one serves",
   async (docker) => {
     await using home = await tempHome(docker, { idleSeconds: 120 });
     const sandbox = home.open(uniqueUser("pause"));
     await runOk(sandbox, "echo ws > /workspace/m");
     const id = sandbox.lastEnsure!.containerId;
     await docker.pauseContainer(id);
+    await waitFor(() => sandbox.queue.liveness().state === "stale", {
+      timeoutMs: STALE_AFTER_MS + 10_000,
+      what: "a stale beat",
+    });
 
     const actions = await sweep(docker, { config: sandbox.config });
     const mine = actions.filter((action) => action.containerId === id);
     assert.deepEqual(mine.map(({ action, reason }) => ({ action, reason })), [{
-      action: "removed",
+      action: "kept",
       reason: "paused",
     }]);
-    assert.equal(await docker.inspectContainer(id), null);
+    assert.equal((await docker.inspectContainer(id))!.State.Paused, true);
 
+    await docker.unpauseContainer(id);
+    await waitFor(() => sandbox.queue.liveness().state === "alive", { what: "a beat" });
     assert.equal(await runOk(sandbox, "cat /workspace/m"), "ws\n");
-    assert.equal(sandbox.lastEnsure!.action, "created");
-    assert.notEqual(sandbox.lastEnsure!.containerId, id);
+    assert.equal(sandbox.lastEnsure!.containerId, id);
   },
 );
 

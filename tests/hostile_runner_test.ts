@@ -134,7 +134,7 @@ interface CallOutcome {
 async function timedCall(sandbox: Sandbox, shell: string): Promise<CallOutcome> {
   const started = performance.now();
   const troubles: string[] = [];
-  const revive = (trouble: RunnerTrouble): Promise<void> => {
+  const revive = (trouble: RunnerTrouble): Promise<void | false> => {
     troubles.push(`${trouble}@${fmt(performance.now() - started)}`);
     return sandbox.ensure(trouble);
   };

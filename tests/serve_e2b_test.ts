@@ -10,7 +10,10 @@
  */
 import assert from "node:assert/strict";
 import { CommandExitError, NotFoundError, Sandbox, SandboxError, TimeoutError } from "e2b";
-import { delay } from "./_helpers.ts";
+import { delay, runCliProcess } from "./_helpers.ts";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
+import { statePaths } from "../lib/lifecycle/identity.ts";
+import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { rawGet, sdk, sdkTest, type Served } from "./_serve_helpers.ts";
 
 sdkTest(
@@ -492,3 +495,96 @@ sdkTest(
     }
   },
 );
+
+const COUNTER = "i=0; while true; do echo $((i+=1)) > /home/user/c; sleep 0.2; done";
+// Counts the counter's processes (this command's own line does not match the pattern).
+const COUNT_COUNTERS =
+  "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c 'i[+]=1'";
+
+sdkTest(
+  "e2b SDK: pause freezes a background counter, calls fail while paused, connect resumes it where it was",
+  async (served) => {
+    const opts = sdk(served, served.keys.a);
+    const sandbox = await Sandbox.create(opts);
+    try {
+      const home = served.home;
+      // The counter as the host sees it (the workspace is a bind mount).
+      const workspace = statePaths(home, sandboxKey("a", sandbox.sandboxId, { home })).workspace;
+      const count = (): number => {
+        try {
+          return Number(Deno.readTextFileSync(`${workspace}/c`).trim() || "0");
+        } catch {
+          return 0;
+        }
+      };
+      const counter = await sandbox.commands.run(COUNTER, { background: true, timeoutMs: 0 });
+      for (let i = 0; i < 200 && count() < 3; i++) await delay(50);
+      assert.ok(count() >= 3, "the counter counts");
+
+      assert.equal(await sandbox.pause(), true);
+      const frozen = count();
+      await delay(1500);
+      assert.equal(count(), frozen, "the counter stopped while paused");
+      assert.equal((await sandbox.getInfo()).state, "paused");
+      assert.equal(await Sandbox.pause(sandbox.sandboxId, opts), false, "already paused: 409");
+      await assert.rejects(
+        Sandbox.pause(sandbox.sandboxId, sdk(served, served.keys.b)),
+        NotFoundError,
+      );
+      const paused = new RegExp(`Sandbox '${sandbox.sandboxId}' is paused`);
+      await assert.rejects(sandbox.commands.run("touch /home/user/late"), paused);
+      await assert.rejects(sandbox.files.read("/home/user/c"), paused);
+      assert.equal(await sandbox.isRunning(), false);
+      // Past the time a silent runner is judged dead: the server's wait on
+      // the counter must not recycle the sandbox or end the counter.
+      await delay(STALE_AFTER_MS + 1000);
+      assert.equal(count(), frozen);
+
+      // connect resumes it (201), and the same counter goes on (not restarted at 1).
+      const connect = (): Promise<Response> =>
+        fetch(`${served.url}/sandboxes/${sandbox.sandboxId}/connect`, {
+          method: "POST",
+          headers: { "x-api-key": served.keys.a, "content-type": "application/json" },
+          body: JSON.stringify({ timeout: 300 }),
+        });
+      const resumed = await connect();
+      await resumed.body?.cancel();
+      assert.equal(resumed.status, 201);
+      const running = await connect();
+      await running.body?.cancel();
+      assert.equal(running.status, 200);
+      const same = await Sandbox.connect(sandbox.sandboxId, opts);
+      assert.equal((await same.getInfo()).state, "running");
+      for (let i = 0; i < 200 && count() === frozen; i++) await delay(50);
+      assert.ok(count() > frozen, `went on from ${frozen}, not from 1 (now ${count()})`);
+      assert.equal((await same.commands.run(COUNT_COUNTERS)).stdout.trim(), "1");
+      assert.ok((await same.commands.list()).some((p) => p.pid === counter.pid), "still listed");
+      assert.equal(
+        (await same.commands.run("test -e /home/user/late || echo never")).stdout,
+        "never\n",
+      );
+
+      // Sandbox.connect resumes a paused sandbox too.
+      assert.equal(await Sandbox.pause(sandbox.sandboxId, opts), true);
+      const again = await Sandbox.connect(sandbox.sandboxId, opts);
+      assert.equal((await again.commands.run("echo back")).stdout, "back\n");
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest("e2b SDK: a paused sandbox is removed at its end time", async (served) => {
+  const opts = sdk(served, served.keys.a);
+  const sandbox = await Sandbox.create({ ...opts, timeoutMs: 60_000 });
+  assert.equal(await sandbox.pause(), true);
+  await sandbox.setTimeout(1000);
+  let gone = false;
+  for (let i = 0; i < 100 && !gone; i++) {
+    await delay(100);
+    gone = !(await Sandbox.list(opts).nextItems()).some((s) => s.sandboxId === sandbox.sandboxId);
+  }
+  assert.ok(gone, "the reaper removed the paused sandbox");
+  const containers = await runCliProcess(["ps", "--json"], { env: { WAFFLE_HOME: served.home } });
+  assert.deepEqual(JSON.parse(containers.stdout).sandboxes, []);
+});

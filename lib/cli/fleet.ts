@@ -9,6 +9,7 @@ import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
 import { listSandboxes, stopSandbox, sweep } from "../lifecycle/fleet.ts";
 import { removeSandbox } from "../sandbox/remove.ts";
+import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import { sandboxKey } from "../config/sandbox_key.ts";
 import { noPositionals, numberFlag, parse, stringFlag } from "./args.ts";
 import { table } from "./report.ts";
@@ -80,8 +81,8 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
 export const SWEEP_HELP = `Usage: waffle sweep [--idle-seconds S] [--max-running N] [--all] [--json]
 
 Reconciles this home's waffle containers (WAFFLE_HOME's), including ones
-whose host process died: removes paused, dead or incompatible (image or
-posture changed) containers and those whose state directory is gone; stops
+whose host process died: keeps paused ones ('waffle pause'); removes dead
+or incompatible (image or posture changed) containers and those whose state directory is gone; stops
 containers whose runner is dead (its heartbeat unchanged for three beats by
 this host's clock, whatever it wrote); stops containers idle for S seconds
 (default: the configured idle time; 0 never; idle by this host's own record
@@ -142,7 +143,8 @@ export async function sweepCommand(args: string[], io: CliIo): Promise<number> {
 /** Help of `waffle stop`. */
 export const STOP_HELP = `Usage: waffle stop --user U [--tenant T]
 
-Stops the user's container gracefully; it stays and restarts on the next call.
+Stops the user's container gracefully (a paused one is resumed first); it
+stays and restarts on the next call.
 `;
 
 /**
@@ -158,6 +160,77 @@ export async function stopCommand(args: string[], io: CliIo): Promise<number> {
   const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
   const stopped = await stopSandbox(new DockerClient(), key, { config: loadConfig() });
   await io.stdout(`${stopped ? "stopped" : "already stopped"} ${key.containerName}\n`);
+  return 0;
+}
+
+/** Help of `waffle pause`. */
+export const PAUSE_HELP = `Usage: waffle pause --user U [--tenant T] [--json]
+
+Freezes every process of the user's sandbox (Docker's pause, the cgroup
+freezer): its memory is kept and it uses no CPU. While paused, a command
+('waffle exec', the library's run and spawn) fails at once with an error
+naming the sandbox (exit code 125) and is never queued; a command already
+running is frozen with it and goes on after 'waffle resume'. 'waffle ps'
+shows it as paused, and 'waffle sweep' keeps it. --json prints
+{"user","tenant","container","paused"}, 'paused' false when it already was.
+`;
+
+/**
+ * Runs `waffle pause`.
+ *
+ * @param args Arguments after `pause`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function pauseCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, {
+    user: { type: "string" },
+    tenant: { type: "string" },
+    json: { type: "boolean" },
+  });
+  noPositionals(parsed.positionals);
+  const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
+  const paused = await pauseSandbox(new DockerClient(), key, { config: loadConfig() });
+  const { user, tenant, containerName: container } = key;
+  await io.stdout(
+    parsed.values.json
+      ? `${JSON.stringify({ user, tenant, container, paused })}\n`
+      : `${paused ? "paused" : "already paused"} ${container}\n`,
+  );
+  return 0;
+}
+
+/** Help of `waffle resume`. */
+export const RESUME_HELP = `Usage: waffle resume --user U [--tenant T] [--json]
+
+Resumes the user's paused sandbox: its processes go on where they were
+(none is restarted), and it takes commands again once its runner has beaten.
+--json prints {"user","tenant","container","resumed"}, 'resumed' false when
+it was not paused.
+`;
+
+/**
+ * Runs `waffle resume`.
+ *
+ * @param args Arguments after `resume`.
+ * @param io Process streams.
+ * @returns 0.
+ */
+export async function resumeCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, {
+    user: { type: "string" },
+    tenant: { type: "string" },
+    json: { type: "boolean" },
+  });
+  noPositionals(parsed.positionals);
+  const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
+  const resumed = await resumeSandbox(new DockerClient(), key, { config: loadConfig() });
+  const { user, tenant, containerName: container } = key;
+  await io.stdout(
+    parsed.values.json
+      ? `${JSON.stringify({ user, tenant, container, resumed })}\n`
+      : `${resumed ? "resumed" : "not paused"} ${container}\n`,
+  );
   return 0;
 }
 

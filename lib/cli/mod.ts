@@ -62,6 +62,14 @@ const commands = new Map<string, Subcommand>([
     summary: "stop a user's sandbox",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.STOP_HELP, run: m.stopCommand })),
   }],
+  ["pause", {
+    summary: "freeze every process of a user's sandbox",
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.PAUSE_HELP, run: m.pauseCommand })),
+  }],
+  ["resume", {
+    summary: "resume a paused sandbox where it was",
+    load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.RESUME_HELP, run: m.resumeCommand })),
+  }],
   ["rm", {
     summary: "remove a user's sandbox (--purge: and its state)",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.RM_HELP, run: m.rmCommand })),

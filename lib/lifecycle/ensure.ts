@@ -2,16 +2,17 @@
  * ensure: make the sandbox of one (tenant, user) exist, match today's image
  * and posture, run, and have a live runner. Callers hold the sandbox lock.
  *
- * inspect → reuse running | start stopped | recreate when paused, dead,
- * restarting, or when the image id or posture differ → wait for the runner's
- * first heartbeat.
+ * inspect → reuse running | start stopped | recreate when dead, restarting,
+ * or when the image id or posture differ → wait for the runner's first
+ * heartbeat. A paused container (`pause.ts`) is refused, never recreated:
+ * its processes are waiting for a resume.
  *
  * @module
  */
 import type { SandboxConfig } from "../config/config.ts";
 import { type DockerClient, DockerConflictError } from "../docker/mod.ts";
 import type { ContainerInspect } from "../docker/types.ts";
-import { DockerError, RunnerError } from "../errors.ts";
+import { DockerError, RunnerError, SandboxPausedError } from "../errors.ts";
 import { settleAll } from "../async.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { RunnerTrouble } from "../queue/liveness.ts";
@@ -107,20 +108,20 @@ export async function resolveImage(docker: DockerClient, ref: string): Promise<I
 
 /**
  * Why a container's Docker state makes it unusable whatever its config
- * (paused, dead, restarting, being removed), or undefined. Unlike
+ * (dead, restarting, being removed), or undefined. Unlike
  * {@linkcode incompatibility} it needs no config, so it can judge another
- * home's container.
+ * home's container. A paused container is usable once resumed: not a
+ * reason (see `pause.ts`).
  *
  * @example
  * ```ts ignore
- * const reason = unusableState((await docker.inspectContainer(id))!.State); // e.g. "paused"
+ * const reason = unusableState((await docker.inspectContainer(id))!.State); // e.g. "dead"
  * ```
  *
  * @param state The inspected container's state.
  * @returns A reason to recreate, or undefined.
  */
 export function unusableState(state: ContainerInspect["State"]): string | undefined {
-  if (state.Paused) return "paused";
   if (state.Dead || state.Status === "dead") return "dead";
   if (state.Restarting || state.Status === "restarting") return "restarting";
   if (state.Status === "removing") return "being removed";
@@ -188,6 +189,9 @@ export async function ensureContainer(
     // another home.
     const foreign = !ownedBy(container, paths.root);
     if (foreign) refuseForeign(container, spec.name, paths.root);
+    // Whoever paused it, its processes wait for a resume: never recycled,
+    // never judged dead by its silent heartbeat.
+    else if (container.State.Paused) throw new SandboxPausedError(key);
     const reason = foreign
       ? "its WAFFLE_HOME state is gone"
       : incompatibility(container, { imageId, postureHash: spec.postureHash, spec });

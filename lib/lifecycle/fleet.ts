@@ -39,6 +39,7 @@ import { incompatibility, ownedBy, unusableState } from "./ensure.ts";
 import { stateLayout, type StatePaths, statePaths } from "./identity.ts";
 import { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
 import { withLock } from "./lock.ts";
+import { clearPause } from "./pause_record.ts";
 import { containerSpec, findUncoverableVolume, type ImageFacts, LABELS } from "./posture.ts";
 import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
@@ -269,7 +270,7 @@ interface Placed {
 
 /**
  * Reconciles this home's labelled containers (with `all`, every home's on
- * the daemon): removes paused, dead, restarting and incompatible ones (image
+ * the daemon): keeps paused ones (see `pause.ts`); removes dead, restarting and incompatible ones (image
  * or posture changed, or an image waffle refuses for a VOLUME no capped
  * tmpfs can cover; judged for this home's only) and those whose state
  * directory is gone; stops those whose runner is dead (by the one liveness
@@ -375,6 +376,8 @@ async function sweepOne(
       await docker.removeContainer(container.Id, { force: true });
       return ["removed", "state directory is gone"];
     }
+    // Frozen on purpose: its silent heartbeat is no death, and it waits for a resume.
+    if (container.State.Paused) return ["kept", "paused"];
     const now = Date.now();
     const judged = judgeRunner(queueOf(paths.root).heartbeat, { queue: paths.root, now });
     const started = Date.parse(container.State.StartedAt);
@@ -477,7 +480,8 @@ async function inFlight(root: string): Promise<number> {
 
 /**
  * Stops a user's container gracefully (SIGTERM: the runner records running
- * requests as interrupted). The container stays adoptable.
+ * requests as interrupted); a paused one is resumed first. The container
+ * stays adoptable.
  *
  * @param docker The Docker client.
  * @param key Whose sandbox.
@@ -496,6 +500,10 @@ export async function stopSandbox(
     if (container === null || !ownedBy(container, paths.root)) {
       throw new UsageError(`No sandbox for user '${key.user}' of tenant '${key.tenant}'`);
     }
+    // A frozen runner cannot take SIGTERM: thawed first, so it records
+    // what it ran as interrupted, as any stop does.
+    if (container.State.Paused) await docker.unpauseContainer(container.Id);
+    clearPause(paths.root);
     return await docker.stopContainer(container.Id, { timeoutSeconds: 10 });
   });
 }

@@ -1,6 +1,6 @@
 /**
  * Per-user persistent sandbox containers: identity, posture, state, ensure,
- * and the fleet operations (ps, sweep, stop). Opening a sandbox and removing
+ * and the fleet operations (ps, sweep, stop, pause, resume). Opening a sandbox and removing
  * one compose these with egress: `lib/sandbox/`.
  *
  * @module
@@ -54,6 +54,8 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./fleet.ts";
+export { type PauseOptions, pauseSandbox, resumeSandbox } from "./pause.ts";
+export { clearPause, type PauseRecord, readPause } from "./pause_record.ts";
 export {
   listSnapshots,
   removeSnapshot,

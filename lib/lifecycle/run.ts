@@ -430,7 +430,7 @@ class OutputPipe {
   }
 }
 
-function reviver(backend: Backend): (trouble: RunnerTrouble) => Promise<void> {
+function reviver(backend: Backend): (trouble: RunnerTrouble) => Promise<void | false> {
   return (trouble) => backend.ensure(trouble);
 }
 

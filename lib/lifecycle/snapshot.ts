@@ -117,7 +117,7 @@ export interface SnapshotSandbox {
   /** What the last ensure did (undefined before the first). */
   readonly lastEnsure: Ensured | undefined;
   /** Creates, adopts or starts its container (the sandbox's `ensure`). */
-  ensure(): Promise<void>;
+  ensure(): Promise<void | false>;
 }
 
 /**

@@ -15,9 +15,10 @@ export interface Backend {
   /**
    * Makes sure a live runner serves the queue (starting one if needed). A
    * waiting host passes what it found wrong with the runner, which the
-   * backend then repairs (see `WaitOptions.revive`).
+   * backend then repairs (see `WaitOptions.revive`); it resolves `false`
+   * when nothing was wrong after all (a paused sandbox) and nothing was done.
    */
-  ensure(trouble?: RunnerTrouble): Promise<void>;
+  ensure(trouble?: RunnerTrouble): Promise<void | false>;
   /**
    * Ensures a runner and submits, as one step: a Docker backend holds the
    * sandbox lock across both, so a recycle never races a submission.

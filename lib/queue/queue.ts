@@ -122,9 +122,12 @@ export interface WaitOptions {
    * heartbeat change for {@linkcode STALE_AFTER_MS} by the host's clock, an
    * exit, a queue file locked for {@linkcode LOCK_WAIT_MS}, or a damaged
    * `outbound.db`. A backend restarts (and if need be heals) its sandbox
-   * here. Without it, the wait fails with a {@linkcode RunnerError}.
+   * here. Without it, the wait fails with a {@linkcode RunnerError}. It
+   * resolves `false` when the runner was not in trouble after all (its
+   * sandbox is paused): nothing was restarted, and the wait goes on without
+   * counting a restart.
    */
-  revive?: (trouble: RunnerTrouble) => Promise<void>;
+  revive?: (trouble: RunnerTrouble) => Promise<void | false>;
 }
 
 /** A request's output and result, as `waffle exec --json` reports them. */
@@ -908,10 +911,10 @@ export class Queue {
       throw new RunnerError(trouble.detail);
     }
     // Bounded: a sandbox that breaks its runner on every start fails the wait.
-    if (++budget.revivals > MAX_REVIVALS) {
+    if (budget.revivals >= MAX_REVIVALS) {
       throw new RunnerError(`${trouble.detail} (after ${MAX_REVIVALS} restarts)`);
     }
-    await options.revive(trouble.state);
+    if (await options.revive(trouble.state) !== false) budget.revivals++;
     await this.#syncGeneration().catch(() => {});
     return true;
   }

@@ -29,6 +29,7 @@ import { outboundInPlace } from "../lifecycle/outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "../lifecycle/posture.ts";
 import type { VolumeStatus } from "../lifecycle/quota.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "../lifecycle/warm.ts";
+import { judgedWhilePaused, refuseIfPaused } from "../lifecycle/pause_record.ts";
 import { processesOf, type SandboxProcesses } from "../lifecycle/run.ts";
 import { egressServing, egressTracker } from "./egress_tracker.ts";
 
@@ -104,6 +105,8 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     imageAsked?: Promise<string | undefined>,
   ): Promise<void> => {
     mark("lock held");
+    // A paused sandbox takes nothing: failed here, never queued for later.
+    refuseIfPaused(paths.root, key);
     const egress = currentEgress();
     if ((trouble === undefined || trouble === "none") && await warm(egress, imageAsked)) {
       mark("warm");
@@ -189,7 +192,18 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     get volume(): VolumeStatus | undefined {
       return volume;
     },
-    ensure: (trouble?: RunnerTrouble) => withLock(paths.lock, () => ensureLocked(trouble)),
+    ensure: async (trouble?: RunnerTrouble): Promise<void | false> => {
+      if (trouble === undefined) return await withLock(paths.lock, () => ensureLocked());
+      // A waiting host's trouble judged while the sandbox was paused (or
+      // before its resume's first beat) is no death: nothing is repaired and
+      // the wait goes on. Asked again under the lock, which a resume holds.
+      const judgedBy = Date.now();
+      if (judgedWhilePaused(paths.root, judgedBy)) return false;
+      return await withLock(paths.lock, async (): Promise<void | false> => {
+        if (judgedWhilePaused(paths.root, judgedBy)) return false;
+        return await ensureLocked(trouble);
+      });
+    },
     submit: (request: SubmitOptions) => {
       // Asked while the lock is taken and the record checked: the daemon's
       // answer is the slowest step of a warm submission. A rebuild that

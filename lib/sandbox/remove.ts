@@ -16,6 +16,7 @@ import { hostCanChown, SANDBOX_UID } from "../lifecycle/posture.ts";
 import { removeVolume } from "../lifecycle/quota.ts";
 import { purgeState } from "../lifecycle/state_dir.ts";
 import { writeWarm } from "../lifecycle/warm.ts";
+import { clearPause } from "../lifecycle/pause_record.ts";
 
 /**
  * Removes a user's container; with `purge`, also their state (queue and workspace).
@@ -39,6 +40,7 @@ export async function removeSandbox(
       // A host that is not root cannot delete what commands wrote (uid
       // SANDBOX_UID): empty the workspace as that uid, inside the container.
       if (!container.State.Running) await docker.startContainer(container.Id);
+      else if (container.State.Paused) await docker.unpauseContainer(container.Id);
       await docker.exec(container.Id, [
         "/bin/sh",
         "-c",
@@ -49,6 +51,8 @@ export async function removeSandbox(
     if (!options.purge) {
       // The state stays for the next call to heal: no warm record outlives its container.
       writeWarm(paths.root, undefined);
+      // Nor a pause record: the next call makes a running container.
+      clearPause(paths.root);
       return removed;
     }
     await removeVolume(paths.root);

@@ -1,6 +1,6 @@
 /**
  * E2B's control API (REST) on waffle's sandboxes: create, get, list, kill,
- * timeout and connect, on both the `/sandboxes` and `/v2/sandboxes` paths
+ * timeout, pause and connect (which resumes a paused one), on both the `/sandboxes` and `/v2/sandboxes` paths
  * the SDKs use. Every call needs `X-API-KEY`; a key sees only its tenant's
  * sandboxes (another tenant's are not found). Errors are `{code, message}`
  * with the same HTTP status: the JS SDK reads the body, Python the status.
@@ -199,16 +199,22 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
         { shorten: false },
       );
     }
+    // A paused sandbox goes on where it was (201); a running one is ensured (200).
+    const resumed = await deps.sandboxes.resume(record);
     await deps.sandboxes.live(record).sandbox.ensure();
-    return c.json(sandboxJson(deps.sandboxes.store.get(record.id) ?? record), 200);
+    return c.json(sandboxJson(deps.sandboxes.store.get(record.id) ?? record), resumed ? 201 : 200);
   };
   app.post("/sandboxes/:id/connect", connect);
   app.post("/v2/sandboxes/:id/connect", connect);
-  app.post(
-    "/sandboxes/:id/pause",
-    (c) =>
-      owned(c) === undefined ? notFound(c) : fail(c, 501, "Pausing a sandbox is not supported yet"),
-  );
+  app.post("/sandboxes/:id/pause", async (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    // The SDK's pause() answers false on 409: already paused.
+    if (!await deps.sandboxes.pause(record)) {
+      return fail(c, 409, `Sandbox '${record.id}' is already paused`);
+    }
+    return c.body(null, 204);
+  });
 
   app.get("/sandboxes", (c) =>
     c.json(

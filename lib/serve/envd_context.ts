@@ -23,6 +23,8 @@ export interface EnvdContext {
   sandbox: Sandbox;
   /** Run around every call (the server's stream limit). */
   interceptors?: Interceptor[];
+  /** Why the sandbox takes no call now (it is paused), read afresh on each call; else undefined. */
+  paused?: () => string | undefined;
 }
 
 /**

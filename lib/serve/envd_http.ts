@@ -72,6 +72,8 @@ export interface EnvdTarget {
   sandbox: Sandbox;
   /** Its access token. */
   accessToken: string;
+  /** Why it takes no call now (it is paused): `/health` answers 502, `/files` 409. */
+  paused?: string | undefined;
 }
 
 /**
@@ -87,6 +89,8 @@ export async function envdHttp(
 ): Promise<Response | undefined> {
   const url = new URL(request.url);
   if (url.pathname === "/health" && request.method === "GET") {
+    // 502 is how the SDKs' isRunning() learns a sandbox does not run.
+    if (target.paused !== undefined) return error(502, target.paused);
     return new Response(null, { status: 204 });
   }
   if (url.pathname !== "/files") return undefined;
@@ -98,6 +102,7 @@ export async function envdHttp(
   }
   const denied = checkFileAuth(request, url, { operation, user, token: target.accessToken });
   if (denied !== undefined) return denied;
+  if (target.paused !== undefined) return error(409, target.paused);
   const path = url.searchParams.get("path");
   return operation === "read"
     ? await readFile(target.sandbox, path)

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
+import { Code, ConnectError, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import type { DescMessage, MessageInitShape } from "@bufbuild/protobuf";
 import { type ConnectFetchHandler, connectHandler } from "./connect.ts";
 import {
@@ -18,7 +18,7 @@ import {
 } from "./gen/process/process_pb.ts";
 import type { ProcessEntry, ProcessEvent, ProcessTable } from "./processes.ts";
 import type { TtySize } from "../queue/protocol.ts";
-import { UsageError } from "../errors.ts";
+import { SandboxPausedError, UsageError } from "../errors.ts";
 import { registerFilesystem } from "./envd_fs.ts";
 import { type EnvdContext, refuseRoot } from "./envd_context.ts";
 
@@ -66,7 +66,8 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
         } catch (cause) {
           throw new ConnectError(
             cause instanceof Error ? cause.message : String(cause),
-            Code.InvalidArgument,
+            // Paused between the check of the call and the start.
+            cause instanceof SandboxPausedError ? Code.FailedPrecondition : Code.InvalidArgument,
           );
         }
         try {
@@ -158,7 +159,20 @@ export function envdServices(context: EnvdContext): ConnectFetchHandler {
       },
     });
     registerFilesystem(router, context);
-  }, { maxBodyBytes: context.maxBodyBytes, interceptors: context.interceptors ?? [] });
+  }, {
+    maxBodyBytes: context.maxBodyBytes,
+    interceptors: [refusePaused(context), ...(context.interceptors ?? [])],
+  });
+}
+
+// Every call to a paused sandbox fails at once (failed_precondition), before
+// its handler runs: nothing is queued to run after the resume.
+function refusePaused(context: EnvdContext): Interceptor {
+  return (next) => (request) => {
+    const why = context.paused?.();
+    if (why !== undefined) throw new ConnectError(why, Code.FailedPrecondition);
+    return next(request);
+  };
 }
 
 // A terminal size from the request (the library checks its range).

@@ -2,14 +2,16 @@
  * The sandboxes `waffle serve` made: each an ordinary waffle sandbox whose
  * user id is the E2B sandbox id and whose tenant is its key's, recorded in
  * {@linkcode SandboxStore} so a restarted server serves them again. A reaper
- * removes each at its end time.
+ * removes each at its end time, paused or not (Docker removes a paused
+ * container by force).
  *
  * @module
  */
 import { newBearerToken } from "../mcp/bearer_token.ts";
 import type { DockerClient } from "../docker/mod.ts";
-import { UsageError } from "../errors.ts";
+import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
+import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
 
 /** What a create asks for. */
@@ -63,6 +65,16 @@ export function newSandboxId(): string {
     id += i === 0 ? ID_ALPHABET[byte % 26] : ID_ALPHABET[byte % ID_ALPHABET.length];
   }
   return id;
+}
+
+/**
+ * What a call to a paused sandbox is told.
+ *
+ * @param id The sandbox id.
+ * @returns One line naming the sandbox and how to resume it.
+ */
+export function pausedMessage(id: string): string {
+  return `Sandbox '${id}' is paused; resume it with Sandbox.connect('${id}')`;
 }
 
 /** The sandboxes of one server. */
@@ -181,6 +193,47 @@ export class ServeSandboxes {
     }
     this.#store.delete(id);
     return true;
+  }
+
+  /**
+   * Pauses a sandbox (every process frozen, memory kept) and records it.
+   *
+   * @param record The sandbox.
+   * @returns False when it was already paused.
+   */
+  async pause(record: SandboxRecord): Promise<boolean> {
+    if (record.state === "paused") return false;
+    const { sandbox } = this.live(record);
+    // Its runner may have made its idle exit: started, so there is something
+    // to freeze (one paused by hand is left to pauseSandbox, which says so).
+    await sandbox.ensure().catch((error) => {
+      if (!(error instanceof SandboxPausedError)) throw error;
+    });
+    const paused = await pauseSandbox(this.#options.docker, sandbox.key, {
+      config: sandbox.config,
+    });
+    this.#store.setState(record.id, "paused");
+    return paused;
+  }
+
+  /**
+   * Resumes a paused sandbox where it was, and records it running.
+   *
+   * @param record The sandbox.
+   * @returns True when it was paused, by its record or Docker (the connect then answers 201).
+   */
+  async resume(record: SandboxRecord): Promise<boolean> {
+    const { sandbox } = this.live(record);
+    let resumed = false;
+    try {
+      // Asked of Docker whatever the record says: a container paused by hand resumes too.
+      resumed = await resumeSandbox(this.#options.docker, sandbox.key, { config: sandbox.config });
+    } catch (error) {
+      // Its container is gone: the connect's ensure makes it anew.
+      if (!(error instanceof UsageError)) throw error;
+    }
+    if (record.state === "paused") this.#store.setState(record.id, "running");
+    return resumed || record.state === "paused";
   }
 
   /**

@@ -15,7 +15,7 @@ import { envdHttp, error } from "./envd_http.ts";
 import { envdServices } from "./envd_rpc.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
-import { ServeSandboxes } from "./sandboxes.ts";
+import { pausedMessage, ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
 import { type SandboxRecord, SandboxStore } from "./state.ts";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
@@ -139,7 +139,11 @@ export function startServer(options: ServerOptions): RunningServer {
   const envdResponse = async (request: Request, record: SandboxRecord): Promise<Response> => {
     const id = record.id;
     const live = sandboxes.live(record);
-    const target = { sandbox: live.sandbox, accessToken: record.accessToken };
+    const target = {
+      sandbox: live.sandbox,
+      accessToken: record.accessToken,
+      paused: record.state === "paused" ? pausedMessage(id) : undefined,
+    };
     const plain = await envdHttp(request, target);
     if (plain !== undefined) return plain;
     const token = request.headers.get("x-access-token");
@@ -158,6 +162,7 @@ export function startServer(options: ServerOptions): RunningServer {
         maxBodyBytes: options.maxBodyBytes,
         sandbox: live.sandbox,
         interceptors: [streamLimit(record.keyId)],
+        paused: () => store.get(id)?.state === "paused" ? pausedMessage(id) : undefined,
       });
       envds.set(id, envd = { table, services });
       live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
