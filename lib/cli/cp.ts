@@ -2,7 +2,8 @@
  * `waffle cp`: files in and out of a sandbox, in Docker's form. Every path
  * inside the sandbox is resolved by `waffle files` running inside it as the
  * commands' uid; the host only streams bytes, and extracts what comes out
- * fresh, under a new directory, refusing anything but files and directories.
+ * fresh, under a new directory: files, directories and symbolic links (as
+ * links, never followed), refusing anything else.
  *
  * @module
  */
@@ -11,9 +12,16 @@ import { createHash, type Hash } from "node:crypto";
 import { FilesError, UsageError } from "../errors.ts";
 import { basename, resolve } from "../path.ts";
 import { openSandbox } from "../sandbox/open.ts";
-import { entryComponents, extractTar, refuseSpecial, rootNameOf } from "../files/extract.ts";
+import {
+  entryComponents,
+  extractTar,
+  LinkGuard,
+  linkTarget,
+  refuseSpecial,
+  rootNameOf,
+} from "../files/extract.ts";
 import { packInSandbox, unpackInSandbox } from "../files/mod.ts";
-import { newStats, type PackStats, packTree } from "../files/pack.ts";
+import { type LinkPolicy, newStats, type PackStats, packTree } from "../files/pack.ts";
 import { padding, readTar, TAR_END, tarHeader } from "../files/tar.ts";
 import { escapeControls } from "../terminal/control_text.ts";
 import { numberFlag, parse, stringFlag } from "./args.ts";
@@ -27,12 +35,14 @@ Copies a file or a directory (recursively) between the host and USER's
 sandbox. PATH is inside the sandbox (relative: under the workspace). '-' is
 a tar stream on stdin (copied into the directory USER:PATH) or on stdout.
 
-Only regular files and directories are copied. A symlink, hard link, FIFO,
-socket or device, a name with '..' or an absolute name refuses the whole
-copy with one line naming it, and nothing is left; setuid, setgid and sticky
-bits are stripped (named on stderr). A destination directory is never
-merged into: copying onto an existing directory DIR puts the copy at
-DIR/NAME, which must not exist yet.
+Regular files, directories and symbolic links are copied; a symbolic link
+is copied as a link (its target text unchanged, as docker cp does), never
+followed on either side, and nothing is ever written through a link the copy
+made. A hard link tar entry, FIFO, socket or device, a name with '..' or an
+absolute name refuses the whole copy with one line naming it, and nothing is
+left; setuid, setgid and sticky bits are stripped (named on stderr). A
+destination directory is never merged into: copying onto an existing
+directory DIR puts the copy at DIR/NAME, which must not exist yet.
 
 Options:
   --tenant T         tenant of the user (default: "default")
@@ -43,6 +53,7 @@ Options:
   --progress         progress on stderr (default: when stderr is a terminal)
   --max-bytes N      refuse a copy out past N bytes of file data (default: the sandbox's
                      quota_bytes, so a sparse file cannot fill the host's disk)
+  --no-links         leave symbolic links out (their count on stderr and in --json)
 `;
 
 interface Remote {
@@ -124,6 +135,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
     json: { type: "boolean" },
     progress: { type: "boolean" },
     "max-bytes": { type: "string" },
+    "no-links": { type: "boolean" },
   });
   const [src, dst, ...extra] = parsed.positionals;
   if (src === undefined || dst === undefined || extra.length > 0) {
@@ -145,6 +157,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
   const configPath = stringFlag(parsed, "config");
   const showProgress = parsed.values.progress === true || Deno.stderr.isTerminal();
   const json = parsed.values.json === true;
+  const links: LinkPolicy = parsed.values["no-links"] === true ? "skip" : "copy";
   // --json gives a single file's digest, else the tar stream's: only what it gives is hashed.
   const hostFile = to !== undefined && src !== "-" && isRegularFile(resolve(src));
   const meter = new Meter(showProgress ? (line) => io.stderr(line) : undefined, {
@@ -166,7 +179,10 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
     if (to !== undefined) {
       if (src === "-") {
         if (io.stdin === null) throw new UsageError("Stdin is a terminal: '-' needs a tar stream");
-        const done = await unpackInSandbox(sandbox, meter.tap(io.stdin), to.path);
+        const done = await unpackInSandbox(sandbox, meter.tap(io.stdin), {
+          dest: to.path,
+          links,
+        });
         stats = done;
         stripped = done.stripped;
       } else {
@@ -177,12 +193,12 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
           meter.tap(
             packTree(host, name, {
               special: "refuse",
+              links,
               ...optional("onFileData", meter.onFileData),
               stats,
             }),
           ),
-          to.path,
-          name,
+          { dest: to.path, rootName: name },
         );
         stripped = done.stripped;
       }
@@ -190,7 +206,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
       const name = rootNameOf(from!.path, "workspace");
       const tar = meter.tap(packInSandbox(sandbox, from!.path, name));
       if (dst === "-") {
-        const limits = { maxBytes, stats, stripped, json };
+        const limits = { maxBytes, stats, stripped, json, links };
         for await (const chunk of sanitized(tar, name, limits, meter)) {
           await io.stdout(chunk);
         }
@@ -199,6 +215,7 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
           rootName: name,
           maxBytes,
           stats,
+          links,
           ...optional("onFileData", meter.onFileData),
         });
         stripped = done.stripped;
@@ -206,6 +223,9 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
     }
   } finally {
     sandbox.close();
+  }
+  if (stats.skippedLinks > 0) {
+    await io.stderr(`waffle: skipped ${stats.skippedLinks} symbolic link(s) (--no-links)\n`);
   }
   for (const name of stripped.slice(0, 20)) {
     await io.stderr(
@@ -223,6 +243,8 @@ export async function cpCommand(args: string[], io: CliIo): Promise<number> {
         bytes: stats.bytes,
         files: stats.files,
         directories: stats.directories,
+        links: stats.links,
+        skippedLinks: stats.skippedLinks,
         tarBytes: meter.tarBytes,
         sha256: (single ? meter.file : meter.tar)?.digest("hex") ?? null,
         sha256Of: single ? "file" : "tar",
@@ -253,11 +275,19 @@ function optional<K extends string, V>(key: K, value: V | undefined): { [k in K]
 async function* sanitized(
   tar: AsyncIterable<Uint8Array>,
   rootName: string,
-  limits: { maxBytes: number; stats: PackStats; stripped: string[]; json: boolean },
+  limits: {
+    maxBytes: number;
+    stats: PackStats;
+    stripped: string[];
+    json: boolean;
+    links: LinkPolicy;
+  },
   meter: Meter,
 ): AsyncGenerator<Uint8Array> {
   const { maxBytes, stats, stripped } = limits;
   let entries = 0;
+  // A reader's tar may follow a link to write a later entry: none is under one.
+  const made = new LinkGuard();
   const out = limits.json ? createHash("sha256") : undefined;
   for await (const { header, body } of readTar(tar)) {
     const parts = entryComponents(header.name);
@@ -272,6 +302,12 @@ async function* sanitized(
         `Refused entry '${header.name}': the copy would exceed ${maxBytes} bytes`,
       );
     }
+    made.check(parts);
+    const link = header.type === "symlink" ? linkTarget(header) : undefined;
+    if (link !== undefined && limits.links === "skip") {
+      stats.skippedLinks++;
+      continue;
+    }
     if ((header.mode & 0o7000) !== 0) stripped.push(parts.join("/"));
     const head = tarHeader({
       name: parts.join("/"),
@@ -279,11 +315,17 @@ async function* sanitized(
       size: header.type === "file" ? header.size : 0,
       mode: header.mode & 0o777,
       mtime: header.mtime,
+      ...(link === undefined ? {} : { linkname: link }),
     });
     out?.update(head);
     yield head;
     if (header.type === "directory") {
       stats.directories++;
+      continue;
+    }
+    if (link !== undefined) {
+      made.add(parts.join("/"));
+      stats.links++;
       continue;
     }
     for await (const chunk of body) {

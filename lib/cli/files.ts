@@ -23,8 +23,11 @@ export const FILES_HELP = `Usage: waffle files pack|unpack|read|write|list|remov
 Internal: the in-sandbox half of 'waffle cp' and the library's sandbox.files.
 It runs inside the sandbox as the commands' uid; the host streams through it.
 
-  pack PATH [--name N]    write PATH (never followed) as a tar stream to stdout
-  unpack DEST [--name N]  extract a tar stream from stdin (only files and directories)
+  pack PATH [--name N]    write PATH (never followed) as a tar stream to stdout;
+                          a symbolic link is packed as a link (its target)
+  unpack DEST [--name N] [--no-links]
+                          extract a tar stream from stdin (files, directories and
+                          symbolic links as links; --no-links: links left out, counted)
   read PATH               write a regular file's bytes to stdout
   write PATH              write stdin to a fresh file renamed onto PATH at the end
   list PATH               print the entries of PATH as JSON
@@ -60,7 +63,11 @@ function entryOf(name: string, info: Deno.FileInfo): Record<string, unknown> {
  */
 export async function filesCommand(args: string[], io: CliIo): Promise<number> {
   const [verb, ...rest] = args;
-  const parsed = parse(rest, { name: { type: "string" }, recursive: { type: "boolean" } });
+  const parsed = parse(rest, {
+    name: { type: "string" },
+    recursive: { type: "boolean" },
+    "no-links": { type: "boolean" },
+  });
   const [path, ...extra] = parsed.positionals;
   if (path === undefined || extra.length > 0) {
     throw new UsageError(`Expected one PATH: 'waffle files ${verb ?? "VERB"} PATH'`);
@@ -79,11 +86,10 @@ export async function filesCommand(args: string[], io: CliIo): Promise<number> {
       }
       return 0;
     case "unpack": {
-      const result = await extractTar(
-        input(io),
-        path,
-        name === undefined ? {} : { rootName: name },
-      );
+      const result = await extractTar(input(io), path, {
+        ...(name === undefined ? {} : { rootName: name }),
+        links: parsed.values["no-links"] === true ? "skip" : "copy",
+      });
       await io.stdout(JSON.stringify({ ...result.stats, stripped: result.stripped }) + "\n");
       return 0;
     }

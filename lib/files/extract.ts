@@ -3,23 +3,28 @@
  * the host extracting what a sandbox sent (a copy out), and `waffle files
  * unpack` inside the sandbox (a copy in, as the commands' uid).
  *
- * Only regular files and directories are created; anything else (a symlink,
- * a hard link, a FIFO, a device, an unknown kind), a name that is absolute
- * or has `..`, `.` or empty components, a name outside the copied root, a
- * duplicate, or a copy over the limits refuses the whole copy with one line
- * naming the entry. Setuid, setgid and sticky bits are stripped (reported).
- * Everything is created fresh (`O_CREAT|O_EXCL`, `mkdir`) in a new directory
- * made for this copy next to the destination, whose every directory the
- * extraction made itself, so no existing tree (and no link in it) is ever
- * walked; the result is renamed into place at the end, and on any failure
- * the new directory is removed and nothing is left.
+ * Only regular files, directories and symbolic links are created; anything
+ * else (a hard link, a FIFO, a device, an unknown kind), a name that is
+ * absolute or has `..`, `.` or empty components, a name outside the copied
+ * root, a duplicate, or a copy over the limits refuses the whole copy with
+ * one line naming the entry. A symbolic link is data: made as a link with
+ * its target text unchanged (checked: not empty, no NUL, at most 4095
+ * bytes), never followed, and an entry under a link the copy made itself
+ * (`d -> /etc`, then `d/passwd`) refuses the copy, so nothing is ever
+ * written through one. Setuid, setgid and sticky bits are stripped
+ * (reported). Everything is created fresh (`O_CREAT|O_EXCL`, `mkdir`,
+ * `symlink`) in a new directory made for this copy next to the destination,
+ * whose every directory the extraction made itself, so no existing tree (and
+ * no link in it) is ever walked; the result is renamed into place at the
+ * end, and on any failure the new directory is removed and nothing is left.
  *
  * @module
  */
+import * as z from "../schema.ts";
 import { writeAll } from "../bytes.ts";
 import { FilesError } from "../errors.ts";
 import { basename, dirname } from "../path.ts";
-import { newStats, type PackStats } from "./pack.ts";
+import { type LinkPolicy, newStats, type PackStats } from "./pack.ts";
 import { readTar, type TarHeader } from "./tar.ts";
 
 /** Default cap on the file data one copy may extract (bytes). */
@@ -48,6 +53,11 @@ export interface ExtractOptions {
   onFileData?: (chunk: Uint8Array) => void;
   /** Totals, updated as the extraction goes. */
   stats?: PackStats;
+  /**
+   * `copy` (the default): a symlink entry is made as a link. `skip`: it is
+   * checked, left out and counted in `stats.skippedLinks`.
+   */
+  links?: LinkPolicy;
 }
 
 /** What an extraction did. */
@@ -61,7 +71,6 @@ export interface Extracted {
 }
 
 const describe: Record<string, string> = {
-  symlink: "a symlink",
   hardlink: "a hard link",
   char: "a character device",
   block: "a block device",
@@ -96,19 +105,55 @@ export function entryComponents(raw: string): string[] {
 }
 
 /**
- * Checks an entry's kind: only regular files and directories are extracted.
+ * Checks an entry's kind: only regular files, directories and symbolic links
+ * are extracted.
  *
  * @param header The entry.
  * @throws {FilesError} Naming the entry and what it is.
  */
 export function refuseSpecial(header: TarHeader): void {
-  if (header.type === "file" || header.type === "directory") return;
+  if (header.type === "file" || header.type === "directory" || header.type === "symlink") return;
   const what = describe[header.type] ?? `an entry of unknown type '${header.flag}'`;
   const target = header.linkname === "" ? "" : ` to '${header.linkname.slice(0, 200)}'`;
   throw new FilesError(
     `Refused entry '${header.name.slice(0, 200)}': ${what}${target}; ` +
-      "waffle cp copies regular files and directories only",
+      "waffle cp copies regular files, directories and symbolic links only",
   );
+}
+
+/** Longest symlink target accepted (bytes): Linux's PATH_MAX less its NUL. */
+export const MAX_LINK_TARGET_BYTES = 4095;
+
+const encoder = new TextEncoder();
+
+/** A symlink's target as it may be made: not empty, no NUL, bounded. */
+const linkTargetSchema = z.string().check(
+  z.minLength(1, "an empty target"),
+  z.refine((target) => !target.includes("\0"), "NUL in its target"),
+  z.refine(
+    (target) => encoder.encode(target).byteLength <= MAX_LINK_TARGET_BYTES,
+    `a target over ${MAX_LINK_TARGET_BYTES} bytes`,
+  ),
+);
+
+/**
+ * A symlink entry's target, checked (the archive came from the other side,
+ * which is not trusted); its text is kept as is, never resolved.
+ *
+ * @param header A symlink entry.
+ * @returns Its target.
+ * @throws {FilesError} On an empty target, a NUL or one over 4095 bytes.
+ */
+export function linkTarget(header: TarHeader): string {
+  const parsed = linkTargetSchema.safeParse(header.linkname);
+  if (!parsed.success) {
+    throw new FilesError(
+      `Refused entry '${header.name.slice(0, 200)}': a symbolic link with ${
+        parsed.error.issues[0]?.message ?? "a malformed target"
+      }`,
+    );
+  }
+  return parsed.data;
 }
 
 /**
@@ -200,7 +245,9 @@ export async function extractTar(
       throw new FilesError(`Refused the copy: its names exceed ${MAX_KEPT_NAME_BYTES} bytes`);
     }
   };
-  const roots = new Map<string, "file" | "directory">();
+  const roots = new Map<string, "file" | "directory" | "link">();
+  // The links this copy made: nothing is ever made under one.
+  const links = new LinkGuard();
   let entries = 0;
   const mkdirFresh = (relative: string, mode: number): void => {
     try {
@@ -219,6 +266,7 @@ export async function extractTar(
     for (let i = 1; i < parts.length; i++) {
       prefix = i === 1 ? parts[0]! : `${prefix}/${parts[i - 1]}`;
       if (made.has(prefix)) continue;
+      if (links.has(prefix)) throw underLink(parts, prefix);
       if (i === 1) roots.set(prefix, "directory");
       mkdirFresh(prefix, 0o700);
       dirModes.set(prefix, 0o755);
@@ -241,13 +289,26 @@ export async function extractTar(
         );
       }
       const relative = parts.join("/");
+      if (header.type === "symlink") {
+        const target = linkTarget(header);
+        if (options.links === "skip") {
+          stats.skippedLinks++;
+          continue;
+        }
+        parents(parts);
+        claimRoot(roots, parts, "link");
+        makeLink(target, temp, relative);
+        links.add(relative);
+        stats.links++;
+        continue;
+      }
       if ((header.mode & 0o7000) !== 0) {
         if (stripped.length < MAX_STRIPPED_NAMED) stripped.push(relative);
         else strippedMore++;
       }
       const mode = header.mode & 0o777;
       if (header.type === "directory") {
-        if (parts.length === 1 && roots.get(relative) === "file") {
+        if (parts.length === 1 && roots.has(relative) && roots.get(relative) !== "directory") {
           throw new FilesError(`Refused entry '${relative}': it appears twice in the archive`);
         }
         if (parts.length === 1) roots.set(relative, "directory");
@@ -268,12 +329,7 @@ export async function extractTar(
         );
       }
       parents(parts);
-      if (parts.length === 1) {
-        if (roots.has(relative)) {
-          throw new FilesError(`Refused entry '${relative}': it appears twice in the archive`);
-        }
-        roots.set(relative, "file");
-      }
+      claimRoot(roots, parts, "file");
       let file: Deno.FsFile;
       try {
         // O_CREAT|O_EXCL: a fresh file; never an existing one, never through a link.
@@ -296,7 +352,13 @@ export async function extractTar(
       stats.files++;
       stats.bytes += header.size;
     }
-    if (roots.size === 0 && !into) throw new FilesError("The copy is empty: no entries arrived");
+    if (roots.size === 0 && !into) {
+      throw new FilesError(
+        stats.skippedLinks > 0
+          ? "Nothing was copied: the copy held only a symbolic link, skipped"
+          : "The copy is empty: no entries arrived",
+      );
+    }
     // Deepest first, so a read-only directory does not block its children.
     for (const [relative, mode] of [...dirModes].reverse()) {
       Deno.chmodSync(`${temp}/${relative}`, mode);
@@ -324,6 +386,94 @@ export async function extractTar(
     return { stats, stripped, created };
   } finally {
     await Deno.remove(temp, { recursive: true }).catch(() => {});
+  }
+}
+
+/**
+ * The symbolic links one copy made (or wrote to a stream), by archive name:
+ * no later entry of the copy may be under one (`d -> /etc`, then
+ * `d/passwd`), so nothing is ever written through a link. Its names are
+ * capped at 64 MiB in all (the other side sets their length).
+ */
+export class LinkGuard {
+  #links = new Set<string>();
+  #bytes = 0;
+
+  /** How many links were added. */
+  get size(): number {
+    return this.#links.size;
+  }
+
+  /**
+   * Records a link the copy made.
+   *
+   * @param relative Its name in the archive (components joined by `/`).
+   * @throws {FilesError} When the names kept pass 64 MiB.
+   */
+  add(relative: string): void {
+    this.#bytes += relative.length;
+    if (this.#bytes > MAX_KEPT_NAME_BYTES) {
+      throw new FilesError(`Refused the copy: its names exceed ${MAX_KEPT_NAME_BYTES} bytes`);
+    }
+    this.#links.add(relative);
+  }
+
+  /**
+   * Whether a name is one of the links.
+   *
+   * @param relative A name in the archive.
+   * @returns True when the copy made a link by that name.
+   */
+  has(relative: string): boolean {
+    return this.#links.has(relative);
+  }
+
+  /**
+   * Refuses an entry under a link the copy made.
+   *
+   * @param parts The entry's name components.
+   * @throws {FilesError} Naming the entry and the link.
+   */
+  check(parts: readonly string[]): void {
+    if (this.#links.size === 0) return;
+    let prefix = "";
+    for (let i = 0; i < parts.length - 1; i++) {
+      prefix = i === 0 ? parts[0]! : `${prefix}/${parts[i]}`;
+      if (this.#links.has(prefix)) throw underLink(parts, prefix);
+    }
+  }
+}
+
+function underLink(parts: readonly string[], link: string): FilesError {
+  return new FilesError(
+    `Refused entry '${parts.join("/").slice(0, 200)}': under '${
+      link.slice(0, 200)
+    }', a symbolic link this copy made`,
+  );
+}
+
+// A top-level entry that is not a directory: its name is claimed once.
+function claimRoot(
+  roots: Map<string, "file" | "directory" | "link">,
+  parts: string[],
+  kind: "file" | "link",
+): void {
+  if (parts.length !== 1) return;
+  if (roots.has(parts[0]!)) {
+    throw new FilesError(`Refused entry '${parts[0]}': it appears twice in the archive`);
+  }
+  roots.set(parts[0]!, kind);
+}
+
+// A fresh symlink (symlink(2) never follows or replaces what is there).
+function makeLink(target: string, temp: string, relative: string): void {
+  try {
+    Deno.symlinkSync(target, `${temp}/${relative}`);
+  } catch (error) {
+    if (error instanceof Deno.errors.AlreadyExists) {
+      throw new FilesError(`Refused entry '${relative}': it appears twice in the archive`);
+    }
+    throw fsError(error, relative);
   }
 }
 

@@ -25,6 +25,7 @@ import { sandboxWaffleCommand } from "../lifecycle/posture.ts";
 import type { ExecResult } from "../queue/protocol.ts";
 import type { WaitOptions } from "../queue/queue.ts";
 import { QueueSession } from "../queue/session.ts";
+import type { LinkPolicy } from "./pack.ts";
 
 /** One entry of {@linkcode listFiles}. */
 export interface FileEntry {
@@ -252,38 +253,65 @@ export interface Unpacked {
   directories: number;
   /** Bytes of file data. */
   bytes: number;
+  /** Symbolic links made (as links). */
+  links: number;
+  /** Symbolic links left out (`links: "skip"`). */
+  skippedLinks: number;
   /** Entries whose setuid, setgid or sticky bit was stripped. */
   stripped: string[];
 }
 
+const count = z.int().check(z.nonnegative(), z.lte(Number.MAX_SAFE_INTEGER));
 const unpackedSchema = z.object({
-  files: z.int().check(z.nonnegative()),
-  directories: z.int().check(z.nonnegative()),
+  files: count,
+  directories: count,
   bytes: z.number().check(z.nonnegative()),
+  links: count,
+  skippedLinks: count,
   stripped: z.array(z.string().check(z.maxLength(4096))).check(z.maxLength(100_000)),
 });
 
+/** Options of {@linkcode unpackInSandbox}. */
+export interface UnpackOptions {
+  /** The destination inside the sandbox. */
+  dest: string;
+  /**
+   * The archive's one top-level name; omitted: every top-level entry goes
+   * into `dest`, an existing directory.
+   */
+  rootName?: string;
+  /**
+   * `copy` (the default): symlink entries are made as links (target
+   * unchanged, never followed). `skip`: the sandbox leaves them out, counted.
+   */
+  links?: LinkPolicy;
+}
+
 /**
  * Streams a tar archive into the sandbox, where `waffle files unpack` extracts
- * it as the commands' uid (only files and directories; into a new directory
- * renamed into place at the end, so a full quota leaves nothing).
+ * it as the commands' uid (files, directories and symbolic links as links;
+ * into a new directory renamed into place at the end, so a full quota leaves
+ * nothing).
  *
  * @param sandbox The sandbox.
  * @param tar The archive.
- * @param dest The destination inside the sandbox.
- * @param rootName The archive's one top-level name; omitted: every top-level
- *   entry goes into `dest`, an existing directory.
- * @returns What the sandbox says it wrote.
+ * @param options Where it goes, its root name, what to do with links.
+ * @returns What the sandbox says it wrote (its counts: informative only).
  */
 export async function unpackInSandbox(
   sandbox: FilesTarget,
   tar: AsyncIterable<Uint8Array>,
-  dest: string,
-  rootName?: string,
+  options: UnpackOptions,
 ): Promise<Unpacked> {
+  const { dest, rootName } = options;
   const stdout = await feed(
     sandbox,
-    ["unpack", dest, ...(rootName === undefined ? [] : ["--name", rootName])],
+    [
+      "unpack",
+      dest,
+      ...(rootName === undefined ? [] : ["--name", rootName]),
+      ...(options.links === "skip" ? ["--no-links"] : []),
+    ],
     tar,
   );
   try {
@@ -295,8 +323,9 @@ export async function unpackInSandbox(
 
 /**
  * Packs a path inside the sandbox (`waffle files pack`, never following a
- * link there) and streams the tar archive out: untrusted, for
- * `extractTar` to check.
+ * link there: a link is packed as a link entry with its target) and streams
+ * the tar archive out: untrusted, for `extractTar` to check (it skips links
+ * when asked to; the sandbox always sends them).
  *
  * @param sandbox The sandbox.
  * @param path The path inside the sandbox.

@@ -1,7 +1,8 @@
 /**
  * Packs a file or directory tree into a tar stream, never following a
- * symlink: the host packs its own files for a copy in, and `waffle files
- * pack` packs the sandbox's as the commands' uid for a copy out.
+ * symlink (a link is packed as a link: its target text, never what it points
+ * at): the host packs its own files for a copy in, and `waffle files pack`
+ * packs the sandbox's as the commands' uid for a copy out.
  *
  * @module
  */
@@ -14,16 +15,24 @@ export const READ_CHUNK = 1024 * 1024;
 /** Options of {@linkcode packTree}. */
 export interface PackOptions {
   /**
-   * `refuse`: a symlink, FIFO, device or socket fails the pack, naming it
-   * (the host's own files). `emit`: it is written as a header of its kind and
-   * never opened, for the other side to refuse (inside the sandbox).
+   * `refuse`: a FIFO, device or socket fails the pack, naming it (the host's
+   * own files). `emit`: it is written as a header of its kind and never
+   * opened, for the other side to refuse (inside the sandbox).
    */
   special: "refuse" | "emit";
+  /**
+   * `copy` (the default): a symlink is packed as a link entry carrying its
+   * target text. `skip`: it is left out and counted in `stats.skippedLinks`.
+   */
+  links?: LinkPolicy;
   /** Sees each file's data as it is packed (for a single file's digest). */
   onFileData?: (chunk: Uint8Array) => void;
   /** Totals, updated as the pack goes. */
   stats?: PackStats;
 }
+
+/** What a copy does with a symbolic link: copies it as a link, or leaves it out (counted). */
+export type LinkPolicy = "copy" | "skip";
 
 /** What a pack or an extraction moved. */
 export interface PackStats {
@@ -33,11 +42,15 @@ export interface PackStats {
   directories: number;
   /** Bytes of file data. */
   bytes: number;
+  /** Symbolic links copied (as links). */
+  links: number;
+  /** Symbolic links left out (`links: "skip"`, `--no-links`). */
+  skippedLinks: number;
 }
 
 /** A fresh zeroed {@linkcode PackStats}. */
 export function newStats(): PackStats {
-  return { files: 0, directories: 0, bytes: 0 };
+  return { files: 0, directories: 0, bytes: 0, links: 0, skippedLinks: 0 };
 }
 
 function kindOf(info: Deno.FileInfo): TarType | "socket" | "unknown" {
@@ -118,6 +131,12 @@ async function* packEntry(
     } catch (error) {
       throw notFound(path, error);
     }
+    // readDir follows a link: a directory swapped for one since lstat would
+    // list the link's target (CVE-2018-15664's race). The one lstat saw, or none.
+    const again = await Deno.lstat(path).catch(() => null);
+    if (again === null || !again.isDirectory || again.ino !== info.ino || again.dev !== info.dev) {
+      throw new FilesError(`Directory '${path}' was replaced during the copy`);
+    }
     children.sort();
     for (const child of children) {
       const childPath = `${path}/${child}`;
@@ -136,21 +155,43 @@ async function* packEntry(
     yield* packFile(path, info, base, options);
     return;
   }
+  if (kind === "symlink") {
+    yield* packLink(path, base, options);
+    return;
+  }
   if (options.special === "refuse" || kind === "socket" || kind === "unknown") {
     throw new FilesError(
       `Refused '${path}': a ${kind === "char" || kind === "block" ? `${kind} device` : kind}; ` +
-        "waffle cp copies regular files and directories only",
+        "waffle cp copies regular files, directories and symbolic links only",
     );
   }
-  let linkname = "";
-  if (kind === "symlink") {
-    try {
-      linkname = (await Deno.readLink(path)).slice(0, 4096);
-    } catch {
-      linkname = "";
-    }
+  yield tarHeader({ ...base, type: kind });
+}
+
+// A symlink as a link entry: its target text (readlink), never followed.
+async function* packLink(
+  path: string,
+  base: Omit<TarEntryInfo, "type">,
+  options: PackOptions,
+): AsyncGenerator<Uint8Array> {
+  if (options.links === "skip") {
+    options.stats && options.stats.skippedLinks++;
+    return;
   }
-  yield tarHeader({ ...base, type: kind, linkname });
+  let linkname: string;
+  try {
+    linkname = await Deno.readLink(path);
+  } catch (error) {
+    // lstat saw a link: it was swapped for something else since.
+    if (
+      error instanceof Deno.errors.NotFound || /os error 22|invalid argument/i.test(String(error))
+    ) {
+      throw new FilesError(`Link '${path}' was replaced during the copy`, { cause: error });
+    }
+    throw notFound(path, error);
+  }
+  options.stats && options.stats.links++;
+  yield tarHeader({ ...base, type: "symlink", linkname });
 }
 
 async function* packFile(
