@@ -179,3 +179,46 @@ sdkTest(
   },
   { toml: "[serve]\nmax_streams_per_key = 2\n" },
 );
+
+sdkTest(
+  "a create never widens what the config grants: internet and allowOut are 403s naming the key",
+  async (served) => {
+    const options = sdk(served, served.keys.a);
+    await assert.rejects(
+      Sandbox.create("base", { ...options, allowInternetAccess: true }),
+      (error: unknown) =>
+        error instanceof Error && /sandbox\.network = "bridge"/.test(error.message),
+    );
+    await assert.rejects(
+      Sandbox.create("base", { ...options, network: { allowOut: ["example.com"] } }),
+      (error: unknown) => error instanceof Error && /'sandbox\.egress'/.test(error.message),
+    );
+    // Nothing half-made: the refused creates left no sandbox behind.
+    assert.deepEqual(await Sandbox.list(options).nextItems(), []);
+    // Narrowing nothing is fine, and the sandbox reaches nothing.
+    const narrowed = await Sandbox.create("base", {
+      ...options,
+      allowInternetAccess: false,
+      network: { denyOut: ["0.0.0.0/0"] },
+    });
+    try {
+      const probe = await narrowed.commands.run("ip -o link 2>/dev/null | grep -vc ' lo:' || true");
+      assert.equal(probe.stdout.trim(), "0");
+    } finally {
+      await narrowed.kill();
+    }
+  },
+);
+
+sdkTest(
+  "with a configured egress list a per-sandbox narrowing is refused (501), never ignored",
+  async (served) => {
+    const options = sdk(served, served.keys.a);
+    await assert.rejects(
+      Sandbox.create("base", { ...options, network: { allowOut: ["example.com"] } }),
+      (error: unknown) => error instanceof Error && /not supported yet/.test(error.message),
+    );
+    assert.deepEqual(await Sandbox.list(options).nextItems(), []);
+  },
+  { toml: '[sandbox]\negress = ["example.com"]\n' },
+);

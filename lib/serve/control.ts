@@ -46,6 +46,12 @@ export interface ControlDeps {
   resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
   /** Largest request body, in bytes (a chunked body is counted as it comes). */
   maxBodyBytes: number;
+  /**
+   * What the home's config lets every sandbox reach: nothing (`none`, the
+   * default), the `[sandbox] egress` list (`list`), or anything
+   * (`[sandbox] network = "bridge"`).
+   */
+  reach: "none" | "list" | "bridge";
   /** Records one call (key, tenant, sandbox, method, outcome). */
   audit?: (entry: AuditEntry) => void;
 }
@@ -136,8 +142,8 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     if (timeout > deps.maxTimeoutS) {
       return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
     }
-    const wider = widening(body.data);
-    if (wider !== undefined) return fail(c, 403, wider);
+    const wider = widening(body.data, deps.reach);
+    if (wider !== undefined) return fail(c, wider.status, wider.message);
     if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
     const admission = deps.admitCreate(caller.tenant);
     if (!admission.ok) {
@@ -244,16 +250,38 @@ function listV2(c: Context<{ Variables: { caller: Caller } }>, deps: ControlDeps
   return c.json(page.map((record) => detailJson(record, deps)));
 }
 
-// What a create may not ask for: waffle sandboxes reach nothing unless the
-// config's egress lets them, and a create may narrow that, never widen it.
-function widening(body: z.infer<typeof CreateBody>): string | undefined {
-  if (body.allow_internet_access === true) {
-    return "Internet access is not granted by waffle.toml for this tenant: a create may narrow the configured egress, never widen it";
+// What a create may not ask for. A sandbox reaches what the home's config
+// grants every sandbox; a create may narrow that, never widen it. Narrowing
+// a granted list per sandbox is not built yet: refused rather than ignored,
+// so no sandbox reaches more than its creator asked for.
+function widening(
+  body: z.infer<typeof CreateBody>,
+  reach: ControlDeps["reach"],
+): { status: number; message: string } | undefined {
+  const allowOut = body.network?.allowOut ?? [];
+  const denyOut = body.network?.denyOut ?? [];
+  if (body.allow_internet_access === true && reach !== "bridge") {
+    return {
+      status: 403,
+      message:
+        `Internet access is not granted to this server's sandboxes: 'sandbox.network = "bridge"' in waffle.toml would grant it (a create may narrow what the config grants, never widen it)`,
+    };
   }
-  if ((body.network?.allowOut?.length ?? 0) > 0) {
-    return `Network allowOut '${
-      body.network!.allowOut!.join(",")
-    }' is not granted by waffle.toml for this tenant: a create may narrow the configured egress, never widen it`;
+  if (allowOut.length > 0 && reach === "none") {
+    return {
+      status: 403,
+      message: `Network allowOut '${
+        allowOut.join(",").slice(0, 500)
+      }' is not granted to this server's sandboxes: 'sandbox.egress' in waffle.toml would grant it (a create may narrow what the config grants, never widen it)`,
+    };
+  }
+  const narrows = allowOut.length > 0 || denyOut.length > 0 || body.allow_internet_access === false;
+  if (narrows && reach !== "none") {
+    return {
+      status: 501,
+      message:
+        "Narrowing the configured egress per sandbox is not supported yet: create without 'network' and 'allowInternetAccess', or narrow 'sandbox.egress' in waffle.toml",
+    };
   }
   return undefined;
 }

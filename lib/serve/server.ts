@@ -48,6 +48,8 @@ export interface ServerOptions {
   resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
   /** Largest request body, in bytes. */
   maxBodyBytes: number;
+  /** What the home's config lets every sandbox reach (see `ControlDeps.reach`). */
+  reach: "none" | "list" | "bridge";
   /** Streams (commands, re-attaches, watches) the sandboxes of one key may hold open at once. */
   maxStreamsPerKey: number;
   /** Records each API call. */
@@ -97,6 +99,7 @@ export function startServer(options: ServerOptions): RunningServer {
     maxTimeoutS: options.timeouts.maxS,
     resources: options.resources,
     maxBodyBytes: options.maxBodyBytes,
+    reach: options.reach,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
   });
   let port = options.port;
