@@ -588,3 +588,27 @@ sdkTest("e2b SDK: a paused sandbox is removed at its end time", async (served) =
   const containers = await runCliProcess(["ps", "--json"], { env: { WAFFLE_HOME: served.home } });
   assert.deepEqual(JSON.parse(containers.stdout).sandboxes, []);
 });
+
+sdkTest(
+  "a shell's pwd names the home as E2B's does; a sandbox killed mid-command ends the stream as gone",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      timeoutMs: 120_000,
+    });
+    assert.equal((await sandbox.commands.run("pwd")).stdout, "/home/user\n");
+    await sandbox.commands.run("mkdir -p sub");
+    assert.equal(
+      (await sandbox.commands.run("pwd", { cwd: "/home/user/sub/" })).stdout,
+      "/home/user/sub\n",
+    );
+    assert.equal((await sandbox.commands.run("pwd", { cwd: "/tmp" })).stdout, "/tmp\n");
+
+    // The stream is cut, not ended, and /health then says the sandbox is gone.
+    const sleeping = await sandbox.commands.run("sleep 60", { background: true });
+    await sandbox.kill();
+    const failure = await sleeping.wait().then(() => undefined, (cause: unknown) => cause);
+    assert.ok(failure instanceof TimeoutError, `${failure}`);
+    assert.match(failure.message, /sandbox was killed or reached its end of life/);
+  },
+);

@@ -74,7 +74,8 @@ sdkTest(
       assert.ok(info.modifiedTime instanceof Date && info.modifiedTime.getTime() > 0);
       const link = await files.getInfo("/home/user/tree/link");
       assert.equal(link.type, FileType.SYMLINK);
-      assert.equal(link.symlinkTarget, "a.txt");
+      // envd's target is absolute: a relative one is read from the link's directory.
+      assert.equal(link.symlinkTarget, "/home/user/tree/a.txt");
 
       const moved = await files.rename("tree/a.txt", "/home/user/tree/moved/a2.txt");
       assert.equal(moved.path, "/home/user/tree/moved/a2.txt");
@@ -92,7 +93,9 @@ sdkTest(
       await files.remove("/home/user/tree/sub");
       assert.equal(await files.exists("tree/sub"), false);
       assert.equal(await files.exists("tree/sub/b.txt"), false);
-      await assert.rejects(files.remove("tree/sub"), NotFoundError);
+      // Removing what is not there succeeds, as envd's (and E2B's suite's "remove non-existing file").
+      await files.remove("tree/sub");
+      assert.equal(await files.exists("tree/sub"), false);
 
       // What the uid may not touch.
       await assert.rejects(files.makeDir("/etc/waffle-x"), /permission denied/i);
@@ -282,7 +285,8 @@ sdkTest(
         "the host's path means nothing in the sandbox",
       );
       assert.equal(await files.exists(`../../../../..${homeVictim}`), false);
-      await assert.rejects(files.remove(victim), NotFoundError);
+      // Not there in the sandbox, so nothing is removed (the host's file stays: checked below).
+      await files.remove(victim);
       await assert.rejects(files.rename(victim, "stolen.txt"), NotFoundError);
       assert.equal(
         await files.makeDir(`/home/user/../..${victimDir}`),
@@ -335,6 +339,80 @@ sdkTest(
     } finally {
       await sandbox.kill();
       await Deno.remove(victimDir, { recursive: true });
+    }
+  },
+);
+
+sdkTest(
+  "the E2B SDK's writes answer absolute paths, make missing directories, and signed URLs work under E2B_SANDBOX_URL",
+  async (served) => {
+    const sandbox = await open(served);
+    try {
+      const { files } = sandbox;
+      // The answer names the file as envd does: absolute, under the home.
+      assert.equal((await files.write("w.txt", "one")).path, "/home/user/w.txt");
+      // Missing parents are made, for one file and for several (whose names keep their directories).
+      assert.equal(
+        (await files.write("new/deeper/w.txt", "two")).path,
+        "/home/user/new/deeper/w.txt",
+      );
+      assert.equal(await files.read("new/deeper/w.txt"), "two");
+      const many = await files.writeFiles([
+        { path: "multi/a/x.txt", data: "x" },
+        { path: "/home/user/multi/b/y.txt", data: "y" },
+      ]);
+      assert.deepEqual(many.map((info) => info.path), [
+        "/home/user/multi/a/x.txt",
+        "/home/user/multi/b/y.txt",
+      ]);
+      assert.equal(await files.read("multi/b/y.txt"), "y");
+      // Listed as a walk: by name, each directory followed by what is in it.
+      await sandbox.commands.run("mkdir -p ord/b ord/a/z && touch ord/c ord/a/y ord/a.txt");
+      assert.deepEqual((await files.list("ord", { depth: 2 })).map((entry) => entry.name), [
+        "a",
+        "y",
+        "z",
+        "a.txt",
+        "b",
+        "c",
+      ]);
+
+      // Signed URLs carry no sandbox id under E2B_SANDBOX_URL: the signature finds it.
+      const download = await sandbox.downloadUrl("w.txt", { useSignatureExpiration: 60 });
+      assert.ok(download.startsWith(`${served.url}/files?`), download);
+      const read = await fetch(download);
+      assert.equal(read.status, 200);
+      assert.equal(await read.text(), "one");
+      const form = new FormData();
+      form.append("file", "field content");
+      const upload = await fetch(
+        await sandbox.uploadUrl("up.txt", { useSignatureExpiration: 60 }),
+        {
+          method: "POST",
+          body: form,
+        },
+      );
+      assert.equal(upload.status, 200);
+      assert.deepEqual(await upload.json(), [
+        { name: "up.txt", path: "/home/user/up.txt", type: "file" },
+      ]);
+      assert.equal(await files.read("up.txt"), "field content");
+      const expired = await fetch(
+        await sandbox.downloadUrl("w.txt", { useSignatureExpiration: -10 }),
+      );
+      assert.equal(expired.status, 401);
+      assert.deepEqual(await expired.json(), {
+        code: 401,
+        message: "signature is already expired",
+      });
+      // A signature of no sandbox's token reaches none.
+      const forged = new URL(download);
+      forged.searchParams.set("signature", "v1_forged");
+      const refused = await fetch(forged);
+      assert.equal(refused.status, 401);
+      await refused.body?.cancel();
+    } finally {
+      await sandbox.kill();
     }
   },
 );

@@ -164,8 +164,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
   app.post("/sandboxes", create);
   app.post("/v2/sandboxes", create);
 
-  const owned = (c: Context<{ Variables: { caller: Caller } }>): SandboxRecord | undefined =>
-    deps.sandboxes.store.get(c.req.param("id") ?? "", c.get("caller").tenant);
+  // A sandbox being killed is gone already, as its envd's /health says (502).
+  const owned = (c: Context<{ Variables: { caller: Caller } }>): SandboxRecord | undefined => {
+    const record = deps.sandboxes.store.get(c.req.param("id") ?? "", c.get("caller").tenant);
+    return record === undefined || deps.sandboxes.removing(record.id) ? undefined : record;
+  };
 
   app.get("/sandboxes/:id", (c) => {
     const record = owned(c);

@@ -129,7 +129,7 @@ export function registerFilesystem(router: ConnectRouter, context: EnvdContext):
       const path = placePath(request.path);
       const depth = Math.min(Math.max(request.depth, 1), RECURSIVE_DEPTH);
       const listed = await listIn(context, handler, path, { depth, maxBytes: LIST_BYTES });
-      return { entries: listed.map(toEntry) };
+      return { entries: listed.sort(walkOrder).map(toEntry) };
     },
     async makeDir(request, handler): Promise<Shape<typeof MakeDirResponseSchema>> {
       refuseRoot(handler);
@@ -155,7 +155,9 @@ export function registerFilesystem(router: ConnectRouter, context: EnvdContext):
       try {
         await context.sandbox.files.remove(path);
       } catch (cause) {
-        throw removeFailure(cause, request.path);
+        const failure = removeFailure(cause, request.path);
+        // envd removes as `rm -rf` does: a path that is not there is removed.
+        if (failure.code !== Code.NotFound) throw failure;
       }
       return {};
     },
@@ -471,9 +473,29 @@ function toEntry(listed: Listed): EntryInfo {
     owner: listed.owner,
     group: listed.group,
     modifiedTime: listed.mtime,
-    ...(listed.kind === "l" ? { symlinkTarget: listed.target } : {}),
+    ...(listed.kind === "l" ? { symlinkTarget: linkTarget(listed) } : {}),
     metadata: {},
   };
+}
+
+// envd lists as a directory walk does: each directory's entries by name,
+// each followed by what is under it (find's order is the directory's own).
+function walkOrder(a: Listed, b: Listed): number {
+  const left = a.path.split("/");
+  const right = b.path.split("/");
+  for (let i = 0; i < Math.min(left.length, right.length); i++) {
+    if (left[i] !== right[i]) return left[i]! < right[i]! ? -1 : 1;
+  }
+  return left.length - right.length;
+}
+
+// envd reports a link's target as an absolute path: a relative one is read
+// from the link's directory (as text: nothing is followed on the host).
+function linkTarget(listed: Listed): string {
+  const target = listed.target.startsWith("/")
+    ? listed.target
+    : `${dirname(listed.path)}/${listed.target}`;
+  return clientPath(normalize(target));
 }
 
 /** One watched directory: its last listing, by path relative to it. */

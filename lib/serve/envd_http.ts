@@ -8,6 +8,7 @@
  */
 import { sha256 } from "@noble/hashes/sha2";
 import { FilesError } from "../errors.ts";
+import { dirname, normalize } from "../path.ts";
 import type { Sandbox } from "../sandbox/mod.ts";
 import { sameSecret } from "./secret.ts";
 
@@ -66,6 +67,38 @@ export function fileSignature(
   return `v1_${btoa(String.fromCharCode(...digest)).replace(/=+$/, "")}`;
 }
 
+/**
+ * The sandbox whose token signed a `/files` URL: under `E2B_SANDBOX_URL` a
+ * signed URL names no sandbox, so each candidate's token is tried (as E2B's
+ * proxy cannot, waffle can: it holds every token).
+ *
+ * @param request A request without a sandbox id.
+ * @param sandboxes The candidates, their ids and access tokens (asked only for a signed URL).
+ * @returns The id whose token made the URL's signature, if any.
+ */
+export function signedFilesSandbox(
+  request: Request,
+  sandboxes: () => Iterable<{ id: string; accessToken: string }>,
+): string | undefined {
+  const url = new URL(request.url);
+  const signature = url.searchParams.get("signature");
+  if (url.pathname !== "/files" || signature === null) return undefined;
+  const operation = request.method === "GET" ? "read" : request.method === "POST" ? "write" : "";
+  if (operation === "") return undefined;
+  const expirationText = url.searchParams.get("signature_expiration");
+  for (const sandbox of sandboxes()) {
+    const wanted = fileSignature({
+      path: url.searchParams.get("path") ?? "",
+      operation,
+      user: url.searchParams.get("username") ?? "",
+      token: sandbox.accessToken,
+      ...(expirationText === null ? {} : { expiration: Number(expirationText) }),
+    });
+    if (sameSecret(signature, wanted)) return sandbox.id;
+  }
+  return undefined;
+}
+
 /** What the envd routes need of the sandbox they serve. */
 export interface EnvdTarget {
   /** The open waffle sandbox. */
@@ -100,7 +133,13 @@ export async function envdHttp(
   if (user === "root") {
     return error(403, "User 'root' is refused: commands and files run as the unprivileged user");
   }
-  const denied = checkFileAuth(request, url, { operation, user, token: target.accessToken });
+  // The SDK signs the user as the URL names it: '' for the default user.
+  const signedUser = url.searchParams.get("username") ?? "";
+  const denied = checkFileAuth(request, url, {
+    operation,
+    user: signedUser,
+    token: target.accessToken,
+  });
   if (denied !== undefined) return denied;
   if (target.paused !== undefined) return error(409, target.paused);
   const path = url.searchParams.get("path");
@@ -123,7 +162,8 @@ function checkFileAuth(
   const expirationText = url.searchParams.get("signature_expiration");
   const expiration = expirationText === null ? undefined : Number(expirationText);
   if (expiration !== undefined && !(expiration * 1000 > Date.now())) {
-    return error(401, "The signature has expired");
+    // envd's own words, which E2B's SDK tests compare.
+    return error(401, "signature is already expired");
   }
   const wanted = fileSignature({
     path: url.searchParams.get("path") ?? "",
@@ -170,6 +210,8 @@ async function writeFiles(
 ): Promise<Response> {
   const type = request.headers.get("content-type") ?? "";
   const written: { name: string; path: string; type: "file" }[] = [];
+  // The file being written, for the error that names it.
+  let current = path ?? "";
   try {
     if (type.startsWith("multipart/form-data")) {
       if (request.body === null) return error(400, "Empty multipart body");
@@ -181,7 +223,8 @@ async function writeFiles(
           await file.data.cancel();
           return error(400, "Missing 'path' for an uploaded file");
         }
-        await sandbox.files.write(sandboxPath(target), file.data);
+        current = target;
+        await writeOne(sandbox, target, file.data);
         written.push(entry(target));
       }
     } else {
@@ -190,17 +233,41 @@ async function writeFiles(
       if (request.headers.get("content-encoding") === "gzip" && body instanceof ReadableStream) {
         body = body.pipeThrough(new DecompressionStream("gzip"));
       }
-      await sandbox.files.write(sandboxPath(path), body);
+      await writeOne(sandbox, path, body);
       written.push(entry(path));
     }
   } catch (cause) {
-    return filesFailure(cause, path ?? "");
+    return filesFailure(cause, current);
   }
   return Response.json(written);
 }
 
+// A path the SDK names, absolute as envd reports it (relative is under the home).
+function absolutePath(path: string): string {
+  return normalize(path.startsWith("/") ? path : `${SANDBOX_HOME}/${path}`);
+}
+
+// envd makes a file's missing parent directories: here `mkdir -p` inside the
+// sandbox, as its uid, before the write (which reports what still fails).
+async function writeOne(
+  sandbox: Sandbox,
+  path: string,
+  data: ReadableStream<Uint8Array> | Uint8Array,
+): Promise<void> {
+  const target = sandboxPath(absolutePath(path));
+  const parent = dirname(target);
+  if (parent !== "/workspace" && parent !== "/tmp" && parent !== "/") {
+    await sandbox.run(["mkdir", "-p", "--", parent], { timeoutMs: MKDIR_TIMEOUT_MS })
+      .catch(() => undefined);
+  }
+  await sandbox.files.write(target, data);
+}
+
+const MKDIR_TIMEOUT_MS = 30_000;
+
 function entry(path: string): { name: string; path: string; type: "file" } {
-  return { name: path.slice(path.lastIndexOf("/") + 1), path, type: "file" };
+  const absolute = absolutePath(path);
+  return { name: absolute.slice(absolute.lastIndexOf("/") + 1), path: absolute, type: "file" };
 }
 
 function filesFailure(cause: unknown, path: string): Response {

@@ -12,6 +12,9 @@ import type { ReadableStream as NodeWebStream } from "node:stream/web";
 /** Most files one multipart upload may carry. */
 const MAX_UPLOAD_FILES = 1000;
 
+/** The largest plain form field (a `file` sent as text is one). */
+const FIELD_BYTES = 1024 * 1024;
+
 /**
  * The files of a `multipart/form-data` body, one at a time, each a stream:
  * busboy parses as the bytes come, so a file of any size passes through in
@@ -23,10 +26,12 @@ export async function* multipartFiles(
 ): AsyncGenerator<{ name: string; data: ReadableStream<Uint8Array> }> {
   const parser = busboy({
     headers: { "content-type": contentType },
+    // A file's name is its path in the sandbox (the SDK's writeFiles), kept whole.
+    preservePath: true,
     limits: {
       files: MAX_UPLOAD_FILES,
-      fields: 100,
-      fieldSize: 64 * 1024,
+      fields: 16,
+      fieldSize: FIELD_BYTES,
       parts: 2 * MAX_UPLOAD_FILES,
     },
   });
@@ -43,6 +48,17 @@ export async function* multipartFiles(
       name: info.filename ?? "",
       data: Readable.toWeb(stream) as ReadableStream<Uint8Array>,
     });
+    notify();
+  });
+  // A `file` sent as a plain form field (FormData.append('file', 'text'), no
+  // file name) is the file's content too: its name comes from `path`.
+  parser.on("field", (field, value, info) => {
+    if (field !== "file") return;
+    if (info.valueTruncated) {
+      failure = new Error(`The form field 'file' is over ${FIELD_BYTES} bytes: send it as a file`);
+    } else {
+      files.push({ name: "", data: new Blob([value]).stream() });
+    }
     notify();
   });
   parser.on("filesLimit", () => {

@@ -7,6 +7,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
+import { normalize } from "../path.ts";
 import type { ProcessStatus, SandboxProcess } from "../lifecycle/run.ts";
 import type { TtySize } from "../queue/protocol.ts";
 import type { Sandbox } from "../sandbox/mod.ts";
@@ -91,7 +92,7 @@ export class ProcessTable {
   ): Promise<ProcessEntry> {
     const { argv, cwd } = placeCommand(config);
     const process = await this.#sandbox.spawn(argv, {
-      env: { HOME: SANDBOX_HOME, ...options.sandboxEnv, ...config.envs },
+      env: { HOME: SANDBOX_HOME, ...homePwd(config.cwd), ...options.sandboxEnv, ...config.envs },
       ...(cwd === undefined ? {} : { cwd }),
       ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
       ...(options.pty === undefined ? {} : { tty: options.pty }),
@@ -163,6 +164,15 @@ export class ProcessTable {
   async killAll(): Promise<void> {
     await Promise.all(this.list().map((entry) => entry.process.kill()));
   }
+}
+
+// A cwd in the home runs in the workspace (its target): PWD names it as the
+// SDK did, so a shell's `pwd` prints `/home/user/…` as E2B's does (the shell
+// keeps a PWD that is the same directory as its cwd).
+function homePwd(cwd: string | undefined): { PWD?: string } {
+  if (cwd === undefined || cwd === "") return { PWD: SANDBOX_HOME };
+  const path = normalize(cwd).replace(/(.)\/$/, "$1");
+  return path === SANDBOX_HOME || path.startsWith(`${SANDBOX_HOME}/`) ? { PWD: path } : {};
 }
 
 /**

@@ -176,6 +176,16 @@ export class ServeSandboxes {
     return removing;
   }
 
+  /**
+   * Whether a sandbox is being removed: killed, its container not yet gone.
+   *
+   * @param id The sandbox id.
+   * @returns True from the kill until its record is deleted.
+   */
+  removing(id: string): boolean {
+    return this.#removing.has(id);
+  }
+
   async #removeNow(id: string): Promise<boolean> {
     const record = this.#store.get(id);
     if (record === undefined) return false;

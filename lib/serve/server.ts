@@ -11,7 +11,7 @@
 import type { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../docker/mod.ts";
 import { type AuditEntry, type Caller, controlApp } from "./control.ts";
-import { envdHttp, error } from "./envd_http.ts";
+import { envdHttp, error, signedFilesSandbox } from "./envd_http.ts";
 import { envdServices } from "./envd_rpc.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
@@ -119,10 +119,15 @@ export function startServer(options: ServerOptions): RunningServer {
         `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`,
       );
     }
-    const id = sandboxIdOf(request, options.domain);
+    const id = sandboxIdOf(request, options.domain) ??
+      signedFilesSandbox(
+        request,
+        () => store.list().filter((record) => record.state !== "creating"),
+      );
     if (id === undefined) return await control.fetch(request);
     const record = store.get(id);
-    if (record === undefined || record.state === "creating") {
+    // A sandbox being killed is already gone for envd (its /health is 502).
+    if (record === undefined || record.state === "creating" || sandboxes.removing(id)) {
       return Response.json({ message: "The sandbox was not found", sandboxId: id, code: 502 }, {
         status: 502,
       });
@@ -170,7 +175,15 @@ export function startServer(options: ServerOptions): RunningServer {
       envds.set(id, envd = { table, services });
       live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
     }
-    return await envd.services(request) ?? noRoute(new URL(request.url).pathname);
+    const answered = await envd.services(request);
+    // A killed sandbox's streams are cut, not ended: the SDK then asks
+    // /health, which says the sandbox is gone.
+    if (
+      answered?.body && answered.headers.get("content-type")?.startsWith("application/connect+")
+    ) {
+      return new Response(droppedOnKill(answered.body, live.killed.signal), answered);
+    }
+    return answered ?? noRoute(new URL(request.url).pathname);
   };
   /** Open streams by the key that made their sandbox. */
   const streams = new Map<string, number>();
@@ -238,6 +251,49 @@ export function startServer(options: ServerOptions): RunningServer {
       await finished;
     },
   };
+}
+
+/**
+ * A stream's body that is cut, not ended, when its sandbox is killed: the
+ * client sees its connection dropped mid-stream (as a killed E2B sandbox's
+ * streams are), and the SDK's health probe then tells it the sandbox is gone.
+ *
+ * @param body The stream's envelopes.
+ * @param killed Aborted when the sandbox is killed.
+ * @returns The same bytes until the kill.
+ */
+function droppedOnKill(
+  body: ReadableStream<Uint8Array>,
+  killed: AbortSignal,
+): ReadableStream<Uint8Array> {
+  const reader = body.getReader();
+  let drop = (): void => {};
+  return new ReadableStream<Uint8Array>({
+    start(controller): void {
+      drop = () => {
+        controller.error(new Error("The sandbox was killed"));
+        reader.cancel().catch(() => {});
+      };
+      if (killed.aborted) drop();
+      else killed.addEventListener("abort", drop, { once: true });
+    },
+    async pull(controller): Promise<void> {
+      const next = await reader.read().catch((cause) => ({ done: true, cause } as const));
+      // Killed while reading: the stream is already errored, nothing more goes out.
+      if (killed.aborted) return;
+      if (!next.done) {
+        controller.enqueue(next.value);
+        return;
+      }
+      killed.removeEventListener("abort", drop);
+      if ("cause" in next) controller.error(next.cause);
+      else controller.close();
+    },
+    cancel(reason): Promise<void> {
+      killed.removeEventListener("abort", drop);
+      return reader.cancel(reason);
+    },
+  });
 }
 
 const ENVD_HOST = /^49983-([a-z0-9]+)\.(.+)$/;
