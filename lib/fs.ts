@@ -76,3 +76,31 @@ export function isDirectory(path: string): boolean {
 export function onPath(program: string): boolean {
   return (Deno.env.get("PATH") ?? "").split(":").some((dir) => isFile(`${dir}/${program}`));
 }
+
+/**
+ * Writes a small JSON record atomically (a temporary file renamed onto
+ * `path`, mode 0600), or removes it when `record` is undefined (a missing
+ * file is fine). The host's own records (warm, pause) live in directories no
+ * sandbox mounts.
+ *
+ * @example
+ * ```ts ignore
+ * writeJsonRecord("/var/lib/waffle/sandboxes/x/pause.json", { state: "paused", at: Date.now() });
+ * ```
+ *
+ * @param path The record's file.
+ * @param record What to write; undefined removes it.
+ */
+export function writeJsonRecord(path: string, record: unknown): void {
+  if (record === undefined) {
+    try {
+      Deno.removeSync(path);
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    }
+    return;
+  }
+  const temp = `${path}.${Deno.pid}.tmp`;
+  Deno.writeTextFileSync(temp, JSON.stringify(record), { mode: 0o600 });
+  Deno.renameSync(temp, path);
+}

@@ -182,22 +182,12 @@ shows it as paused, and 'waffle sweep' keeps it. --json prints
  * @param io Process streams.
  * @returns 0.
  */
-export async function pauseCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, {
-    user: { type: "string" },
-    tenant: { type: "string" },
-    json: { type: "boolean" },
+export function pauseCommand(args: string[], io: CliIo): Promise<number> {
+  return freezeCommand(args, io, {
+    act: pauseSandbox,
+    field: "paused",
+    words: ["paused", "already paused"],
   });
-  noPositionals(parsed.positionals);
-  const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
-  const paused = await pauseSandbox(new DockerClient(), key, { config: loadConfig() });
-  const { user, tenant, containerName: container } = key;
-  await io.stdout(
-    parsed.values.json
-      ? `${JSON.stringify({ user, tenant, container, paused })}\n`
-      : `${paused ? "paused" : "already paused"} ${container}\n`,
-  );
-  return 0;
 }
 
 /** Help of `waffle resume`. */
@@ -216,7 +206,24 @@ it was not paused.
  * @param io Process streams.
  * @returns 0.
  */
-export async function resumeCommand(args: string[], io: CliIo): Promise<number> {
+export function resumeCommand(args: string[], io: CliIo): Promise<number> {
+  return freezeCommand(args, io, {
+    act: resumeSandbox,
+    field: "resumed",
+    words: ["resumed", "not paused"],
+  });
+}
+
+// `pause` and `resume`: the same flags, one act on the sandbox, one line out.
+async function freezeCommand(
+  args: string[],
+  io: CliIo,
+  how: {
+    act: typeof pauseSandbox;
+    field: "paused" | "resumed";
+    words: [done: string, notDone: string];
+  },
+): Promise<number> {
   const parsed = parse(args, {
     user: { type: "string" },
     tenant: { type: "string" },
@@ -224,12 +231,12 @@ export async function resumeCommand(args: string[], io: CliIo): Promise<number> 
   });
   noPositionals(parsed.positionals);
   const key = keyOf(stringFlag(parsed, "tenant"), stringFlag(parsed, "user"));
-  const resumed = await resumeSandbox(new DockerClient(), key, { config: loadConfig() });
+  const done = await how.act(new DockerClient(), key, { config: loadConfig() });
   const { user, tenant, containerName: container } = key;
   await io.stdout(
     parsed.values.json
-      ? `${JSON.stringify({ user, tenant, container, resumed })}\n`
-      : `${resumed ? "resumed" : "not paused"} ${container}\n`,
+      ? `${JSON.stringify({ user, tenant, container, [how.field]: done })}\n`
+      : `${how.words[done ? 0 : 1]} ${container}\n`,
   );
   return 0;
 }

@@ -10,6 +10,7 @@ import { SandboxPausedError } from "../errors.ts";
 import { join } from "../path.ts";
 import { STALE_AFTER_MS } from "../queue/liveness.ts";
 import * as z from "../schema.ts";
+import { writeJsonRecord } from "../fs.ts";
 
 /** The host's record of a sandbox's last pause or resume. */
 export interface PauseRecord {
@@ -50,18 +51,7 @@ export function readPause(root: string): PauseRecord | undefined {
  * @param record The record; undefined removes it.
  */
 export function writePause(root: string, record: PauseRecord | undefined): void {
-  const path = join(root, FILE);
-  if (record === undefined) {
-    try {
-      Deno.removeSync(path);
-    } catch (error) {
-      if (!(error instanceof Deno.errors.NotFound)) throw error;
-    }
-    return;
-  }
-  const temp = `${path}.${Deno.pid}.tmp`;
-  Deno.writeTextFileSync(temp, JSON.stringify(record), { mode: 0o600 });
-  Deno.renameSync(temp, path);
+  writeJsonRecord(join(root, FILE), record);
 }
 
 /**

@@ -29,6 +29,7 @@ import { processMark } from "../process_mark.ts";
 import type { Queue } from "../queue/queue.ts";
 import type { VolumeStatus } from "./quota.ts";
 import type { ImageFacts } from "./posture.ts";
+import { writeJsonRecord } from "../fs.ts";
 
 /** What a full ensure verified about a running sandbox. */
 export interface WarmRecord {
@@ -93,18 +94,7 @@ export function readWarm(root: string): WarmRecord | undefined {
  * @param record The record; undefined removes it.
  */
 export function writeWarm(root: string, record: WarmRecord | undefined): void {
-  const path = join(root, FILE);
-  if (record === undefined) {
-    try {
-      Deno.removeSync(path);
-    } catch (error) {
-      if (!(error instanceof Deno.errors.NotFound)) throw error;
-    }
-    return;
-  }
-  const temp = `${path}.${Deno.pid}.tmp`;
-  Deno.writeTextFileSync(temp, JSON.stringify(record), { mode: 0o600 });
-  Deno.renameSync(temp, path);
+  writeJsonRecord(join(root, FILE), record);
 }
 
 /**
