@@ -135,19 +135,24 @@ Deno.test("cancel kills a running request's tree and skips a queued one", async 
   await using q = await tempQueue();
   await using _runner = await startRunner(q.queueDir, { workspace: q.workspace });
   const queue = Queue.open(q.queueDir);
-  const running = await queue.submit({ argv: ["sleep", "1000"] });
-  const queued = await queue.submit({ argv: ["echo", "never"] });
-  await waitFor(() => queue.state(running).state === "started", { what: "start" });
-  await queue.cancel(queued);
-  await queue.cancel(running);
-  const a = await queue.wait(running);
-  assert.equal(a.cancelled, true);
-  assert.equal(a.signal, "SIGTERM");
-  const b = await queue.collect(queued);
-  assert.equal(b.result.cancelled, true);
-  assert.equal(b.result.exitCode, null);
-  assert.equal(b.stdout.byteLength, 0);
-  queue.close();
+  // Closed however the test ends: a queue left open keeps an inotify watch
+  // that later tests of this process count as theirs.
+  try {
+    const running = await queue.submit({ argv: ["sleep", "1000"] });
+    const queued = await queue.submit({ argv: ["echo", "never"] });
+    await waitFor(() => queue.state(running).state === "started", { what: "start" });
+    await queue.cancel(queued);
+    await queue.cancel(running);
+    const a = await queue.wait(running);
+    assert.equal(a.cancelled, true);
+    assert.equal(a.signal, "SIGTERM");
+    const b = await queue.collect(queued);
+    assert.equal(b.result.cancelled, true);
+    assert.equal(b.result.exitCode, null);
+    assert.equal(b.stdout.byteLength, 0);
+  } finally {
+    queue.close();
+  }
 });
 
 Deno.test("runner rejects a cwd outside the workspace and bad env, running nothing", async () => {
