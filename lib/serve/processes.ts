@@ -47,8 +47,6 @@ export interface ProcessEntry {
   stdin: WritableStreamDefaultWriter<Uint8Array> | undefined;
   /** Subscribers to its events; the output waits for a promise one returns. */
   listeners: Set<(event: ProcessEvent) => Promise<void> | undefined>;
-  /** Its end, once it came. */
-  ended: ProcessEvent | undefined;
 }
 
 /** Options of {@linkcode ProcessTable.start}. */
@@ -109,7 +107,6 @@ export class ProcessTable {
       process,
       stdin: keepStdin ? stdin : undefined,
       listeners: new Set([options.onEvent]),
-      ended: undefined,
     };
     this.#entries.set(pid, entry);
     options.onEvent({ kind: "start", pid });
@@ -138,7 +135,6 @@ export class ProcessTable {
       const message = cause instanceof Error ? cause.message : String(cause);
       end = { kind: "end", exitCode: -1, exited: false, status: "error", error: message };
     }
-    entry.ended = end;
     this.#entries.delete(entry.pid);
     await emit(end);
     entry.listeners.clear();
@@ -158,11 +154,6 @@ export class ProcessTable {
   /** The running processes. */
   list(): ProcessEntry[] {
     return [...this.#entries.values()];
-  }
-
-  /** Kills every process (the sandbox is going). */
-  async killAll(): Promise<void> {
-    await Promise.all(this.list().map((entry) => entry.process.kill()));
   }
 }
 
