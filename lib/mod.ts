@@ -58,6 +58,7 @@ export {
   type ServerConnection,
 } from "./mcp/mod.ts";
 export {
+  attachIn,
   type ProcessOptions,
   type ProcessStatus,
   type RunBytesOptions,

@@ -17,6 +17,8 @@ import { logLine } from "./log.ts";
 export const END_GRACE_MS = 2000;
 /** How often the lease and idle limits are checked. */
 const CHECK_MS = 500;
+/** A check this late means the runner did not run (a paused sandbox's freeze). */
+const STALL_MS = 2000;
 
 /** One running session's feed and watchdog. */
 export class SessionFeed {
@@ -38,6 +40,7 @@ export class SessionFeed {
   #inputEnded = false;
   #lease = { value: -1, changedAt: Date.now() };
   #activeAt = Date.now();
+  #checkedAt = Date.now();
   #endedAt: number | undefined;
   #written = { stdout: 0, stderr: 0 };
   // Per stream: the end offset and seq of each chunk written and not yet dropped.
@@ -261,6 +264,18 @@ export class SessionFeed {
 
   #check(): void {
     const now = Date.now();
+    // Time this runner did not run (its sandbox paused, then resumed) is no
+    // time its host failed to renew, nor idleness: the limits resume where
+    // they stood, and the lease is read again first.
+    const stalled = now - this.#checkedAt - CHECK_MS;
+    this.#checkedAt = now;
+    if (stalled > STALL_MS) {
+      this.#lease.changedAt += stalled;
+      this.#activeAt += stalled;
+      if (this.#endedAt !== undefined) this.#endedAt += stalled;
+      this.poll();
+      return;
+    }
     const grace = this.#spec.endGraceMs ?? END_GRACE_MS;
     // Lease and idle are timed by this runner's clock alone.
     if (now - this.#lease.changedAt > this.#spec.leaseMs) {

@@ -9,10 +9,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { Sandbox } from "e2b";
+import { CommandExitError, Sandbox } from "e2b";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { sdk, sdkTest, type Served } from "./_serve_helpers.ts";
-import { runProcess } from "./_helpers.ts";
+import { delay, runProcess } from "./_helpers.ts";
 
 /** The audit's lines so far. */
 async function auditLines(served: Served): Promise<Record<string, unknown>[]> {
@@ -115,7 +115,7 @@ sdkTest("every API call is audited: key, tenant, sandbox, method and status", as
 });
 
 sdkTest(
-  "a server killed with SIGKILL and started again serves its sandboxes, their files and timeouts",
+  "a server killed with SIGKILL and started again serves its sandboxes, files, timeouts and running processes",
   async (served) => {
     const sandbox = await Sandbox.create("base", {
       ...sdk(served, served.keys.a),
@@ -123,8 +123,16 @@ sdkTest(
     });
     await sandbox.files.write("kept.txt", "before the crash");
     const endAt = (await sandbox.getInfo()).endAt;
-    // A command running at the crash: it counts its starts in the workspace.
-    await sandbox.commands.run("echo started >> starts; exec sleep 300", { background: true });
+    // Running at the crash: a counter that records its starts, and one
+    // waiting for its stdin.
+    const counter = await sandbox.commands.run(
+      "echo started >> starts; i=0; while :; do i=$((i+1)); echo $i > count; echo tick $i; sleep 0.2; done",
+      { background: true },
+    );
+    const reader = await sandbox.commands.run('read line; echo "got $line"; exit 3', {
+      background: true,
+      stdin: true,
+    });
     await served.crashAndRestart();
     const options = sdk(served, served.keys.a);
     const again = await Sandbox.connect(sandbox.sandboxId, options);
@@ -136,16 +144,33 @@ sdkTest(
       assert.deepEqual(listed.map((s) => s.sandboxId), [sandbox.sandboxId]);
       // Connect extends, never shortens: the end time is at least what it was.
       assert((await again.getInfo()).endAt.getTime() >= endAt.getTime());
-      // The command's lease ran out with the old server: it ended, and ran once
-      // (bounded: the lease is 10 s).
-      let left = "";
-      for (let i = 0; i < 40; i++) {
-        left = (await again.commands.run("pgrep -x sleep || true")).stdout;
-        if (left === "") break;
-        await new Promise((resolve) => setTimeout(resolve, 500));
-      }
-      assert.equal(left, "");
+      // Both processes went on under the new server, under their pids.
+      const pids = (await again.commands.list()).map((process) => process.pid).sort();
+      assert.deepEqual(pids, [counter.pid, reader.pid].sort());
+      // Re-attached: the counter's output goes on from where it is (never
+      // from 1: it ran once).
+      const ticks: number[] = [];
+      const attached = await again.commands.connect(counter.pid, {
+        onStdout: (data) => {
+          for (const match of data.matchAll(/tick (\d+)/g)) ticks.push(Number(match[1]));
+        },
+      });
+      for (let i = 0; i < 50 && ticks.length < 3; i++) await delay(100);
+      const counted = Number((await again.files.read("count")).trim());
+      assert.ok(ticks.length >= 3 && ticks[0]! > 1, `ticks after the restart: ${ticks.join(",")}`);
+      assert.ok(counted >= ticks[0]!, `count ${counted} went on`);
       assert.equal(await again.files.read("starts"), "started\n");
+      // The waiting one takes its stdin through the new server and ends exactly.
+      const waiting = await again.commands.connect(reader.pid);
+      await again.commands.sendStdin(reader.pid, "hello\n");
+      const ended = await waiting.wait().catch((error: unknown) => error);
+      assert.ok(ended instanceof CommandExitError, String(ended));
+      assert.equal(ended.exitCode, 3);
+      assert.equal(ended.stdout, "got hello\n");
+      // And the counter is killed through it: nothing is left running.
+      assert.equal(await again.commands.kill(counter.pid), true);
+      await attached.wait().catch(() => {});
+      assert.deepEqual(await again.commands.list(), []);
     } finally {
       await again.kill();
     }

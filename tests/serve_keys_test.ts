@@ -18,6 +18,7 @@ import {
 } from "../lib/serve/mod.ts";
 import { timingSafeEqual } from "../lib/bytes.ts";
 import { serveKeyCommand } from "../lib/cli/serve_key.ts";
+import { ProcessStore, SandboxStore } from "../lib/serve/state.ts";
 import type { CliIo } from "../lib/cli/io.ts";
 import { DEFAULT_TENANT_LIMITS } from "../lib/config/serve_schema.ts";
 
@@ -245,6 +246,35 @@ Deno.test("openServeDb() upgrades an older file by the migrations it lacks, and 
         error instanceof QueueError &&
         new RegExp(`schema version ${later.length}`).test(error.message),
     );
+  });
+});
+
+Deno.test("the processes' journal connection commits without a sync; the keys' connection syncs; both see one file", async () => {
+  await withHome((home) => {
+    const keys = openServeDb(home);
+    const journal = openServeDb(home, { survives: "process-death" });
+    try {
+      const synchronous = (db: DatabaseSync): number =>
+        (db.prepare("PRAGMA synchronous").get() as { synchronous: number }).synchronous;
+      assert.equal(synchronous(keys), 2);
+      assert.equal(synchronous(journal), 0);
+      const store = new ProcessStore(journal).processes("sbx1");
+      store.save({
+        pid: 1000,
+        requestId: "r1",
+        tag: "t",
+        config: { cmd: "/bin/bash", args: ["-c", "true"], envs: { A: "1" } },
+        pty: false,
+        stdin: true,
+      });
+      // The sandbox's removal, through the other connection, takes its processes.
+      assert.deepEqual(new ProcessStore(keys).withProcesses(), ["sbx1"]);
+      new SandboxStore(keys).delete("sbx1");
+      assert.deepEqual(store.saved(), []);
+    } finally {
+      journal.close();
+      keys.close();
+    }
   });
 });
 

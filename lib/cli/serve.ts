@@ -77,6 +77,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   }
   const home = config.sandbox.home;
   const db = openServeDb(home);
+  const journal = openServeDb(home, { survives: "process-death" });
   const keys = new KeyStore(db);
   // Every API call, one line each (key name or id, tenant, sandbox, method, status).
   const audit = openJsonLines(join(dirname(serveDbPath(home)), "audit.jsonl"), {
@@ -86,6 +87,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   const server = startServer({
     home,
     db,
+    journal,
     docker: new DockerClient(),
     hostname: listen.hostname,
     port: listen.port,
@@ -131,6 +133,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
       Deno.removeSignalListener(signal, onSignal);
     }
     db.close();
+    journal.close();
     audit.close();
   }
   return 0;

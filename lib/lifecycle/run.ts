@@ -116,6 +116,13 @@ export interface SpawnOptions extends ProcessOptions {
    * and `resize()` changes the size.
    */
   tty?: TtySize;
+  /**
+   * The process outlives this host: its input and output go through the
+   * queue's rows (not a socket that dies with the host), and another host
+   * takes it over with `sandbox.attach(id)` while its lease holds. Give it
+   * a lease long enough for the host to come back (`leaseMs`).
+   */
+  detached?: boolean;
 }
 
 /**
@@ -176,10 +183,18 @@ export interface SandboxProcesses {
    * @throws {UsageError} On invalid arguments (nothing is run).
    */
   spawn(argv: string[], options?: SpawnOptions): Promise<SandboxProcess>;
+  /**
+   * Takes over a process another host spawned with `detached: true`.
+   *
+   * @param id The process's id.
+   * @returns The running process.
+   * @throws {UsageError} When `id` is no detached process of this sandbox.
+   */
+  attach(id: string): SandboxProcess;
 }
 
 const RUN_KEYS = ["cwd", "env", "timeoutMs", "signal", "stdin", "outputCap", "encoding"];
-const SPAWN_KEYS = ["cwd", "env", "timeoutMs", "signal", "leaseMs", "idleMs", "tty"];
+const SPAWN_KEYS = ["cwd", "env", "timeoutMs", "signal", "leaseMs", "idleMs", "tty", "detached"];
 /** The largest side of a terminal, as the queue takes it. */
 const MAX_TTY_SIDE = 4096;
 /** Unread output each of a spawned process's streams holds before the command waits. */
@@ -292,9 +307,12 @@ export async function spawnIn(
 ): Promise<SandboxProcess> {
   checkArgv("spawn", argv);
   checkOptions("spawn", options, SPAWN_KEYS);
-  const { leaseMs, idleMs, signal } = options;
+  const { leaseMs, idleMs, signal, detached } = options;
   if (leaseMs !== undefined) checkInt("leaseMs", leaseMs, 3600 * 1000, 1000);
   if (idleMs !== undefined) checkInt("idleMs", idleMs, 7 * 24 * 3600 * 1000);
+  if (detached !== undefined && typeof detached !== "boolean") {
+    throw new UsageError(`Detached must be a boolean, got ${quote(detached)}`);
+  }
   const tty = options.tty === undefined ? undefined : checkTty("tty", options.tty);
   signal?.throwIfAborted();
   const wait = { revive: reviver(backend) };
@@ -305,7 +323,31 @@ export async function spawnIn(
     ...(leaseMs === undefined ? {} : { leaseMs }),
     ...(idleMs === undefined ? {} : { idleMs }),
     ...(tty === undefined ? {} : { tty }),
+    // Rows outlive this host; a socket does not.
+    ...(detached ? { channel: false } : {}),
   }, wait);
+  return processOf(session, signal);
+}
+
+/**
+ * Takes over a process another host spawned with `detached: true` (a
+ * restarted server): its stdin, its output from what that host last read,
+ * its status and its kill, as `spawn` gave them. Output the process wrote
+ * while no host read it waited in the queue (at most a window, then the
+ * process waited too): nothing is lost and nothing runs again.
+ * `sandbox.attach` is this on the sandbox.
+ *
+ * @param backend The sandbox.
+ * @param id The process's id (`SandboxProcess.id`).
+ * @returns The running process.
+ * @throws {UsageError} When `id` is no detached process of this sandbox.
+ */
+export function attachIn(backend: Backend, id: string): SandboxProcess {
+  return processOf(QueueSession.attach(backend, id, { revive: reviver(backend) }), undefined);
+}
+
+// A session as the process `spawn` returns: its streams, status and kill.
+function processOf(session: QueueSession, signal: AbortSignal | undefined): SandboxProcess {
   const kill = (): Promise<void> => session.cancel().catch(() => {});
   const onAbort = (): void => void kill();
   signal?.addEventListener("abort", onAbort, { once: true });
@@ -357,7 +399,7 @@ export async function spawnIn(
     status,
     kill,
     resize: async (size) => {
-      if (tty === undefined) {
+      if (!session.tty) {
         throw new UsageError("Cannot resize a process without a terminal: spawn it with 'tty'");
       }
       await session.resize(checkTty("resize", size));
@@ -384,6 +426,7 @@ export function processesOf(backend: Backend): SandboxProcesses {
         "run"
       ],
     spawn: (argv, options) => spawnIn(backend, argv, options),
+    attach: (id) => attachIn(backend, id),
   };
 }
 

@@ -49,11 +49,20 @@ export interface OpenOptions {
    * serve`'s state) passes its own.
    */
   version?: number;
+  /**
+   * What an owner's commits survive: `power-loss` (default, `synchronous=FULL`)
+   * or only `process-death` (`synchronous=OFF`: a commit is in the kernel's
+   * page cache, not on the disk, when it returns). The second suits rows
+   * about things that die with the machine anyway (a server's record of the
+   * processes its sandboxes run), written on a hot path.
+   */
+  survives?: "power-loss" | "process-death";
 }
 
 /**
  * Opens one queue file: sets `busy_timeout` (and, for an owner,
- * `journal_mode=TRUNCATE` and `synchronous=FULL`), checks that each took
+ * `journal_mode=TRUNCATE` and `synchronous=FULL`, or `OFF` as `survives`
+ * says), checks that each took
  * effect, creates or upgrades the schema where the options allow, and
  * checks the schema version.
  *
@@ -76,7 +85,8 @@ export function openDatabase(path: string, options: OpenOptions): DatabaseSync {
     setBusyTimeout(db, busyTimeout);
     if (!readOnly) {
       expectPragma(db, path, "journal_mode", "TRUNCATE", "truncate");
-      expectPragma(db, path, "synchronous", "FULL", 2);
+      if (options.survives === "process-death") expectPragma(db, path, "synchronous", "OFF", 0);
+      else expectPragma(db, path, "synchronous", "FULL", 2);
     }
     const busy = readPragma(db, "busy_timeout");
     if (Number(busy) !== busyTimeout) {

@@ -381,6 +381,31 @@ export class Queue {
   }
 
   /**
+   * A session's spec and how much of its output its host acknowledged: what
+   * a host needs to take over a session another one opened (a restarted
+   * server). Read from `inbound.db`, which only hosts write.
+   *
+   * @param id The session.
+   * @returns Its spec and acknowledged bytes.
+   * @throws {UsageError} When `id` is no session of this queue.
+   */
+  sessionOf(id: string): { spec: SessionSpec; read: { stdout: number; stderr: number } } {
+    this.#requireRequest(id);
+    const row = statement(
+      this.#inbound,
+      `SELECT r.payload, s.stdout_read, s.stderr_read FROM requests r
+         JOIN sessions s ON s.request_id = r.id WHERE r.id = ?`,
+    ).get(id) as { payload: string; stdout_read: number; stderr_read: number } | undefined;
+    const spec = row === undefined
+      ? undefined
+      : execPayloadSchema.parse(JSON.parse(row.payload)).session;
+    if (row === undefined || spec === undefined) {
+      throw new UsageError(`Request '${id}' is not a session`);
+    }
+    return { spec, read: { stdout: Number(row.stdout_read), stderr: Number(row.stderr_read) } };
+  }
+
+  /**
    * Renews a session's lease and tells the runner how much output was read
    * (so it may drop those chunks and read more from the server). A session
    * whose lease is not renewed within its `leaseMs` is ended by the runner.

@@ -10,7 +10,7 @@ import type { Queue, SubmitOptions, WaitOptions } from "./queue.ts";
 import { concat, writeAll } from "../bytes.ts";
 import { HostChannel, readFrames } from "./channel.ts";
 import { settlesWithin } from "../async.ts";
-import { ProtocolError } from "../errors.ts";
+import { ProtocolError, UsageError } from "../errors.ts";
 
 /** Default lease: the runner ends a session whose host stops renewing for this long. */
 export const SESSION_LEASE_MS = 10_000;
@@ -66,6 +66,8 @@ export class QueueSession {
   readonly id: string;
   /** The queue it lives in. */
   readonly queue: Queue;
+  /** It runs on a terminal (it can be resized). */
+  readonly tty: boolean;
   #read = { stdout: 0, stderr: 0 };
   #reported = { stdout: 0, stderr: 0 };
   #timer: ReturnType<typeof setInterval>;
@@ -86,13 +88,24 @@ export class QueueSession {
   private constructor(
     queue: Queue,
     id: string,
-    options: { leaseMs: number; wait: WaitOptions; channel: HostChannel | undefined },
+    options: {
+      leaseMs: number;
+      wait: WaitOptions;
+      channel: HostChannel | undefined;
+      tty: boolean;
+      read?: { stdout: number; stderr: number };
+    },
   ) {
     const { leaseMs, wait } = options;
     this.queue = queue;
     this.id = id;
+    this.tty = options.tty;
     this.#wait = wait;
     this.#channel = options.channel;
+    if (options.read !== undefined) {
+      this.#read = { ...options.read };
+      this.#reported = { ...options.read };
+    }
     // Three renewals per lease: one lost to a slow commit does not end it.
     this.#timer = setInterval(() => this.#renew(), Math.max(250, Math.floor(leaseMs / 3)));
   }
@@ -140,7 +153,42 @@ export class QueueSession {
       channel?.close();
       throw error;
     }
-    return new QueueSession(target.queue, id, { leaseMs, wait, channel });
+    return new QueueSession(target.queue, id, { leaseMs, wait, channel, tty: tty !== undefined });
+  }
+
+  /**
+   * Takes over a session another host opened (a restarted server): renews
+   * its lease and streams its output from what that host acknowledged. The
+   * session must stream over rows (opened with `channel: false`): a socket
+   * dies with its host.
+   *
+   * @param target The queue the session lives in.
+   * @param id The session's request id.
+   * @param wait How waits on the session revive its runner.
+   * @returns The session, open again.
+   * @throws {UsageError} When `id` is no session of the queue, or one on a channel.
+   */
+  static attach(
+    target: Pick<SessionTarget, "queue">,
+    id: string,
+    wait: WaitOptions = {},
+  ): QueueSession {
+    const { spec, read } = target.queue.sessionOf(id);
+    if (spec.channel !== undefined) {
+      throw new UsageError(
+        `Session '${id}' streams over its host's socket and ended with it: only a session opened with 'channel: false' can be taken over`,
+      );
+    }
+    const session = new QueueSession(target.queue, id, {
+      leaseMs: spec.leaseMs,
+      wait,
+      channel: undefined,
+      tty: spec.tty !== undefined,
+      read,
+    });
+    // At once: the runner has been counting down since the last host's renewal.
+    session.#renew();
+    return session;
   }
 
   /**

@@ -52,16 +52,40 @@ CREATE TABLE sandboxes (
 CREATE INDEX sandboxes_tenant ON sandboxes (tenant, started_at, id);
 `;
 /**
+ * Version 3: the processes each sandbox runs for envd (lib/serve/processes.ts),
+ * so a server started again finds, by pid and tag, every process that kept
+ * running without it, and takes it over.
+ */
+const PROCESSES_TABLE = `
+CREATE TABLE processes (
+  sandbox_id TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  request_id TEXT NOT NULL,
+  tag TEXT,
+  config TEXT NOT NULL,
+  pty INTEGER NOT NULL,
+  stdin INTEGER NOT NULL,
+  PRIMARY KEY (sandbox_id, pid)
+);
+`;
+
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
  */
-export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([KEYS_TABLE, SANDBOXES_TABLE]);
+export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([
+  KEYS_TABLE,
+  SANDBOXES_TABLE,
+  PROCESSES_TABLE,
+]);
 
 /** Options of {@linkcode openServeDb}. */
 export interface ServeDbOptions {
   /** The migrations to bring the file to (tests); default {@linkcode SERVE_MIGRATIONS}. */
   migrations?: readonly string[];
+  /** What the connection's commits survive (see `openDatabase`); default `power-loss`. */
+  survives?: "power-loss" | "process-death";
 }
 
 /**
@@ -115,6 +139,7 @@ export function openServeDb(home: string, options: ServeDbOptions = {}): Databas
     schema: migrations.join("\n"),
     upgrades,
     version: migrations.length,
+    ...(options.survives === undefined ? {} : { survives: options.survives }),
   });
 }
 

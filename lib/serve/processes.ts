@@ -65,16 +65,100 @@ export interface StartOptions {
 
 /** The first pid handed out: small numbers stay clear of the container's own. */
 const FIRST_PID = 1000;
+/**
+ * How long a process runs on while no server renews it: a server killed and
+ * started again within this takes its processes over; one gone for longer
+ * leaves none running unowned.
+ */
+export const PROCESS_LEASE_MS = 10 * 60_000;
+/** A background process may be silent as long as its sandbox lives (the reaper ends it). */
+const PROCESS_IDLE_MS = 7 * 24 * 3600_000;
+
+/** A process as the table records it, so a server started again takes it over. */
+export interface SavedProcess {
+  /** Its pid in the table. */
+  pid: number;
+  /** The waffle process's id (`SandboxProcess.id`). */
+  requestId: string;
+  /** The tag it was started with. */
+  tag: string | undefined;
+  /** How it was started. */
+  config: ProcessConfig;
+  /** It runs on a terminal. */
+  pty: boolean;
+  /** Its stdin was kept open. */
+  stdin: boolean;
+}
+
+/** Where a table records its processes (the server's database). */
+export interface ProcessJournal {
+  /** Records a started process. */
+  save(process: SavedProcess): void;
+  /** Forgets an ended one. */
+  forget(pid: number): void;
+  /** The processes recorded, oldest first. */
+  saved(): SavedProcess[];
+}
 
 /** The processes of one sandbox. */
 export class ProcessTable {
   readonly #sandbox: Sandbox;
+  readonly #journal: ProcessJournal | undefined;
   readonly #entries = new Map<number, ProcessEntry>();
   #nextPid = FIRST_PID;
+  #detached = false;
 
-  /** @param sandbox The open waffle sandbox. */
-  constructor(sandbox: Sandbox) {
+  /**
+   * @param sandbox The open waffle sandbox.
+   * @param journal Where its processes are recorded; none: they end with this server.
+   */
+  constructor(sandbox: Sandbox, journal?: ProcessJournal) {
     this.#sandbox = sandbox;
+    this.#journal = journal;
+  }
+
+  /**
+   * Lets go of every process without ending or forgetting one (the server
+   * is stopping, or the sandbox is being removed): their streams break,
+   * and a server started again takes them over.
+   */
+  detach(): void {
+    this.#detached = true;
+  }
+
+  /**
+   * Takes over the processes a previous server recorded: each goes on
+   * under its pid and tag, its output from what that server last read (none
+   * is listening yet, as when a client disconnected). One that ended
+   * meanwhile ends now; one its sandbox no longer knows is forgotten.
+   *
+   * @returns How many were taken over.
+   */
+  restore(): number {
+    let taken = 0;
+    for (const saved of this.#journal?.saved() ?? []) {
+      this.#nextPid = Math.max(this.#nextPid, saved.pid + 1);
+      let process: SandboxProcess;
+      try {
+        process = this.#sandbox.attach(saved.requestId);
+      } catch {
+        this.#journal?.forget(saved.pid);
+        continue;
+      }
+      const entry: ProcessEntry = {
+        pid: saved.pid,
+        tag: saved.tag,
+        config: saved.config,
+        pty: saved.pty,
+        process,
+        stdin: saved.stdin ? process.stdin.getWriter() : undefined,
+        listeners: new Set(),
+      };
+      this.#entries.set(saved.pid, entry);
+      void this.#pump(entry);
+      taken++;
+    }
+    return taken;
   }
 
   /**
@@ -94,11 +178,22 @@ export class ProcessTable {
       ...(cwd === undefined ? {} : { cwd }),
       ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
       ...(options.pty === undefined ? {} : { tty: options.pty }),
+      detached: true,
+      leaseMs: PROCESS_LEASE_MS,
+      idleMs: PROCESS_IDLE_MS,
     });
     const stdin = process.stdin.getWriter();
     const keepStdin = options.stdin || options.pty !== undefined;
     if (!keepStdin) await stdin.close().catch(() => {});
     const pid = this.#nextPid++;
+    this.#journal?.save({
+      pid,
+      requestId: process.id,
+      tag: options.tag,
+      config,
+      pty: options.pty !== undefined,
+      stdin: keepStdin,
+    });
     const entry: ProcessEntry = {
       pid,
       tag: options.tag,
@@ -132,10 +227,13 @@ export class ProcessTable {
       await Promise.all([drain("stdout"), drain("stderr")]);
       end = endEvent(await entry.process.status);
     } catch (cause) {
+      // Let go, not ended: the process runs on for the next server.
+      if (this.#detached) return;
       const message = cause instanceof Error ? cause.message : String(cause);
       end = { kind: "end", exitCode: -1, exited: false, status: "error", error: message };
     }
     this.#entries.delete(entry.pid);
+    this.#journal?.forget(entry.pid);
     await emit(end);
     entry.listeners.clear();
   }

@@ -17,7 +17,7 @@ import type { ConnectFetchHandler } from "./connect.ts";
 import { ProcessTable } from "./processes.ts";
 import { pausedMessage, ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
-import { type SandboxRecord, SandboxStore } from "./state.ts";
+import { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
@@ -28,6 +28,8 @@ export interface ServerOptions {
   home: string;
   /** The server's database (keys and sandboxes). */
   db: DatabaseSync;
+  /** Another connection to it, opened with `survives: "process-death"`: the processes' journal. */
+  journal: DatabaseSync;
   /** The Docker client. */
   docker: DockerClient;
   /** Address and port to listen on (port 0: any free one). */
@@ -82,6 +84,7 @@ export interface RunningServer {
  */
 export function startServer(options: ServerOptions): RunningServer {
   const store = new SandboxStore(options.db);
+  const processes = new ProcessStore(options.journal);
   const sandboxes = new ServeSandboxes(store, { home: options.home, docker: options.docker });
   const envds = new Map<string, { table: ProcessTable; services: ConnectFetchHandler }>();
   // Counted from the record, creates under way included: two creates at once
@@ -142,6 +145,33 @@ export function startServer(options: ServerOptions): RunningServer {
     });
     return response;
   };
+  // One sandbox's process table and Connect services, made once per live
+  // sandbox; its processes are let go (never ended) when it stops being live.
+  const envdOf = (
+    record: SandboxRecord,
+  ): { table: ProcessTable; services: ConnectFetchHandler } => {
+    const id = record.id;
+    const live = sandboxes.live(record);
+    const known = envds.get(id);
+    if (known !== undefined && !live.killed.signal.aborted) return known;
+    const table = new ProcessTable(live.sandbox, processes.processes(id));
+    const services = envdServices({
+      table,
+      record,
+      killed: live.killed.signal,
+      maxBodyBytes: options.maxBodyBytes,
+      sandbox: live.sandbox,
+      interceptors: [streamLimit(record.keyId)],
+      paused: () => store.get(id)?.state === "paused" ? pausedMessage(id) : undefined,
+    });
+    const envd = { table, services };
+    envds.set(id, envd);
+    live.killed.signal.addEventListener("abort", () => {
+      table.detach();
+      envds.delete(id);
+    }, { once: true });
+    return envd;
+  };
   // One sandbox's envd: its plain routes (their own auth), then, with its
   // access token, its Connect services.
   const envdResponse = async (request: Request, record: SandboxRecord): Promise<Response> => {
@@ -160,21 +190,7 @@ export function startServer(options: ServerOptions): RunningServer {
         status: 401,
       });
     }
-    let envd = envds.get(id);
-    if (envd === undefined || live.killed.signal.aborted) {
-      const table = new ProcessTable(live.sandbox);
-      const services = envdServices({
-        table,
-        record,
-        killed: live.killed.signal,
-        maxBodyBytes: options.maxBodyBytes,
-        sandbox: live.sandbox,
-        interceptors: [streamLimit(record.keyId)],
-        paused: () => store.get(id)?.state === "paused" ? pausedMessage(id) : undefined,
-      });
-      envds.set(id, envd = { table, services });
-      live.killed.signal.addEventListener("abort", () => envds.delete(id), { once: true });
-    }
+    const envd = envdOf(record);
     const answered = await envd.services(request);
     // A killed sandbox's streams are cut, not ended: the SDK then asks
     // /health, which says the sandbox is gone.
@@ -241,6 +257,11 @@ export function startServer(options: ServerOptions): RunningServer {
   }, handler);
   port = server.addr.port;
   sandboxes.startReaper();
+  // Processes a previous server left running go on under this one.
+  for (const id of processes.withProcesses()) {
+    const record = store.get(id);
+    if (record !== undefined && record.state !== "creating") envdOf(record).table.restore();
+  }
   const finished = server.finished.finally(() => sandboxes.close());
   return {
     address: { hostname: server.addr.hostname, port: server.addr.port },

@@ -8,6 +8,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { statement } from "../queue/connection.ts";
+import type { ProcessJournal, SavedProcess } from "./processes.ts";
 
 /** A sandbox as the server records it. */
 export interface SandboxRecord {
@@ -47,6 +48,15 @@ interface Row {
   started_at: number;
   end_at: number;
   state: SandboxRecord["state"];
+}
+
+interface ProcessRow {
+  pid: number;
+  request_id: string;
+  tag: string | null;
+  config: string;
+  pty: number;
+  stdin: number;
 }
 
 /** The `sandboxes` table of `serve.db`. */
@@ -120,8 +130,9 @@ export class SandboxStore {
     statement(this.#db, "UPDATE sandboxes SET end_at = ? WHERE id = ?").run(endAt, id);
   }
 
-  /** Forgets a sandbox. */
+  /** Forgets a sandbox and its processes. */
   delete(id: string): void {
+    statement(this.#db, "DELETE FROM processes WHERE sandbox_id = ?").run(id);
     statement(this.#db, "DELETE FROM sandboxes WHERE id = ?").run(id);
   }
 
@@ -130,6 +141,75 @@ export class SandboxStore {
     return (statement(this.#db, "SELECT * FROM sandboxes WHERE end_at <= ?").all(
       now,
     ) as unknown as Row[]).map(fromRow);
+  }
+}
+
+/**
+ * The `processes` table of `serve.db`: each sandbox's envd processes, so a
+ * server killed and started again takes them over. Written twice per
+ * process, on the hot path of every command: its connection's commits
+ * survive the server's death, not the machine's (the processes do not
+ * either).
+ */
+export class ProcessStore {
+  readonly #db: DatabaseSync;
+
+  /**
+   * The table of an open `serve.db`.
+   *
+   * @param db A connection opened with `survives: "process-death"`.
+   */
+  constructor(db: DatabaseSync) {
+    this.#db = db;
+  }
+
+  /** The ids of the sandboxes with recorded processes. */
+  withProcesses(): string[] {
+    return (statement(this.#db, "SELECT DISTINCT sandbox_id FROM processes").all() as {
+      sandbox_id: string;
+    }[]).map((row) => row.sandbox_id);
+  }
+
+  /**
+   * The journal of one sandbox's processes (the `processes` table).
+   *
+   * @param id The sandbox.
+   * @returns Its journal.
+   */
+  processes(id: string): ProcessJournal {
+    const db = this.#db;
+    return {
+      save(process: SavedProcess): void {
+        statement(
+          db,
+          `INSERT OR REPLACE INTO processes (sandbox_id, pid, request_id, tag, config, pty, stdin)
+             VALUES (?, ?, ?, ?, ?, ?, ?)`,
+        ).run(
+          id,
+          process.pid,
+          process.requestId,
+          process.tag ?? null,
+          JSON.stringify(process.config),
+          process.pty ? 1 : 0,
+          process.stdin ? 1 : 0,
+        );
+      },
+      forget(pid: number): void {
+        statement(db, "DELETE FROM processes WHERE sandbox_id = ? AND pid = ?").run(id, pid);
+      },
+      saved(): SavedProcess[] {
+        const rows = statement(db, "SELECT * FROM processes WHERE sandbox_id = ? ORDER BY pid")
+          .all(id) as unknown as ProcessRow[];
+        return rows.map((row) => ({
+          pid: Number(row.pid),
+          requestId: row.request_id,
+          tag: row.tag ?? undefined,
+          config: JSON.parse(row.config),
+          pty: row.pty === 1,
+          stdin: row.stdin === 1,
+        }));
+      },
+    };
   }
 }
 
