@@ -52,11 +52,24 @@ CREATE TABLE sandboxes (
 CREATE INDEX sandboxes_tenant ON sandboxes (tenant, started_at, id);
 `;
 /**
+ * Version 3 (to follow the processes table as 4 when merged): what each
+ * sandbox's create asked of the network (`lib/serve/network.ts`), JSON or
+ * NULL, so a restarted server narrows its egress again.
+ */
+const SANDBOX_NETWORK = `
+ALTER TABLE sandboxes ADD COLUMN network TEXT;
+`;
+
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
  */
-export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([KEYS_TABLE, SANDBOXES_TABLE]);
+export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([
+  KEYS_TABLE,
+  SANDBOXES_TABLE,
+  SANDBOX_NETWORK,
+]);
 
 /** Options of {@linkcode openServeDb}. */
 export interface ServeDbOptions {

@@ -9,10 +9,12 @@
  */
 import { newBearerToken } from "../mcp/bearer_token.ts";
 import type { DockerClient } from "../docker/mod.ts";
+import type { SandboxConfig } from "../config/config.ts";
 import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
 import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
+import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
 
 /** What a create asks for. */
 export interface CreateRequest {
@@ -30,6 +32,8 @@ export interface CreateRequest {
   metadata: Record<string, string>;
   /** Variables for every command. */
   envVars: Record<string, string>;
+  /** What it asked of the network (already judged by `narrowEgress`); undefined: nothing. */
+  network?: NetworkAsk | undefined;
 }
 
 /** Options of {@linkcode ServeSandboxes}. */
@@ -38,6 +42,10 @@ export interface ServeSandboxesOptions {
   home: string;
   /** The Docker client every sandbox shares. */
   docker: DockerClient;
+  /** The config file the server read, so its sandboxes read the same one (absent: the home's). */
+  configPath?: string | undefined;
+  /** What that config grants every sandbox: a create's network ask narrows it. */
+  grant: EgressGrant;
   /** Clock (tests). */
   now?: () => number;
 }
@@ -125,6 +133,7 @@ export class ServeSandboxes {
       startedAt: now,
       endAt: now + request.timeoutS * 1000,
       state: "creating",
+      ...(request.network === undefined ? {} : { network: request.network }),
     };
     this.#store.insert(record);
     try {
@@ -152,12 +161,28 @@ export class ServeSandboxes {
   #open(record: SandboxRecord): Live {
     const sandbox = openSandbox(record.id, {
       tenant: record.tenant,
-      config: { home: this.#options.home, image: record.image },
+      config: {
+        home: this.#options.home,
+        image: record.image,
+        configPath: this.#options.configPath,
+        ...this.#narrowing(record.network),
+      },
       docker: this.#options.docker,
     });
     const live = { sandbox, killed: new AbortController() };
     this.#live.set(record.id, live);
     return live;
+  }
+
+  // The grant narrowed by what the create asked. Judged at the create; a
+  // config changed since then that no longer grants the ask (a restart)
+  // leaves the sandbox reaching nothing rather than more.
+  #narrowing(ask: NetworkAsk | undefined): Partial<SandboxConfig> {
+    if (ask === undefined) return {};
+    const narrowed = narrowEgress(this.#options.grant, ask);
+    if ("overrides" in narrowed) return narrowed.overrides;
+    const none = narrowEgress(this.#options.grant, { allowInternetAccess: false });
+    return "overrides" in none ? none.overrides : { network: "none", egress: [] };
   }
 
   /**
