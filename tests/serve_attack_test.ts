@@ -12,11 +12,18 @@ import { join } from "node:path";
 import { CommandExitError, Sandbox } from "e2b";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { sdk, sdkTest, type Served } from "./_serve_helpers.ts";
-import { delay, runProcess } from "./_helpers.ts";
+import { delay, runProcess, waitFor } from "./_helpers.ts";
+import { egressAuditFile } from "../lib/egress/proxy_container.ts";
 
 /** The audit's lines so far. */
 async function auditLines(served: Served): Promise<Record<string, unknown>[]> {
   const text = await Deno.readTextFile(join(served.home, "serve", "audit.jsonl")).catch(() => "");
+  return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
+}
+
+/** The egress audit's lines so far. */
+async function egressAudit(served: Served): Promise<Record<string, unknown>[]> {
+  const text = await Deno.readTextFile(egressAuditFile(served.home)).catch(() => "");
   return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
 }
 
@@ -235,15 +242,165 @@ sdkTest(
   },
 );
 
+// Two upstreams on loopback, named by [egress.hosts]; their ports are
+// reserved now, as the config is written before the server starts.
+function freePort(hostname: string): number {
+  const listener = Deno.listen({ hostname, port: 0 });
+  const port = (listener.addr as Deno.NetAddr).port;
+  listener.close();
+  return port;
+}
+const ONE = { name: "one.test", ip: "127.0.0.2", port: freePort("127.0.0.2") };
+const TWO = { name: "two.test", ip: "127.0.0.3", port: freePort("127.0.0.3") };
+const LIST_TOML = [
+  "[sandbox]",
+  `egress = ["${ONE.name}:${ONE.port}", "${TWO.name}:${TWO.port}", "${TWO.ip}:${TWO.port}"]`,
+  `egress_addresses = ["127.0.0.0/8"]`,
+  "egress_allow_host_loopback = true",
+  "[egress.hosts]",
+  `"${ONE.name}" = "${ONE.ip}"`,
+  `"${TWO.name}" = "${TWO.ip}"`,
+  "",
+].join("\n");
+
+/** An upstream answering its name, counting the requests that reach it. */
+function upstream(
+  target: { name: string; ip: string; port: number },
+): { hits: () => number } & AsyncDisposable {
+  let hits = 0;
+  const server = Deno.serve(
+    { hostname: target.ip, port: target.port, onListen: () => {} },
+    () => {
+      hits++;
+      return new Response(target.name);
+    },
+  );
+  return { hits: () => hits, [Symbol.asyncDispose]: () => server.shutdown() };
+}
+
+// What `curl` (through the proxy its variables name) gets: the status, and the body of a 200.
+const fetched = (url: string): string =>
+  `code=$(curl -s --max-time 10 -o /tmp/body -w '%{http_code}' ${url}); ` +
+  `if [ "$code" = 200 ]; then echo "$code $(cat /tmp/body)"; else echo "$code"; fi`;
+
 sdkTest(
-  "with a configured egress list a per-sandbox narrowing is refused (501), never ignored",
+  "network narrowing: a create reaches what it allows of the config's list, the rest is refused and audited, a compromised runner cannot undo it, a restart keeps it",
+  async (served) => {
+    await using one = upstream(ONE);
+    await using two = upstream(TWO);
+    const options = sdk(served, served.keys.a);
+    // Refused before anything is made: wider than the list (403), inexpressible (400).
+    await assert.rejects(
+      Sandbox.create("base", { ...options, network: { allowOut: ["three.test"] } }),
+      (error: unknown) =>
+        error instanceof Error && /allowOut 'three\.test'.*'sandbox\.egress'/.test(error.message),
+    );
+    await assert.rejects(
+      Sandbox.create("base", { ...options, network: { denyOut: [TWO.ip] } }),
+      (error: unknown) =>
+        error instanceof Error &&
+        /denyOut '127\.0\.0\.3\/32' cannot be expressed/.test(error.message),
+    );
+    assert.deepEqual(await Sandbox.list(options).nextItems(), []);
+
+    const narrowed = await Sandbox.create("base", {
+      ...options,
+      allowInternetAccess: false,
+      network: { allowOut: [ONE.name] },
+    });
+    const oneUrl = `http://${ONE.name}:${ONE.port}/`;
+    const twoUrl = `http://${TWO.name}:${TWO.port}/`;
+    const reach = async (sandbox: Sandbox): Promise<string> =>
+      (await sandbox.commands.run(`${fetched(oneUrl)}; ${fetched(twoUrl)}`)).stdout;
+    try {
+      assert.equal(await reach(narrowed), "200 one.test\n403\n");
+      assert.equal(one.hits(), 1);
+      assert.equal(two.hits(), 0, "the refused upstream was never reached");
+      const info = await Sandbox.getInfo(narrowed.sandboxId, options);
+      assert.equal(info.allowInternetAccess, false);
+      assert.deepEqual(info.network?.allowOut, [ONE.name]);
+      await waitFor(
+        async () =>
+          (await egressAudit(served)).some((line) =>
+            line.user === narrowed.sandboxId && line.destination === TWO.name &&
+            line.decision === "denied"
+          ),
+        { what: "the refusal's audit line" },
+      );
+      // The narrowing is the host's: the policy file is outside the container, whose
+      // egress directory is read-only even to its root; root's own request is refused too.
+      const container = sandboxKey("a", narrowed.sandboxId, { home: served.home }).containerName;
+      const asRunner = await runProcess("docker", [
+        "exec",
+        "-u",
+        "0",
+        container,
+        "bash",
+        "-c",
+        `touch /opt/waffle/egress/policy.json 2>/dev/null && echo wrote; ls /opt/waffle/egress; ` +
+        `curl -s --max-time 10 -o /dev/null -w '%{http_code}\\n' -x http://127.0.0.1:3128 ${twoUrl}`,
+      ]);
+      assert.equal(asRunner.stdout, "proxy.s\n403\n", asRunner.stderr);
+      assert.equal(await reach(narrowed), "200 one.test\n403\n");
+
+      await served.crashAndRestart();
+      const again = await Sandbox.connect(narrowed.sandboxId, sdk(served, served.keys.a));
+      assert.equal(await reach(again), "200 one.test\n403\n", "narrowed after a restart");
+      const after = await Sandbox.getInfo(narrowed.sandboxId, sdk(served, served.keys.a));
+      assert.deepEqual(after.network?.allowOut, [ONE.name]);
+      assert.equal(two.hits(), 0);
+    } finally {
+      await Sandbox.kill(narrowed.sandboxId, sdk(served, served.keys.a));
+    }
+
+    // denyOut takes an address off the list; allowOut wins over it for the names.
+    const denied = await Sandbox.create("base", {
+      ...sdk(served, served.keys.a),
+      network: { denyOut: [TWO.ip], allowOut: [ONE.name, TWO.name] },
+    });
+    try {
+      const ran = await denied.commands.run(
+        `${fetched(twoUrl)}; ${fetched(`http://${TWO.ip}:${TWO.port}/`)}`,
+      );
+      assert.equal(ran.stdout, "200 two.test\n403\n");
+      assert.equal(two.hits(), 1, "the name reached it once, the denied address never");
+      // The config narrowed while the server runs narrows the sandbox with it:
+      // what it allowed of two.test is gone at its next command.
+      await Deno.writeTextFile(
+        join(served.home, "waffle.toml"),
+        LIST_TOML.replace(`, "${TWO.name}:${TWO.port}"`, ""),
+      );
+      assert.equal((await denied.commands.run(fetched(twoUrl))).stdout, "403\n");
+      assert.equal(two.hits(), 1);
+    } finally {
+      await denied.kill();
+    }
+  },
+  { toml: LIST_TOML },
+);
+
+sdkTest(
+  "network narrowing: with a bridge grant, allowInternetAccess false leaves the sandbox no interface but lo",
   async (served) => {
     const options = sdk(served, served.keys.a);
+    const links = "ls /sys/class/net | grep -vc '^lo$' || true";
+    const open = await Sandbox.create("base", options);
+    try {
+      assert.equal((await open.commands.run(links)).stdout.trim(), "1", "bridge: eth0 and lo");
+    } finally {
+      await open.kill();
+    }
+    const closed = await Sandbox.create("base", { ...options, allowInternetAccess: false });
+    try {
+      assert.equal((await closed.commands.run(links)).stdout.trim(), "0");
+    } finally {
+      await closed.kill();
+    }
     await assert.rejects(
-      Sandbox.create("base", { ...options, network: { allowOut: ["example.com"] } }),
-      (error: unknown) => error instanceof Error && /not supported yet/.test(error.message),
+      Sandbox.create("base", { ...options, network: { denyOut: ["8.8.8.8"] } }),
+      (error: unknown) => error instanceof Error && /cannot be expressed/.test(error.message),
     );
     assert.deepEqual(await Sandbox.list(options).nextItems(), []);
   },
-  { toml: '[sandbox]\negress = ["example.com"]\n' },
+  { toml: '[sandbox]\nnetwork = "bridge"\n' },
 );

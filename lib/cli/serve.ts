@@ -108,11 +108,8 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
     },
     maxBodyBytes: settings.maxBodyBytes,
     maxStreamsPerKey: settings.maxStreamsPerKey,
-    reach: config.sandbox.network === "bridge"
-      ? "bridge"
-      : config.sandbox.egress === undefined
-      ? "none"
-      : "list",
+    grant: config.sandbox,
+    configPath: config.path,
     audit: (entry) => void audit.append({ time: new Date().toISOString(), ...entry }),
     tls,
     signal: stop.signal,

@@ -9,7 +9,7 @@
  * @module
  */
 import { mark } from "../trace.ts";
-import { loadWaffleConfig, type SandboxConfig } from "../config/config.ts";
+import { loadWaffleConfig, type SandboxConfig, type WaffleConfig } from "../config/config.ts";
 import type { EgressAttachment } from "../config/egress_types.ts";
 import { resolveSandbox } from "../config/resolve.ts";
 import type { SandboxKey } from "../config/sandbox_key.ts";
@@ -39,6 +39,12 @@ export interface SandboxOptions {
   tenant?: string;
   /** Configuration overrides (image, home, limits). */
   config?: Partial<SandboxConfig>;
+  /**
+   * Narrows every config loaded (the first, and each reload after the file
+   * changed): overrides worked out from what that config grants, applied
+   * over it, so a file narrowed later narrows the sandbox with it.
+   */
+  narrow?: (loaded: SandboxConfig) => Partial<SandboxConfig>;
   /** Docker client; default from `DOCKER_HOST`. */
   docker?: DockerClient;
   /** Fallback poll interval of the queue. */
@@ -72,7 +78,13 @@ export interface Sandbox extends Backend, SandboxProcesses {
  * @throws {UsageError} On an invalid id or config.
  */
 export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox {
-  const whole = loadWaffleConfig({ overrides: options.config ?? {} });
+  const load = (): WaffleConfig => {
+    const overrides = options.config ?? {};
+    const loaded = loadWaffleConfig({ overrides });
+    if (options.narrow === undefined) return loaded;
+    return loadWaffleConfig({ overrides: { ...overrides, ...options.narrow(loaded.sandbox) } });
+  };
+  const whole = load();
   const resolved = resolveSandbox(whole, { tenant: options.tenant ?? "default", user });
   const { key, config } = resolved;
   const paths = statePaths(config.home, key);
@@ -82,7 +94,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const currentEgress = egressTracker(resolved, {
     path: whole.path,
     root: paths.root,
-    reload: () => loadWaffleConfig({ overrides: options.config ?? {} }),
+    reload: load,
   });
   // Before any session: a host listens there while its container is made.
   makeChannelDir(paths.channel);

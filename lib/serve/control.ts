@@ -14,6 +14,7 @@ import { z } from "zod";
 import type { SandboxRecord } from "./state.ts";
 import type { ServeSandboxes } from "./sandboxes.ts";
 import type { Admission } from "./limits.ts";
+import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
 
 /** The envd version waffle reports: the SDKs gate features on it. */
 export const ENVD_VERSION = "0.6.4";
@@ -47,11 +48,11 @@ export interface ControlDeps {
   /** Largest request body, in bytes (a chunked body is counted as it comes). */
   maxBodyBytes: number;
   /**
-   * What the home's config lets every sandbox reach: nothing (`none`, the
-   * default), the `[sandbox] egress` list (`list`), or anything
-   * (`[sandbox] network = "bridge"`).
+   * What the home's config lets every sandbox reach: nothing (the default),
+   * the `[sandbox] egress` list, or anything (`[sandbox] network = "bridge"`).
+   * A create's network settings narrow it (`narrowEgress`).
    */
-  reach: "none" | "list" | "bridge";
+  grant: EgressGrant;
   /** Records one call (key, tenant, sandbox, method, outcome). */
   audit?: (entry: AuditEntry) => void;
 }
@@ -86,8 +87,8 @@ const CreateBody = z.object({
   secure: z.boolean().optional(),
   allow_internet_access: z.boolean().optional(),
   network: z.object({
-    allowOut: z.array(z.string()).optional(),
-    denyOut: z.array(z.string()).optional(),
+    allowOut: z.array(z.string().max(300)).max(1024).optional(),
+    denyOut: z.array(z.string().max(300)).max(1024).optional(),
   }).passthrough().optional(),
   autoPause: z.boolean().optional(),
 }).passthrough();
@@ -142,8 +143,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     if (timeout > deps.maxTimeoutS) {
       return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
     }
-    const wider = widening(body.data, deps.reach);
-    if (wider !== undefined) return fail(c, wider.status, wider.message);
+    const network = networkAsk(body.data);
+    if (network !== undefined) {
+      const narrowed = narrowEgress(deps.grant, network);
+      if ("status" in narrowed) return fail(c, narrowed.status, narrowed.message);
+    }
     if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
     const admission = deps.admitCreate(caller.tenant);
     if (!admission.ok) {
@@ -158,6 +162,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
       timeoutS: timeout,
       metadata,
       envVars,
+      network,
     });
     return c.json(sandboxJson(record), 201);
   };
@@ -173,7 +178,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
   app.get("/sandboxes/:id", (c) => {
     const record = owned(c);
     if (record === undefined) return notFound(c);
-    return c.json({ ...detailJson(record, deps), envdAccessToken: record.accessToken });
+    return c.json({
+      ...detailJson(record, deps),
+      ...networkJson(record),
+      envdAccessToken: record.accessToken,
+    });
   });
   app.delete("/sandboxes/:id", async (c) => {
     const record = owned(c);
@@ -253,40 +262,17 @@ function listV2(c: Context<{ Variables: { caller: Caller } }>, deps: ControlDeps
   return c.json(page.map((record) => detailJson(record, deps)));
 }
 
-// What a create may not ask for. A sandbox reaches what the home's config
-// grants every sandbox; a create may narrow that, never widen it. Narrowing
-// a granted list per sandbox is not built yet: refused rather than ignored,
-// so no sandbox reaches more than its creator asked for.
-function widening(
-  body: z.infer<typeof CreateBody>,
-  reach: ControlDeps["reach"],
-): { status: number; message: string } | undefined {
-  const allowOut = body.network?.allowOut ?? [];
-  const denyOut = body.network?.denyOut ?? [];
-  if (body.allow_internet_access === true && reach !== "bridge") {
-    return {
-      status: 403,
-      message:
-        `Internet access is not granted to this server's sandboxes: 'sandbox.network = "bridge"' in waffle.toml would grant it (a create may narrow what the config grants, never widen it)`,
-    };
-  }
-  if (allowOut.length > 0 && reach === "none") {
-    return {
-      status: 403,
-      message: `Network allowOut '${
-        allowOut.join(",").slice(0, 500)
-      }' is not granted to this server's sandboxes: 'sandbox.egress' in waffle.toml would grant it (a create may narrow what the config grants, never widen it)`,
-    };
-  }
-  const narrows = allowOut.length > 0 || denyOut.length > 0 || body.allow_internet_access === false;
-  if (narrows && reach !== "none") {
-    return {
-      status: 501,
-      message:
-        "Narrowing the configured egress per sandbox is not supported yet: create without 'network' and 'allowInternetAccess', or narrow 'sandbox.egress' in waffle.toml",
-    };
-  }
-  return undefined;
+// What a create asked of the network, as recorded; undefined when nothing.
+function networkAsk(body: z.infer<typeof CreateBody>): NetworkAsk | undefined {
+  const { allowOut, denyOut } = body.network ?? {};
+  const ask: NetworkAsk = {
+    ...(body.allow_internet_access === undefined
+      ? {}
+      : { allowInternetAccess: body.allow_internet_access }),
+    ...(allowOut === undefined ? {} : { allowOut }),
+    ...(denyOut === undefined ? {} : { denyOut }),
+  };
+  return Object.keys(ask).length === 0 ? undefined : ask;
 }
 
 /**
@@ -321,6 +307,20 @@ function detailJson(record: SandboxRecord, deps: ControlDeps): Record<string, un
     metadata: record.metadata,
     envdVersion: ENVD_VERSION,
     domain: null,
+  };
+}
+
+// What getInfo adds to a listed sandbox: its network settings as asked.
+function networkJson(record: SandboxRecord): Record<string, unknown> {
+  const ask = record.network ?? {};
+  return {
+    allowInternetAccess: ask.allowInternetAccess ?? null,
+    ...(ask.allowOut === undefined && ask.denyOut === undefined ? {} : {
+      network: {
+        ...(ask.allowOut === undefined ? {} : { allowOut: ask.allowOut }),
+        ...(ask.denyOut === undefined ? {} : { denyOut: ask.denyOut }),
+      },
+    }),
   };
 }
 

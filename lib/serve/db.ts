@@ -70,6 +70,14 @@ CREATE TABLE processes (
 `;
 
 /**
+ * Version 4: what each sandbox's create asked of the network (`lib/serve/network.ts`), JSON or
+ * NULL, so a restarted server narrows its egress again.
+ */
+const SANDBOX_NETWORK = `
+ALTER TABLE sandboxes ADD COLUMN network TEXT;
+`;
+
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
@@ -78,6 +86,7 @@ export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([
   KEYS_TABLE,
   SANDBOXES_TABLE,
   PROCESSES_TABLE,
+  SANDBOX_NETWORK,
 ]);
 
 /** Options of {@linkcode openServeDb}. */

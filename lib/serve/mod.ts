@@ -19,4 +19,5 @@ export { type RunningServer, type ServerOptions, startServer } from "./server.ts
 export { type SandboxRecord, SandboxStore } from "./state.ts";
 export { type CreateRequest, newSandboxId, ServeSandboxes } from "./sandboxes.ts";
 export { type AuditEntry, type Caller, ENVD_VERSION } from "./control.ts";
+export { type EgressGrant, narrowEgress, type Narrowing, type NetworkAsk } from "./network.ts";
 export { fileSignature, sandboxPath } from "./envd_http.ts";

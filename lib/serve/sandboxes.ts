@@ -9,10 +9,12 @@
  */
 import { newBearerToken } from "../mcp/bearer_token.ts";
 import type { DockerClient } from "../docker/mod.ts";
+import type { SandboxConfig } from "../config/config.ts";
 import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
 import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
+import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
 
 /** What a create asks for. */
 export interface CreateRequest {
@@ -30,6 +32,8 @@ export interface CreateRequest {
   metadata: Record<string, string>;
   /** Variables for every command. */
   envVars: Record<string, string>;
+  /** What it asked of the network (already judged by `narrowEgress`); undefined: nothing. */
+  network?: NetworkAsk | undefined;
 }
 
 /** Options of {@linkcode ServeSandboxes}. */
@@ -38,6 +42,8 @@ export interface ServeSandboxesOptions {
   home: string;
   /** The Docker client every sandbox shares. */
   docker: DockerClient;
+  /** The config file the server read, so its sandboxes read the same one (absent: the home's). */
+  configPath?: string | undefined;
   /** Clock (tests). */
   now?: () => number;
 }
@@ -125,6 +131,7 @@ export class ServeSandboxes {
       startedAt: now,
       endAt: now + request.timeoutS * 1000,
       state: "creating",
+      ...(request.network === undefined ? {} : { network: request.network }),
     };
     this.#store.insert(record);
     try {
@@ -150,9 +157,15 @@ export class ServeSandboxes {
   }
 
   #open(record: SandboxRecord): Live {
+    const ask = record.network;
     const sandbox = openSandbox(record.id, {
       tenant: record.tenant,
-      config: { home: this.#options.home, image: record.image },
+      config: {
+        home: this.#options.home,
+        image: record.image,
+        configPath: this.#options.configPath,
+      },
+      ...(ask === undefined ? {} : { narrow: (loaded: SandboxConfig) => narrowing(loaded, ask) }),
       docker: this.#options.docker,
     });
     const live = { sandbox, killed: new AbortController() };
@@ -285,4 +298,15 @@ export class ServeSandboxes {
     }
     this.#live.clear();
   }
+}
+
+// The grant narrowed by what the create asked. Judged at the create; a
+// config changed since then that no longer grants the ask (edited while
+// the server runs, or before a restart) leaves the sandbox reaching
+// nothing rather than more.
+function narrowing(grant: EgressGrant, ask: NetworkAsk): Partial<SandboxConfig> {
+  const narrowed = narrowEgress(grant, ask);
+  if ("overrides" in narrowed) return narrowed.overrides;
+  const none = narrowEgress(grant, { allowInternetAccess: false });
+  return "overrides" in none ? none.overrides : { network: "none", egress: [] };
 }

@@ -21,6 +21,7 @@ import { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
+import type { EgressGrant } from "./network.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -50,8 +51,10 @@ export interface ServerOptions {
   resources: { cpuCount: number; memoryMB: number; diskSizeMB: number };
   /** Largest request body, in bytes. */
   maxBodyBytes: number;
-  /** What the home's config lets every sandbox reach (see `ControlDeps.reach`). */
-  reach: "none" | "list" | "bridge";
+  /** What the config lets every sandbox reach (see `ControlDeps.grant`). */
+  grant: EgressGrant;
+  /** The config file the server read, for its sandboxes (absent: the home's). */
+  configPath?: string | undefined;
   /** Streams (commands, re-attaches, watches) the sandboxes of one key may hold open at once. */
   maxStreamsPerKey: number;
   /** Records each API call. */
@@ -85,7 +88,11 @@ export interface RunningServer {
 export function startServer(options: ServerOptions): RunningServer {
   const store = new SandboxStore(options.db);
   const processes = new ProcessStore(options.journal);
-  const sandboxes = new ServeSandboxes(store, { home: options.home, docker: options.docker });
+  const sandboxes = new ServeSandboxes(store, {
+    home: options.home,
+    docker: options.docker,
+    configPath: options.configPath,
+  });
   const envds = new Map<string, { table: ProcessTable; services: ConnectFetchHandler }>();
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
@@ -102,7 +109,7 @@ export function startServer(options: ServerOptions): RunningServer {
     maxTimeoutS: options.timeouts.maxS,
     resources: options.resources,
     maxBodyBytes: options.maxBodyBytes,
-    reach: options.reach,
+    grant: options.grant,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
   });
   let port = options.port;

@@ -8,6 +8,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { statement } from "../queue/connection.ts";
+import type { NetworkAsk } from "./network.ts";
 import type { ProcessJournal, SavedProcess } from "./processes.ts";
 
 /** A sandbox as the server records it. */
@@ -34,6 +35,8 @@ export interface SandboxRecord {
   endAt: number;
   /** `creating` until its container serves; `running` or `paused` after. */
   state: "creating" | "running" | "paused";
+  /** What its create asked of the network; undefined when it asked nothing. */
+  network?: NetworkAsk | undefined;
 }
 
 interface Row {
@@ -48,6 +51,7 @@ interface Row {
   started_at: number;
   end_at: number;
   state: SandboxRecord["state"];
+  network: string | null;
 }
 
 interface ProcessRow {
@@ -77,7 +81,8 @@ export class SandboxStore {
     statement(
       this.#db,
       `INSERT INTO sandboxes (id, tenant, key_id, template, image, metadata, env_vars,
-         access_token, started_at, end_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+         access_token, started_at, end_at, state, network)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ).run(
       record.id,
       record.tenant,
@@ -90,6 +95,7 @@ export class SandboxStore {
       record.startedAt,
       record.endAt,
       record.state,
+      record.network === undefined ? null : JSON.stringify(record.network),
     );
   }
 
@@ -226,5 +232,6 @@ function fromRow(row: Row): SandboxRecord {
     startedAt: row.started_at,
     endAt: row.end_at,
     state: row.state,
+    ...(row.network === null ? {} : { network: JSON.parse(row.network) }),
   };
 }
