@@ -384,7 +384,7 @@ export interface WriteOptions {
 }
 
 /** The most bytes of metadata one `readMetadata` takes back. */
-const METADATA_ANSWER_BYTES = 1024 * 1024;
+const METADATA_ANSWER_BYTES = 16 * 1024 * 1024;
 
 const metadataAnswerSchema = z.record(z.string().check(z.regex(/^\d{1,9}$/)), reportedSchema);
 
