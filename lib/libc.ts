@@ -68,6 +68,10 @@ export const EAGAIN = 11;
 export const ENOTSUP = 95;
 /** `errno`: a buffer too small for the value (`ERANGE`). */
 export const ERANGE = 34;
+/** `errno`: no space left on the device (`ENOSPC`). */
+export const ENOSPC = 28;
+/** `errno`: an argument (an attribute's value) too long (`E2BIG`). */
+export const E2BIG = 7;
 /** `errno`: no such attribute (`ENODATA`). */
 export const ENODATA = 61;
 /** `errno`: interrupted by a signal. */

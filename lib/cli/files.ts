@@ -263,7 +263,7 @@ async function writeRaw(
     }
     // On the fresh file, so the renamed one has exactly these (an
     // overwrite drops the old file's).
-    applyMetadata(temp, metadata, path);
+    applyMetadata(temp, metadata, { shown: path });
     const existing = await Deno.lstat(path).catch(() => null);
     if (existing?.isDirectory) {
       throw new FilesError(`Destination '${path}' is a directory`);

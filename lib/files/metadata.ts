@@ -14,7 +14,7 @@
  * @module
  */
 import { FilesError } from "../errors.ts";
-import { ENODATA, ENOTSUP, ERANGE, errno, type Libc, libc } from "../libc.ts";
+import { E2BIG, ENODATA, ENOSPC, ENOTSUP, ERANGE, errno, type Libc, libc } from "../libc.ts";
 import * as z from "../schema.ts";
 
 /** The extended attributes' namespace: `user.e2b.<key>`, as E2B's envd keeps them. */
@@ -161,14 +161,15 @@ function cString(text: string): Uint8Array<ArrayBuffer> {
  *
  * @param path The file (its last component not followed).
  * @param metadata Keys to values, already checked by {@linkcode metadataProblem}.
- * @param shown The path as the error names it.
+ * @param options `shown`: the path as the error names it (`path` by default).
  * @throws {FilesError} When the file system keeps no extended attributes, or has no room.
  */
 export function applyMetadata(
   path: string,
   metadata: Record<string, string>,
-  shown = path,
+  options: { shown?: string } = {},
 ): void {
+  const shown = options.shown ?? path;
   const lib = loaded();
   const file = cString(path);
   for (const [key, value] of Object.entries(metadata)) {
@@ -183,6 +184,10 @@ export function applyMetadata(
       throw new FilesError(
         `The file system of '${shown}' keeps no metadata (extended attributes are not supported)`,
       );
+    }
+    if (code === ENOSPC || code === E2BIG) {
+      // ext4 keeps a file's attributes in one block: a little under 4096 bytes.
+      throw new FilesError(`No room for the metadata of '${shown}' on its file system`);
     }
     throw new FilesError(`Cannot set metadata key '${key}' on '${shown}' (errno ${code})`);
   }
