@@ -170,6 +170,8 @@ export function applyMetadata(
   options: { shown?: string } = {},
 ): void {
   const shown = options.shown ?? path;
+  // No metadata needs no libc (an image without glibc still takes writes).
+  if (Object.keys(metadata).length === 0) return;
   const lib = loaded();
   const file = cString(path);
   for (const [key, value] of Object.entries(metadata)) {
