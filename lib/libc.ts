@@ -27,6 +27,12 @@ const SYMBOLS = {
   inotify_rm_watch: { parameters: ["i32", "i32"], result: "i32" },
   // On a thread of its own: waiting for an event never blocks the event loop.
   poll: { parameters: ["buffer", "u64", "i32"], result: "i32", nonblocking: true },
+  lsetxattr: {
+    parameters: ["buffer", "buffer", "buffer", "usize", "i32"],
+    result: "i32",
+  },
+  lgetxattr: { parameters: ["buffer", "buffer", "buffer", "usize"], result: "isize" },
+  llistxattr: { parameters: ["buffer", "buffer", "usize"], result: "isize" },
   __errno_location: { parameters: [], result: "pointer" },
 } as const;
 
@@ -58,6 +64,16 @@ export const POLLIN = 0x1;
 export const POLLOUT = 0x4;
 /** `errno`: try again (a non-blocking call that would block). */
 export const EAGAIN = 11;
+/** `errno`: the file system keeps no extended attributes (`EOPNOTSUPP`). */
+export const ENOTSUP = 95;
+/** `errno`: a buffer too small for the value (`ERANGE`). */
+export const ERANGE = 34;
+/** `errno`: no space left on the device (`ENOSPC`). */
+export const ENOSPC = 28;
+/** `errno`: an argument (an attribute's value) too long (`E2BIG`). */
+export const E2BIG = 7;
+/** `errno`: no such attribute (`ENODATA`). */
+export const ENODATA = 61;
 /** `errno`: interrupted by a signal. */
 export const EINTR = 4;
 

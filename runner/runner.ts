@@ -576,7 +576,9 @@ async function runOne(
   let outcome: ExecOutcome;
   try {
     if (tty !== undefined && feed !== undefined) {
-      pty = openPty(tty);
+      // At the size the feed last saw: a resize read before the terminal
+      // existed (the feed polls from its start) would otherwise be lost.
+      pty = openPty(feed.ttySize ?? tty);
       feed.onResize = (size) => pty?.resize(size);
     }
     outcome = await runCommand({

@@ -79,6 +79,15 @@ export class SessionFeed {
     options.abort.signal.addEventListener("abort", () => this.stop(), { once: true });
   }
 
+  /**
+   * The window size the host last set (the spec's until it sets one): a
+   * terminal opened after the feed started opens at this size, since a
+   * change the feed saw before then had no terminal to go to.
+   */
+  get ttySize(): TtySize | undefined {
+    return this.#tty;
+  }
+
   /** The session's stdin: from the channel once there is one, else from the host's input rows. */
   get stdin(): ReadableStream<Uint8Array> {
     return this.#channelStdin ?? this.#rowStdin;

@@ -242,6 +242,33 @@ liveTest(
 );
 
 liveTest(
+  "library: a resize sent right after spawn with a tty is applied (it may come before the runner has the terminal)",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const sandbox = home.open(uniqueUser("ttyr"));
+    for (let i = 0; i < 4; i++) {
+      const shell = await sandbox.spawn(["sh", "-c", "read x; stty size"], {
+        tty: { rows: 24, cols: 80 },
+      });
+      await shell.resize({ rows: 40, cols: 100 + i });
+      // The line is sent after the resize, so the runner has seen the size
+      // before the shell reads it.
+      const writer = shell.stdin.getWriter();
+      await writer.write(encoder.encode("go\n"));
+      await writer.close();
+      const out = await readAll(shell.stdout);
+      await shell.stderr.cancel();
+      await shell.status;
+      assert.match(
+        out,
+        new RegExp(`^go\r\n40 ${100 + i}\r\n$`),
+        `run ${i}: ${JSON.stringify(out)}`,
+      );
+    }
+  },
+);
+
+liveTest(
   "library: sandbox.spawn with a tty runs on a terminal of that size, and resize() changes it",
   async (docker) => {
     await using home = await tempHome(docker);

@@ -416,3 +416,100 @@ sdkTest(
     }
   },
 );
+
+sdkTest(
+  "file metadata: written with the file, returned by write, getInfo, list and rename, replaced by an overwrite",
+  async (served) => {
+    const sandbox = await open(served);
+    try {
+      const { files } = sandbox;
+      const metadata = { author: "mish", purpose: "upload <b>&\"'" };
+      const written = await files.write("meta/a.txt", "alpha", { metadata });
+      assert.ok(!Array.isArray(written));
+      assert.deepEqual(written.metadata, metadata);
+      assert.deepEqual((await files.getInfo("meta/a.txt")).metadata, metadata);
+      const octet = await files.write("meta/b.txt", "bravo", {
+        metadata: { Stage: "octet" },
+        useOctetStream: true,
+      });
+      // Header names are case-insensitive: keys come back in lower case.
+      assert.deepEqual(octet.metadata, { stage: "octet" });
+      const listed = byName(await files.list("meta"));
+      assert.deepEqual(listed["a.txt"]!.metadata, metadata);
+      assert.deepEqual(listed["b.txt"]!.metadata, { stage: "octet" });
+      assert.equal((await files.getInfo("meta")).metadata, undefined, "the directory has none");
+      const moved = await files.rename("meta/a.txt", "meta/c.txt");
+      assert.deepEqual(moved.metadata, metadata);
+
+      // An overwrite replaces the metadata: other keys, or none.
+      await files.write("meta/c.txt", "second", { metadata: { tag: "new" } });
+      assert.deepEqual((await files.getInfo("meta/c.txt")).metadata, { tag: "new" });
+      const bare = await files.write("meta/c.txt", "third");
+      assert.equal(bare.metadata, undefined);
+      assert.equal((await files.getInfo("meta/c.txt")).metadata, undefined);
+
+      // Set from inside the sandbox, as envd's namespace: shown without it.
+      await sandbox.commands.run(
+        `python3 -c "import os; os.setxattr('/workspace/meta/b.txt', 'user.e2b.extra', b'x')"`,
+      );
+      assert.deepEqual((await files.getInfo("meta/b.txt")).metadata, {
+        stage: "octet",
+        extra: "x",
+      });
+
+      // Over the limits: refused whole, nothing written.
+      const big = { huge: "v".repeat(4096) };
+      await assert.rejects(
+        files.write("meta/big.txt", "x", { metadata: big }),
+        /Metadata of \d+ bytes is over 4096/,
+      );
+      const long = { ["k".repeat(247)]: "v" };
+      await assert.rejects(files.write("meta/big.txt", "x", { metadata: long }), /over 246 bytes/);
+      assert.equal(await files.exists("meta/big.txt"), false);
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);
+
+sdkTest(
+  "file metadata planted in the sandbox stays bounded: escaped, or a clear error",
+  async (served) => {
+    const sandbox = await open(served);
+    try {
+      const { files } = sandbox;
+      await files.write("plant/odd.txt", "x");
+      // ext4 (the workspace) keeps about a block of attributes; the
+      // sandbox's tmpfs keeps more.
+      await files.write("/tmp/huge.txt", "x");
+      await files.write("/tmp/many.txt", "x");
+      const plant = async (script: string) => {
+        await files.write("/tmp/plant.py", `import os\n${script}\n`);
+        await sandbox.commands.run("python3 /tmp/plant.py");
+      };
+      // Bytes outside printable ASCII (not UTF-8, controls, a backslash), and markup.
+      await plant(
+        "os.setxattr('/workspace/plant/odd.txt', 'user.e2b.k\\xff\\x1b', b'\\xff\\xfe\\x1b[31m\\\\<script>')",
+      );
+      assert.deepEqual((await files.getInfo("plant/odd.txt")).metadata, {
+        "k\\xc3\\xbf\\x1b": "\\xff\\xfe\\x1b[31m\\x5c<script>",
+      });
+      // A value over the limit, and many keys.
+      await plant("os.setxattr('/tmp/huge.txt', 'user.e2b.big', b'v' * 60000)");
+      await plant("[os.setxattr('/tmp/many.txt', 'user.e2b.k%d' % i, b'') for i in range(1000)]");
+      for (const name of ["huge", "many"]) {
+        await assert.rejects(
+          files.getInfo(`/tmp/${name}.txt`),
+          new RegExp(`The metadata of '/tmp/${name}.txt' .* is over 4096 bytes`),
+        );
+      }
+      await assert.rejects(files.list("/tmp"), /is over 4096 bytes/);
+      // Other keys of the user namespace are not envd's metadata.
+      await plant("os.setxattr('/workspace/plant/odd.txt', 'user.other', b'y')");
+      assert.equal(Object.keys((await files.getInfo("plant/odd.txt")).metadata ?? {}).length, 1);
+      assert.equal((await sandbox.commands.run("echo alive")).stdout, "alive\n");
+    } finally {
+      await sandbox.kill();
+    }
+  },
+);

@@ -13,12 +13,20 @@ import { basename, dirname } from "../path.ts";
 import { extractTar, fsError, rootNameOf } from "../files/extract.ts";
 import { packTree, READ_CHUNK } from "../files/pack.ts";
 import { growPipe } from "../libc.ts";
+import {
+  applyMetadata,
+  metadataProblem,
+  metadataSchema,
+  type ReportedMetadata,
+  reportMetadata,
+} from "../files/metadata.ts";
 
 /** The capacity asked of the pipes to and from the runner, and the read size of stdin. */
 const PIPE_BYTES = 1024 * 1024;
 
 /** Help of the internal `waffle files`. */
-export const FILES_HELP = `Usage: waffle files pack|unpack|read|write|list|remove PATH [options]
+export const FILES_HELP =
+  `Usage: waffle files pack|unpack|read|write|list|remove|metadata PATH [options]
 
 Internal: the in-sandbox half of 'waffle cp' and the library's sandbox.files.
 It runs inside the sandbox as the commands' uid; the host streams through it.
@@ -29,9 +37,14 @@ It runs inside the sandbox as the commands' uid; the host streams through it.
                           extract a tar stream from stdin (files, directories and
                           symbolic links as links; --no-links: links left out, counted)
   read PATH               write a regular file's bytes to stdout
-  write PATH              write stdin to a fresh file renamed onto PATH at the end
+  write PATH [--metadata JSON]
+                          write stdin to a fresh file renamed onto PATH at the end
+                          (with the metadata, a JSON object of strings, as its
+                          user.e2b.* extended attributes)
   list PATH               print the entries of PATH as JSON
   remove PATH             remove PATH (a directory with its contents; links not followed)
+  metadata -              for each NUL-ended path on stdin, its metadata (bounded);
+                          prints a JSON object of the paths' indexes that have any
 `;
 
 function kind(info: Deno.FileInfo): string {
@@ -67,6 +80,7 @@ export async function filesCommand(args: string[], io: CliIo): Promise<number> {
     name: { type: "string" },
     recursive: { type: "boolean" },
     "no-links": { type: "boolean" },
+    metadata: { type: "string" },
   });
   const [path, ...extra] = parsed.positionals;
   if (path === undefined || extra.length > 0) {
@@ -97,7 +111,11 @@ export async function filesCommand(args: string[], io: CliIo): Promise<number> {
       await readRaw(path, io);
       return 0;
     case "write":
-      await writeRaw(path, io);
+      await writeRaw(path, io, writtenMetadata(stringFlag(parsed, "metadata")));
+      return 0;
+    case "metadata":
+      if (path !== "-") throw new UsageError("Expected 'waffle files metadata -'");
+      await io.stdout(JSON.stringify(await metadataOf(input(io))) + "\n");
       return 0;
     case "list":
       await io.stdout(JSON.stringify(await list(path)) + "\n");
@@ -190,7 +208,42 @@ async function readRaw(path: string, io: CliIo): Promise<void> {
   }
 }
 
-async function writeRaw(path: string, io: CliIo): Promise<void> {
+function writtenMetadata(json: string | undefined): Record<string, string> {
+  if (json === undefined) return {};
+  let parsed;
+  try {
+    parsed = metadataSchema.parse(JSON.parse(json));
+  } catch {
+    throw new UsageError("Expected '--metadata' to be a JSON object of strings");
+  }
+  const problem = metadataProblem(parsed);
+  if (problem !== undefined) throw new UsageError(problem);
+  return parsed;
+}
+
+// The paths (NUL-ended, as the host sends them) whose metadata is asked
+// for; the answer names each that has any by its index.
+async function metadataOf(
+  chunks: AsyncIterable<Uint8Array>,
+): Promise<Record<string, ReportedMetadata>> {
+  const parts: Uint8Array[] = [];
+  for await (const chunk of chunks) parts.push(chunk.slice());
+  const paths = new TextDecoder().decode(await new Blob(parts as BlobPart[]).arrayBuffer())
+    .split("\0");
+  paths.pop();
+  const out: Record<string, ReportedMetadata> = {};
+  paths.forEach((path, index) => {
+    const reported = reportMetadata(path);
+    if (typeof reported === "number" || reported.length > 0) out[index] = reported;
+  });
+  return out;
+}
+
+async function writeRaw(
+  path: string,
+  io: CliIo,
+  metadata: Record<string, string>,
+): Promise<void> {
   const temp = `${dirname(path)}/.waffle-tmp-${crypto.randomUUID().slice(0, 12)}`;
   let file: Deno.FsFile;
   try {
@@ -208,6 +261,9 @@ async function writeRaw(path: string, io: CliIo): Promise<void> {
     } finally {
       file.close();
     }
+    // On the fresh file, so the renamed one has exactly these (an
+    // overwrite drops the old file's).
+    applyMetadata(temp, metadata, { shown: path });
     const existing = await Deno.lstat(path).catch(() => null);
     if (existing?.isDirectory) {
       throw new FilesError(`Destination '${path}' is a directory`);

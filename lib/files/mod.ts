@@ -26,6 +26,7 @@ import type { ExecResult } from "../queue/protocol.ts";
 import type { WaitOptions } from "../queue/queue.ts";
 import { QueueSession } from "../queue/session.ts";
 import type { LinkPolicy } from "./pack.ts";
+import { decodeMetadata, metadataProblem, reportedSchema } from "./metadata.ts";
 
 /** One entry of {@linkcode listFiles}. */
 export interface FileEntry {
@@ -182,17 +183,19 @@ async function drain(
  * @param sandbox The sandbox.
  * @param args The helper's arguments after `files`.
  * @param data What its stdin gets.
- * @returns Its stdout (at most 1 MiB).
+ * @param keepStdout The most bytes of stdout kept (past it: an error; 1 MiB by default).
+ * @returns Its stdout.
  */
 async function feed(
   sandbox: FilesTarget,
   args: string[],
   data: AsyncIterable<Uint8Array>,
+  keepStdout?: number,
 ): Promise<Uint8Array> {
   const session = await open(sandbox, args);
   let ended = false;
   try {
-    const drained = drain(session).finally(() => {
+    const drained = drain(session, undefined, keepStdout).finally(() => {
       ended = true;
     });
     drained.catch(() => {});
@@ -362,8 +365,64 @@ export async function writeFile(
   sandbox: FilesTarget,
   path: string,
   data: Uint8Array | ReadableStream<Uint8Array>,
+  options: WriteOptions = {},
 ): Promise<void> {
-  await feed(sandbox, ["write", path], chunksOf(data));
+  const metadata = options.metadata ?? {};
+  const problem = metadataProblem(metadata);
+  if (problem !== undefined) throw new FilesError(problem);
+  const flags = Object.keys(metadata).length > 0 ? ["--metadata", JSON.stringify(metadata)] : [];
+  await feed(sandbox, ["write", path, ...flags], chunksOf(data));
+}
+
+/** Options of {@linkcode writeFile}. */
+export interface WriteOptions {
+  /**
+   * The file's metadata (see `metadata.ts`): set on the fresh file before it
+   * is renamed onto the path, so the file has exactly these.
+   */
+  metadata?: Record<string, string>;
+}
+
+/** The most bytes of metadata one `readMetadata` takes back. */
+const METADATA_ANSWER_BYTES = 16 * 1024 * 1024;
+
+const metadataAnswerSchema = z.record(z.string().check(z.regex(/^\d{1,9}$/)), reportedSchema);
+
+/**
+ * The metadata of files in the sandbox, read there as the commands' uid
+ * (bounded, checked again here, bytes outside printable ASCII escaped).
+ *
+ * @param sandbox The sandbox.
+ * @param paths Absolute paths inside the sandbox.
+ * @param options `shown`: how an error names a path (as given by default).
+ * @returns Each path's metadata (empty when it has none or cannot have any).
+ * @throws {FilesError} When a file's metadata is over the limits, or the answer is malformed or too large.
+ */
+export async function readMetadata(
+  sandbox: FilesTarget,
+  paths: string[],
+  options: { shown?: (path: string) => string } = {},
+): Promise<Record<string, string>[]> {
+  if (paths.some((path) => path.includes("\0"))) {
+    throw new FilesError("A path cannot hold a NUL byte");
+  }
+  const input = new TextEncoder().encode(paths.map((path) => `${path}\0`).join(""));
+  const out = await feed(sandbox, ["metadata", "-"], chunksOf(input), METADATA_ANSWER_BYTES);
+  let answer;
+  try {
+    answer = metadataAnswerSchema.parse(JSON.parse(new TextDecoder().decode(out)));
+  } catch {
+    throw new FilesError("The sandbox's answer about metadata is malformed");
+  }
+  const result = paths.map(() => ({}));
+  for (const [index, reported] of Object.entries(answer)) {
+    const path = paths[Number(index)];
+    if (path === undefined) {
+      throw new FilesError("The sandbox's answer about metadata is malformed");
+    }
+    result[Number(index)] = decodeMetadata(reported, options.shown?.(path) ?? path);
+  }
+  return result;
 }
 
 /**

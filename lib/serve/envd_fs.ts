@@ -17,6 +17,7 @@
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
 import type { DescMessage, MessageInitShape } from "@bufbuild/protobuf";
 import { FilesError } from "../errors.ts";
+import { readMetadata } from "../files/mod.ts";
 import { basename, dirname, normalize } from "../path.ts";
 import { escapeControls } from "../terminal/control_text.ts";
 import { clientPath, SANDBOX_HOME, sandboxPath } from "./envd_http.ts";
@@ -122,14 +123,15 @@ export function registerFilesystem(router: ConnectRouter, context: EnvdContext):
     async stat(request, handler): Promise<Shape<typeof StatResponseSchema>> {
       refuseRoot(handler);
       const path = placePath(request.path);
-      return { entry: toEntry(await statIn(context, handler, path)) };
+      const [entry] = await entries(context, [await statIn(context, handler, path)]);
+      return { entry: entry! };
     },
     async listDir(request, handler): Promise<Shape<typeof ListDirResponseSchema>> {
       refuseRoot(handler);
       const path = placePath(request.path);
       const depth = Math.min(Math.max(request.depth, 1), RECURSIVE_DEPTH);
       const listed = await listIn(context, handler, path, { depth, maxBytes: LIST_BYTES });
-      return { entries: listed.sort(walkOrder).map(toEntry) };
+      return { entries: await entries(context, listed.sort(walkOrder)) };
     },
     async makeDir(request, handler): Promise<Shape<typeof MakeDirResponseSchema>> {
       refuseRoot(handler);
@@ -147,7 +149,8 @@ export function registerFilesystem(router: ConnectRouter, context: EnvdContext):
         [MOVE_SCRIPT, source, destination, dirname(destination), FORMAT],
         source,
       );
-      return { entry: toEntry(single(out, destination)) };
+      const [entry] = await entries(context, [single(out, destination)]);
+      return { entry: entry! };
     },
     async remove(request, handler): Promise<Empty> {
       refuseRoot(handler);
@@ -461,7 +464,37 @@ function fileType(kind: string): FileType {
     : FileType.UNSPECIFIED;
 }
 
-function toEntry(listed: Listed): EntryInfo {
+/**
+ * The entries with their metadata (E2B's file metadata, `files/metadata.ts`),
+ * read inside the sandbox for the files and directories among them; a file
+ * whose metadata is over the limits fails the call with the reason.
+ */
+async function entries(context: EnvdContext, listed: Listed[]): Promise<EntryInfo[]> {
+  const withMetadata = listed.filter((entry) => entry.kind === "f" || entry.kind === "d");
+  if (withMetadata.length === 0) return listed.map((entry) => toEntry(entry));
+  if (context.killed.aborted) throw new ConnectError("The sandbox was killed", Code.Unavailable);
+  let found: Record<string, string>[];
+  try {
+    found = await readMetadata(context.sandbox, withMetadata.map((entry) => entry.path), {
+      shown: clientPath,
+    });
+  } catch (cause) {
+    if (context.killed.aborted) throw new ConnectError("The sandbox was killed", Code.Unavailable);
+    const message = cause instanceof Error ? cause.message : String(cause);
+    throw new ConnectError(
+      message,
+      !(cause instanceof FilesError)
+        ? Code.Unavailable
+        : / is over \d+ bytes$/.test(message)
+        ? Code.ResourceExhausted
+        : Code.Internal,
+    );
+  }
+  const byEntry = new Map(withMetadata.map((entry, i) => [entry, found[i]!]));
+  return listed.map((entry) => toEntry(entry, byEntry.get(entry)));
+}
+
+function toEntry(listed: Listed, metadata: Record<string, string> = {}): EntryInfo {
   const path = clientPath(listed.path);
   return {
     name: basename(path) || path,
@@ -474,7 +507,7 @@ function toEntry(listed: Listed): EntryInfo {
     group: listed.group,
     modifiedTime: listed.mtime,
     ...(listed.kind === "l" ? { symlinkTarget: linkTarget(listed) } : {}),
-    metadata: {},
+    metadata,
   };
 }
 

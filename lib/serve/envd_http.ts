@@ -10,6 +10,8 @@ import { sha256 } from "@noble/hashes/sha2";
 import { FilesError } from "../errors.ts";
 import { dirname, normalize } from "../path.ts";
 import type { Sandbox } from "../sandbox/mod.ts";
+import { writeFile } from "../files/mod.ts";
+import { metadataProblem } from "../files/metadata.ts";
 import { sameSecret } from "./secret.ts";
 
 /** The user the SDKs name by default, whose home maps onto the workspace. */
@@ -209,7 +211,13 @@ async function writeFiles(
   path: string | null,
 ): Promise<Response> {
   const type = request.headers.get("content-type") ?? "";
-  const written: { name: string; path: string; type: "file" }[] = [];
+  const metadata = requestMetadata(request.headers);
+  const problem = metadataProblem(metadata);
+  if (problem !== undefined) {
+    await request.body?.cancel().catch(() => {});
+    return error(400, problem);
+  }
+  const written: Written[] = [];
   // The file being written, for the error that names it.
   let current = path ?? "";
   try {
@@ -224,8 +232,8 @@ async function writeFiles(
           return error(400, "Missing 'path' for an uploaded file");
         }
         current = target;
-        await writeOne(sandbox, target, file.data);
-        written.push(entry(target));
+        await writeOne(sandbox, target, file.data, metadata);
+        written.push(entry(target, metadata));
       }
     } else {
       if (path === null || path === "") return error(400, "Missing 'path'");
@@ -233,8 +241,8 @@ async function writeFiles(
       if (request.headers.get("content-encoding") === "gzip" && body instanceof ReadableStream) {
         body = body.pipeThrough(new DecompressionStream("gzip"));
       }
-      await writeOne(sandbox, path, body);
-      written.push(entry(path));
+      await writeOne(sandbox, path, body, metadata);
+      written.push(entry(path, metadata));
     }
   } catch (cause) {
     return filesFailure(cause, current);
@@ -253,6 +261,7 @@ async function writeOne(
   sandbox: Sandbox,
   path: string,
   data: ReadableStream<Uint8Array> | Uint8Array,
+  metadata: Record<string, string>,
 ): Promise<void> {
   const target = sandboxPath(absolutePath(path));
   const parent = dirname(target);
@@ -260,14 +269,45 @@ async function writeOne(
     await sandbox.run(["mkdir", "-p", "--", parent], { timeoutMs: MKDIR_TIMEOUT_MS })
       .catch(() => undefined);
   }
-  await sandbox.files.write(target, data);
+  await writeFile(sandbox, target, data, { metadata });
+}
+
+/** The header that carries one metadata key (`X-Metadata-<key>`). */
+const METADATA_HEADER = "x-metadata-";
+
+/**
+ * A write's metadata, from its `X-Metadata-<key>` headers. Header names are
+ * case-insensitive, so keys are lower case (as envd keeps them); a header
+ * sent twice arrives joined (`a, b`), as HTTP combines repeated fields.
+ */
+function requestMetadata(headers: Headers): Record<string, string> {
+  const metadata: Record<string, string> = {};
+  for (const [name, value] of headers) {
+    if (name.startsWith(METADATA_HEADER)) {
+      metadata[name.slice(METADATA_HEADER.length).toLowerCase()] = value;
+    }
+  }
+  return metadata;
+}
+
+/** One written file, as the SDK reads it. */
+interface Written {
+  name: string;
+  path: string;
+  type: "file";
+  metadata?: Record<string, string>;
 }
 
 const MKDIR_TIMEOUT_MS = 30_000;
 
-function entry(path: string): { name: string; path: string; type: "file" } {
+function entry(path: string, metadata: Record<string, string>): Written {
   const absolute = absolutePath(path);
-  return { name: absolute.slice(absolute.lastIndexOf("/") + 1), path: absolute, type: "file" };
+  return {
+    name: absolute.slice(absolute.lastIndexOf("/") + 1),
+    path: absolute,
+    type: "file",
+    ...(Object.keys(metadata).length > 0 ? { metadata } : {}),
+  };
 }
 
 function filesFailure(cause: unknown, path: string): Response {
