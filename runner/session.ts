@@ -122,6 +122,8 @@ export class SessionFeed {
           return;
         }
         this.#activeAt = Date.now();
+        // As for rows: a resize made before this input is applied first.
+        this.#syncTtyQuietly();
         controller.enqueue(value);
       },
     }, { highWaterMark: 0 });
@@ -135,14 +137,7 @@ export class SessionFeed {
         this.#lease = { value: lease.lease, changedAt: Date.now() };
         this.#acknowledge({ stdout: lease.stdout, stderr: lease.stderr });
       }
-      if (this.#tty !== undefined) {
-        const size = this.#queue.ttySize(this.#id);
-        if (size !== undefined && (size.rows !== this.#tty.rows || size.cols !== this.#tty.cols)) {
-          this.#tty = size;
-          this.#activeAt = Date.now();
-          this.onResize?.(size);
-        }
-      }
+      this.#syncTty();
     } catch (error) {
       // Retried on the next change or check.
       logLine(`cannot read session '${this.#id}' rows yet: ${messageOf(error)}`);
@@ -150,11 +145,33 @@ export class SessionFeed {
     this.#inputChanged?.();
   }
 
+  // A terminal's size as the host last set it, applied when it changed.
+  #syncTty(): void {
+    if (this.#tty === undefined) return;
+    const size = this.#queue.ttySize(this.#id);
+    if (size !== undefined && (size.rows !== this.#tty.rows || size.cols !== this.#tty.cols)) {
+      this.#tty = size;
+      this.#activeAt = Date.now();
+      this.onResize?.(size);
+    }
+  }
+
+  #syncTtyQuietly(): void {
+    try {
+      this.#syncTty();
+    } catch (error) {
+      logLine(`cannot read session '${this.#id}' size yet: ${messageOf(error)}`);
+    }
+  }
+
   // The next rows for the process's stdin, waiting for the host to send them.
   async #pull(): Promise<void> {
     while (!this.#inputEnded && !this.#abort.signal.aborted) {
       let rows: { seq: number; data: Uint8Array | null }[] = [];
       try {
+        // A resize the host made before this input is applied before the
+        // process reads it, though the runner's loop may not have polled yet.
+        this.#syncTty();
         rows = this.#queue.sessionInput(this.#id, this.#inputSeq);
       } catch (error) {
         logLine(`cannot read session '${this.#id}' input yet: ${messageOf(error)}`);

@@ -242,13 +242,14 @@ liveTest(
 );
 
 liveTest(
-  "library: a resize sent right after spawn with a tty is applied (it may come before the runner has the terminal)",
+  "library: a resize sent right after spawn with a tty is applied before the input after it, over a socket and over rows (detached)",
   async (docker) => {
     await using home = await tempHome(docker);
     const sandbox = home.open(uniqueUser("ttyr"));
-    for (let i = 0; i < 4; i++) {
+    for (let i = 0; i < 8; i++) {
       const shell = await sandbox.spawn(["sh", "-c", "read x; stty size"], {
         tty: { rows: 24, cols: 80 },
+        detached: i % 2 === 1,
       });
       await shell.resize({ rows: 40, cols: 100 + i });
       // The line is sent after the resize, so the runner has seen the size

@@ -227,6 +227,30 @@ sdkTest(
     );
     // Nothing half-made: the refused creates left no sandbox behind.
     assert.deepEqual(await Sandbox.list(options).nextItems(), []);
+    // The v1 path's clients (E2B's Python SDK 2.45 sends exactly this body)
+    // send allow_internet_access: true on every create, asked or not: there
+    // it asks nothing, and the sandbox gets the config's grant (no network).
+    const v1 = await fetch(`${served.url}/sandboxes`, {
+      method: "POST",
+      headers: { "x-api-key": served.keys.a, "content-type": "application/json" },
+      body: JSON.stringify({
+        templateID: "base",
+        autoPause: false,
+        metadata: {},
+        timeout: 300,
+        envVars: {},
+        secure: true,
+        allow_internet_access: true,
+      }),
+    });
+    assert.equal(v1.status, 201, await v1.clone().text());
+    const made = await Sandbox.connect((await v1.json()).sandboxID, options);
+    try {
+      const links = await made.commands.run("ls /sys/class/net | grep -vc '^lo$' || true");
+      assert.equal(links.stdout.trim(), "0", "the config's grant: no interface but lo");
+    } finally {
+      await made.kill();
+    }
     // Narrowing nothing is fine, and the sandbox reaches nothing.
     const narrowed = await Sandbox.create("base", {
       ...options,

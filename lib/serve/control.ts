@@ -132,42 +132,43 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     }),
   );
 
-  const create = async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
-    const caller = c.get("caller");
-    const body = CreateBody.safeParse(await c.req.json().catch(() => undefined));
-    if (!body.success) return fail(c, 400, `Invalid create request: ${problem(body.error)}`);
-    const { templateID = "base", timeout = deps.defaultTimeoutS, metadata = {}, envVars = {} } =
-      body.data;
-    const image = deps.templateImage(templateID);
-    if (image === undefined) return fail(c, 404, `Template '${templateID}' not found`);
-    if (timeout > deps.maxTimeoutS) {
-      return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
-    }
-    const network = networkAsk(body.data);
-    if (network !== undefined) {
-      const narrowed = narrowEgress(deps.grant, network);
-      if ("status" in narrowed) return fail(c, narrowed.status, narrowed.message);
-    }
-    if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
-    const admission = deps.admitCreate(caller.tenant);
-    if (!admission.ok) {
-      c.header("Retry-After", String(admission.retryAfterSeconds));
-      return fail(c, 429, admission.message);
-    }
-    const record = await deps.sandboxes.create({
-      tenant: caller.tenant,
-      keyId: caller.keyId,
-      template: templateID,
-      image,
-      timeoutS: timeout,
-      metadata,
-      envVars,
-      network,
-    });
-    return c.json(sandboxJson(record), 201);
-  };
-  app.post("/sandboxes", create);
-  app.post("/v2/sandboxes", create);
+  const create =
+    (v1: boolean) => async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
+      const caller = c.get("caller");
+      const body = CreateBody.safeParse(await c.req.json().catch(() => undefined));
+      if (!body.success) return fail(c, 400, `Invalid create request: ${problem(body.error)}`);
+      const { templateID = "base", timeout = deps.defaultTimeoutS, metadata = {}, envVars = {} } =
+        body.data;
+      const image = deps.templateImage(templateID);
+      if (image === undefined) return fail(c, 404, `Template '${templateID}' not found`);
+      if (timeout > deps.maxTimeoutS) {
+        return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
+      }
+      const network = networkAsk(body.data, { v1 });
+      if (network !== undefined) {
+        const narrowed = narrowEgress(deps.grant, network);
+        if ("status" in narrowed) return fail(c, narrowed.status, narrowed.message);
+      }
+      if (body.data.autoPause === true) return fail(c, 400, "Auto-pause is not supported");
+      const admission = deps.admitCreate(caller.tenant);
+      if (!admission.ok) {
+        c.header("Retry-After", String(admission.retryAfterSeconds));
+        return fail(c, 429, admission.message);
+      }
+      const record = await deps.sandboxes.create({
+        tenant: caller.tenant,
+        keyId: caller.keyId,
+        template: templateID,
+        image,
+        timeoutS: timeout,
+        metadata,
+        envVars,
+        network,
+      });
+      return c.json(sandboxJson(record), 201);
+    };
+  app.post("/sandboxes", create(true));
+  app.post("/v2/sandboxes", create(false));
 
   // A sandbox being killed is gone already, as its envd's /health says (502).
   const owned = (c: Context<{ Variables: { caller: Caller } }>): SandboxRecord | undefined => {
@@ -263,12 +264,21 @@ function listV2(c: Context<{ Variables: { caller: Caller } }>, deps: ControlDeps
 }
 
 // What a create asked of the network, as recorded; undefined when nothing.
-function networkAsk(body: z.infer<typeof CreateBody>): NetworkAsk | undefined {
+// The v1 path's clients (the Python SDK to 2.45, older JS ones) send
+// `allow_internet_access: true` on every create, asked or not, so there it
+// says nothing: the config's grant stands. On v2 the SDK sends it only when
+// its caller set it, so `true` there asks for the internet (a 403 unless
+// granted).
+function networkAsk(
+  body: z.infer<typeof CreateBody>,
+  options: { v1: boolean },
+): NetworkAsk | undefined {
   const { allowOut, denyOut } = body.network ?? {};
+  const said = options.v1 && body.allow_internet_access === true
+    ? undefined
+    : body.allow_internet_access;
   const ask: NetworkAsk = {
-    ...(body.allow_internet_access === undefined
-      ? {}
-      : { allowInternetAccess: body.allow_internet_access }),
+    ...(said === undefined ? {} : { allowInternetAccess: said }),
     ...(allowOut === undefined ? {} : { allowOut }),
     ...(denyOut === undefined ? {} : { denyOut }),
   };
