@@ -3,6 +3,8 @@
 
 # The spawn helper: its source, installed path, and the compiler that builds it.
 SPAWN_HELPER_SOURCE="$HERE/spawn_helper.c"
+# The runtime kit's metadata reader (the in-sandbox half of E2B file metadata).
+METADATA_HELPER_SOURCE="$HERE/metadata_helper.c"
 
 # The compiler's absolute path; dies unless it links static programs.
 find_cc() {
@@ -26,18 +28,24 @@ spawn_helper_inputs() {
 
 # Compiles the static helper to $1 and checks it is static.
 build_spawn_helper() {
-  local out="$1" cc headers
+  build_static_helper "$SPAWN_HELPER_SOURCE" "$1"
+}
+
+# Compiles the C source $1 to the static program $2 and checks it is static.
+build_static_helper() {
+  local source="$1" out="$2" cc headers
   cc="$(find_cc)"
   mkdir -p "$(dirname "$out")"
   chmod 0755 "$(dirname "$out")" "$(dirname "$(dirname "$out")")"
-  "$cc" -static -Os -Wall -Wextra -Werror -s -o "$out" "$SPAWN_HELPER_SOURCE" ||
-    die "Could not compile '$SPAWN_HELPER_SOURCE' with '$cc -static'"
-  # Static: it runs as root with the request's environment, so no loader may
-  # honour LD_PRELOAD in it (runner/spawn.ts refuses a dynamic one anyway).
+  "$cc" -static -Os -Wall -Wextra -Werror -s -o "$out" "$source" ||
+    die "Could not compile '$source' with '$cc -static'"
+  # Static: the spawn helper runs as root with the request's environment, so
+  # no loader may honour LD_PRELOAD in it (runner/spawn.ts refuses a dynamic
+  # one anyway); and a kit helper must run in any image, with no libc.
   headers="$(LC_ALL=C readelf -lW "$out")" || die "readelf (binutils) cannot read '$out'"
   ! grep -q 'INTERP' <<<"$headers" || die "'$out' came out dynamically linked"
   chmod 0755 "$out"
-  log "spawn helper: $out ($(stat -c %s "$out") bytes, $cc -static -Os)"
+  log "static helper: $out ($(stat -c %s "$out") bytes, $cc -static -Os)"
 }
 
 # Shared libraries (absolute paths, as the dynamic linker looks them up) of a binary.

@@ -8,6 +8,8 @@
 #                   ld.so --library-path /opt/waffle/rt /opt/waffle/deno ...
 #   DEST/lib*.so.*  every shared library Deno links against (ldd), by soname
 #   DEST/spawn      waffle's static spawn helper (image/spawn_helper.c)
+#   DEST/metadata   the static metadata reader (image/metadata_helper.c), run
+#                   as a command to read files' user.e2b.* attributes
 #   DEST/kit.hash   hash of the inputs: an unchanged host rebuilds nothing
 #
 # Usage: image/runtime_kit.sh DEST [DENO]   (DENO default: .tools/bin/deno)
@@ -36,8 +38,9 @@ interp="$(LC_ALL=C readelf -lW "$deno" | sed -n 's/.*Requesting program interpre
 mapfile -t libs < <(libs_of "$deno" | grep -vxF "$interp")
 [[ ${#libs[@]} -gt 0 ]] || die "ldd found no libraries for '$deno'"
 
-# Without a static C compiler the kit has no helper: commands then start
-# through the image's own (the default image has one) or by forking the runner.
+# Without a static C compiler the kit has no helpers: commands then start
+# through the image's own (the default image has one) or by forking the
+# runner, and metadata is read by `waffle files metadata` (a Deno start).
 have_cc=0
 (find_cc >/dev/null 2>&1) && have_cc=1
 
@@ -48,6 +51,7 @@ hash="$(
     for lib in "${libs[@]}"; do sha256sum "$(readlink -f "$lib")"; done
     if ((have_cc)); then
       while IFS= read -r input; do sha256sum "$input"; done < <(spawn_helper_inputs)
+      sha256sum "$METADATA_HELPER_SOURCE"
     fi
   } | sha256sum | cut -d' ' -f1
 )"
@@ -64,8 +68,10 @@ cp -L "$interp" "$build/ld.so"
 for lib in "${libs[@]}"; do cp -L "$lib" "$build/$(basename "$lib")"; done
 if ((have_cc)); then
   build_spawn_helper "$build/spawn"
+  build_static_helper "$METADATA_HELPER_SOURCE" "$build/metadata"
 else
-  log "warning: no static C compiler (apt-get install -y gcc libc6-dev): the kit has no spawn helper"
+  log "warning: no static C compiler (apt-get install -y gcc libc6-dev): the kit has no spawn helper" \
+    "and no metadata reader"
 fi
 chmod 0755 "$build" "$build"/*
 echo "$hash" >"$build/kit.hash"
@@ -83,4 +89,4 @@ else
   mv "$build" "$dest"
 fi
 trap - EXIT
-log "built $dest: ld.so, ${#libs[@]} libraries$( ((have_cc)) && echo ", spawn")"
+log "built $dest: ld.so, ${#libs[@]} libraries$( ((have_cc)) && echo ", spawn, metadata")"

@@ -15,6 +15,8 @@ export const SANDBOX_ARTEFACT_DIR = `${PROGRAM_DIR}/app`;
 export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
 /** The spawn helper the runtime kit brings (`image/spawn_helper.c`), whatever the image has. */
 export const SANDBOX_SPAWN_HELPER = `${SANDBOX_RUNTIME}/spawn`;
+/** The runtime kit's file-metadata reader (`image/metadata_helper.c`), when the kit has one. */
+export const METADATA_READER = "metadata";
 /** The host's channel directory's mount point (read-only): sockets a session's runner connects to. */
 export const SANDBOX_CHANNEL_DIR = `${PROGRAM_DIR}/chan`;
 /** Where the egress proxy's container sees the waffle home's `egress/` directory. */

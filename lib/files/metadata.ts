@@ -4,7 +4,10 @@
  * The one owner of their rules (keys, values, sizes), checked on the way in
  * (the host, before a write) and on the way out (the host, on what the
  * sandbox reports); and the in-sandbox half, which reads and sets the
- * attributes as the commands' uid through libc (`waffle files`).
+ * attributes as the commands' uid through libc (`waffle files`). The
+ * runtime kit's static reader (`image/metadata_helper.c`) gives the same
+ * report as {@linkcode reportMetadata}, byte for byte, with the prefix and
+ * limits the host passes it from here.
  *
  * The limits are E2B's envd's: a key of at most {@linkcode METADATA_KEY_BYTES}
  * bytes (Linux's 255-byte attribute name less the prefix), and a file's
@@ -198,6 +201,7 @@ export function applyMetadata(
 /**
  * Reads a file's metadata (in the sandbox), bounded: the pairs under
  * `user.e2b.` as base64, or the bytes seen once over {@linkcode METADATA_BYTES}.
+ * `image/metadata_helper.c` keeps this same contract (tests/metadata_reader_test.ts).
  *
  * @param path The file (its last component not followed).
  * @returns The report; an empty list when it has none or cannot have any.

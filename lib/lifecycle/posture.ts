@@ -33,6 +33,7 @@ import { type ContainerEgress, recordedLaunch } from "./egress_record.ts";
 import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
+  METADATA_READER,
   PROGRAM_DIR,
   PROXY_EGRESS_DIR,
   SANDBOX_ARTEFACT_DIR,
@@ -682,6 +683,29 @@ export function sandboxWaffleCommand(
       ...(program.denoDir === undefined ? {} : { DENO_DIR: program.denoDir }),
     },
   };
+}
+
+/**
+ * The runtime kit's static metadata reader (`image/metadata_helper.c`) as a
+ * command in the sandbox runs it, when the kit mounted in its sandboxes has
+ * one: a kit built without a static C compiler has none (nor does a compiled
+ * waffle, which mounts no kit), and `waffle files metadata` does the work.
+ * The kit's hash is part of the posture, so the kit a sandbox has mounted
+ * is the one seen here.
+ *
+ * @param config The sandbox's config (its `runner` artefact).
+ * @returns The reader's absolute path inside the sandbox, or undefined.
+ */
+export function sandboxMetadataReader(config: SandboxConfig): string | undefined {
+  try {
+    const self = config.runner === undefined ? selfCommand() : artefactCommand(config.runner);
+    if (self.sourceRoot === undefined && self.artefact === undefined) return undefined;
+    return Deno.statSync(`${runtimeKitOf(self)}/${METADATA_READER}`).isFile
+      ? `${SANDBOX_RUNTIME}/${METADATA_READER}`
+      : undefined;
+  } catch {
+    return undefined; // no kit: the fallback reports why
+  }
 }
 
 /**
