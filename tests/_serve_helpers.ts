@@ -11,6 +11,7 @@
 import assert from "node:assert/strict";
 import { selfCommand } from "../lib/config/self.ts";
 import { dockerGate } from "./_docker_gate.ts";
+import type { DockerClient } from "../lib/docker/client.ts";
 import { runCliProcess } from "./_helpers.ts";
 
 /** The image of the `base` template. */
@@ -134,19 +135,37 @@ export function sdkTest(
   fn: (served: Served) => Promise<void>,
   options: { toml?: string } = {},
 ): void {
-  if (missing !== undefined) {
-    if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
-      Deno.test({ name, fn: () => assert.fail(`Required (WAFFLE_REQUIRE_DOCKER=1): ${missing}`) });
-    } else Deno.test({ name: `${name} [ignored: ${missing}]`, ignore: true, fn: () => {} });
-    return;
-  }
   // The SDK keeps its HTTP connections for reuse: not a leak of the test's.
-  Deno.test({ name, sanitizeResources: false, sanitizeOps: false }, async () => {
+  baseTest(name, async () => {
     const served = await serve(options);
     try {
       await fn(served);
     } finally {
       await served.stop();
     }
-  });
+  }, { sanitize: false });
+}
+
+/**
+ * Registers a live test that needs Docker and the `base` image: ignored
+ * with the reason where either is missing, failing instead under
+ * `WAFFLE_REQUIRE_DOCKER=1`.
+ *
+ * @param name The test's name.
+ * @param fn The test, given the Docker client.
+ * @param options `sanitize: false` turns Deno's resource and op sanitizers off.
+ */
+export function baseTest(
+  name: string,
+  fn: (docker: DockerClient) => Promise<void>,
+  options: { sanitize?: boolean } = {},
+): void {
+  if (missing !== undefined) {
+    if (Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1") {
+      Deno.test({ name, fn: () => assert.fail(`Required (WAFFLE_REQUIRE_DOCKER=1): ${missing}`) });
+    } else Deno.test({ name: `${name} [ignored: ${missing}]`, ignore: true, fn: () => {} });
+    return;
+  }
+  const sanitize = options.sanitize ?? true;
+  Deno.test({ name, sanitizeResources: sanitize, sanitizeOps: sanitize }, () => fn(gate.client!));
 }

@@ -18,16 +18,8 @@ import assert from "node:assert/strict";
 import { readMetadata } from "../lib/files/mod.ts";
 import { METADATA_BYTES, METADATA_KEYS, METADATA_PREFIX } from "../lib/files/metadata.ts";
 import { sandboxMetadataReader, sandboxWaffleCommand } from "../lib/lifecycle/posture.ts";
-import { dockerGate } from "./_docker_gate.ts";
+import { BASE, baseTest } from "./_serve_helpers.ts";
 import { run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
-
-const BASE = "waffle-base:bookworm";
-const gate = await dockerGate();
-const missing = !gate.ok
-  ? gate.reason
-  : await gate.client!.inspectImage(BASE) === null
-  ? `image '${BASE}' is missing: run 'bash scripts/build_images.sh base'`
-  : undefined;
 
 // Run as the commands' uid (10001); /tmp is the sandbox's tmpfs, which keeps
 // more than a block of attributes.
@@ -94,14 +86,10 @@ async function hostReading(
   return readings;
 }
 
-Deno.test({
-  name: missing === undefined || Deno.env.get("WAFFLE_REQUIRE_DOCKER") === "1"
-    ? "metadata readers: the kit's static reader and `waffle files metadata` give the same answer for hostile files"
-    : `metadata readers: the kit's static reader and \`waffle files metadata\` agree [ignored: ${missing}]`,
-  ignore: missing !== undefined && Deno.env.get("WAFFLE_REQUIRE_DOCKER") !== "1",
-  async fn(): Promise<void> {
-    if (missing !== undefined) throw new Error(`Docker and ${BASE} are required: ${missing}`);
-    await using home = await tempHome(gate.client!, { image: BASE });
+baseTest(
+  "metadata readers: the kit's static reader and `waffle files metadata` give the same answer for hostile files",
+  async (docker) => {
+    await using home = await tempHome(docker, { image: BASE });
     const sandbox = home.open(uniqueUser("meta-readers"));
     const reader = sandboxMetadataReader(sandbox.config);
     assert.equal(reader, "/opt/waffle/rt/metadata", "the runtime kit has the static reader");
@@ -154,4 +142,4 @@ Deno.test({
     assert.deepEqual(three, [{}, { secret: "target" }, { dir: "d" }]);
     assert.equal(await runOk(sandbox, "echo alive"), "alive\n");
   },
-});
+);
