@@ -115,6 +115,12 @@ export async function rawGet(
   return text;
 }
 
+/** The resident memory of a process (a server's: `Served.pid`), in bytes. */
+export async function rssOf(pid: number): Promise<number> {
+  const status = await Deno.readTextFile(`/proc/${pid}/status`);
+  return Number(/^VmRSS:\s+(\d+) kB$/m.exec(status)![1]) * 1024;
+}
+
 /** The SDK's options for a tenant's key: what the three variables give it. */
 export function sdk(
   served: Served,

@@ -14,7 +14,7 @@ import { delay, runCliProcess } from "./_helpers.ts";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { statePaths } from "../lib/lifecycle/identity.ts";
 import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
-import { rawGet, sdk, sdkTest, type Served } from "./_serve_helpers.ts";
+import { rawGet, rssOf, sdk, sdkTest, type Served } from "./_serve_helpers.ts";
 
 sdkTest(
   "the E2B SDK creates a sandbox, runs commands with output and exit codes, moves files and kills it",
@@ -227,12 +227,6 @@ async function* rawEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<RawE
   } finally {
     await reader.cancel().catch(() => {});
   }
-}
-
-/** The resident memory of a process, in bytes. */
-async function rssOf(pid: number): Promise<number> {
-  const status = await Deno.readTextFile(`/proc/${pid}/status`);
-  return Number(/^VmRSS:\s+(\d+) kB$/m.exec(status)![1]) * 1024;
 }
 
 /** The bytes of a `data` event's stdout (base64 in Connect's JSON). */

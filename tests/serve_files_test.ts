@@ -15,7 +15,7 @@ import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { EventType, Filesystem } from "../lib/serve/gen/filesystem/filesystem_pb.ts";
 import { delay } from "./_helpers.ts";
-import { sdk, sdkTest, type Served } from "./_serve_helpers.ts";
+import { rssOf, sdk, sdkTest, type Served } from "./_serve_helpers.ts";
 
 async function open(served: Served): Promise<Sandbox> {
   return await Sandbox.create("base", { ...sdk(served, served.keys.a), timeoutMs: 120_000 });
@@ -512,4 +512,48 @@ sdkTest(
       await sandbox.kill();
     }
   },
+);
+
+sdkTest(
+  "a 1 GiB file goes in and comes out through /files streamed: the server's memory stays flat",
+  async (served) => {
+    const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+    const size = 1024 ** 3;
+    const before = await rssOf(served.pid);
+    let peak = before;
+    const sampler = setInterval(() => {
+      rssOf(served.pid).then((rss) => peak = Math.max(peak, rss), () => {});
+    }, 50);
+    try {
+      // Made as it is sent: neither side holds the file.
+      const chunk = new Uint8Array(1 << 20);
+      let sent = 0;
+      const source = new ReadableStream<Uint8Array>({
+        pull(controller) {
+          if (sent === size) return controller.close();
+          chunk[0] = sent / chunk.byteLength;
+          controller.enqueue(chunk.slice());
+          sent += chunk.byteLength;
+        },
+      });
+      await sandbox.files.write("big.bin", source);
+      assert.equal((await sandbox.files.getInfo("big.bin")).size, size);
+      // The 512th MiB came back as it went in.
+      const probe = await sandbox.commands.run(
+        `od -An -tu1 -j ${511 * 2 ** 20} -N 1 big.bin`,
+      );
+      assert.equal(probe.stdout.trim(), "255");
+      let got = 0;
+      for await (const piece of await sandbox.files.read("big.bin", { format: "stream" })) {
+        got += piece.byteLength;
+      }
+      assert.equal(got, size);
+    } finally {
+      clearInterval(sampler);
+      await sandbox.kill();
+    }
+    const grew = peak - before;
+    assert.ok(grew < 256 * 2 ** 20, `the server grew by ${Math.round(grew / 2 ** 20)} MiB`);
+  },
+  { toml: "[sandbox]\nquota_bytes = 2147483648\n" },
 );
