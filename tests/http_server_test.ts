@@ -9,6 +9,7 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { type HttpLimits, peerOf, resolveHttpLimits, serveHttp } from "../lib/http/mod.ts";
+import { mintCa, mintLeaf } from "../lib/egress/ca.ts";
 import { delay, waitFor } from "./_helpers.ts";
 import { loopbackPeers, type RawClient, rawClient, slowloris } from "./_slow_clients.ts";
 
@@ -372,4 +373,47 @@ Deno.test("serveHttp() answers a request no web handler can take (TRACE, a garbl
   );
   assert.equal(status(odd), 500, odd);
   assert.equal(status(await request(server, "127.0.0.2")), 200);
+});
+
+Deno.test("serveHttp() with tls serves HTTPS, and a TLS handshake that never completes counts against the caps and is closed at the header deadline", async () => {
+  const ca = await mintCa({ commonName: "waffle test CA" });
+  const leaf = await mintLeaf(ca, "127.0.0.1");
+  const server = await serveHttp(
+    (request) => new Response(`${new URL(request.url).protocol} ${request.method}\n`),
+    {
+      hostname: "127.0.0.1",
+      port: 0,
+      tls: leaf,
+      limits: { maxConnections: 8, maxConnectionsPerPeer: 2, headerTimeoutMs: 500 },
+    },
+  );
+  const target = { hostname: "127.0.0.1", port: server.addr.port };
+  try {
+    using client = Deno.createHttpClient({ caCerts: [ca.cert] });
+    const answer = await fetch(`https://127.0.0.1:${target.port}/`, { client });
+    assert.equal(await answer.text(), "https: GET\n");
+    // Two peers' worth of handshakes that never end: a silent one, and half a ClientHello.
+    const silent = await rawClient(target, "127.0.0.2");
+    const half = await rawClient(target, "127.0.0.2");
+    half.write("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03");
+    // The peer is at its cap while both wait: a third is closed at once, unanswered.
+    const third = await rawClient(target, "127.0.0.2");
+    await waitFor(() => third.closed(), { what: "the connection past the per-peer cap to close" });
+    assert.equal(third.received(), "");
+    assert.ok(
+      !silent.closed() || !half.closed(),
+      "the third was closed by the cap, not a deadline",
+    );
+    // The header deadline closes both (no HTTP bytes ever arrived).
+    await waitFor(() => silent.closed() && half.closed(), {
+      timeoutMs: 30_000,
+      what: "the stuck handshakes to be closed at the header deadline",
+    });
+    // Their places are free again (the fetch client's kept-alive connection stays).
+    await waitFor(() => server.connectionCount() === 1, { what: "their places to be free" });
+    const again = await fetch(`https://127.0.0.1:${target.port}/`, { client, method: "POST" });
+    assert.equal(await again.text(), "https: POST\n");
+  } finally {
+    await server.shutdown({ graceMs: 0 });
+  }
 });

@@ -13,6 +13,7 @@ import { CommandExitError, Sandbox } from "e2b";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { sdk, sdkTest, type Served } from "./_serve_helpers.ts";
 import { delay, runProcess, waitFor } from "./_helpers.ts";
+import { type RawClient, rawClient, slowloris } from "./_slow_clients.ts";
 import { egressAuditFile } from "../lib/egress/proxy_container.ts";
 
 /** The audit's lines so far. */
@@ -427,4 +428,50 @@ sdkTest(
     assert.deepEqual(await Sandbox.list(options).nextItems(), []);
   },
   { toml: '[sandbox]\nnetwork = "bridge"\n' },
+);
+
+sdkTest(
+  "attack: idle connections past both connection caps are closed at once, a slowloris at the header deadline, and the server serves the SDK after",
+  async (served) => {
+    const target = { hostname: "127.0.0.1", port: Number(new URL(served.url).port) };
+    // Idle connections: 10 from each of 4 peers, past the per-peer cap of 8.
+    const idlePeers = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    const idle = await Promise.all(
+      idlePeers.flatMap((from) => Array.from({ length: 10 }, () => rawClient(target, from))),
+    );
+    // A slowloris from 3 more peers, 16 each: of the cap of 40, 8 places are left.
+    await using flood = await slowloris(target, {
+      connections: 48,
+      peers: ["127.0.1.2", "127.0.1.3", "127.0.1.4"],
+      everyMs: 200,
+      head: "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+    });
+    await waitFor(() => idle.every((client) => client.closed()) && flood.open() === 0, {
+      timeoutMs: 60_000,
+      what: "every idle and slow connection to be closed",
+    });
+    const refused = (clients: RawClient[]): number =>
+      clients.filter((client) => client.received() === "").length;
+    const timedOut = (clients: RawClient[]): number =>
+      clients.filter((client) => client.received().startsWith("HTTP/1.1 408")).length;
+    // Per peer: 8 admitted (each closed at the header deadline), 2 closed unanswered.
+    for (const from of idlePeers) {
+      const mine = idle.filter((client) => client.from === from);
+      assert.deepEqual([timedOut(mine), refused(mine)], [8, 2], from);
+    }
+    // The total cap: at most the 8 places left were taken (the per-peer caps alone would admit 24).
+    assert.equal(flood.timedOut() + flood.refused(), 48);
+    assert.ok(flood.timedOut() <= 8, `${flood.timedOut()} slow connections were admitted`);
+    // The server lives, and serves the SDK.
+    assert.ok(await Deno.stat(`/proc/${served.pid}`).then(() => true, () => false));
+    const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+    try {
+      assert.equal((await sandbox.commands.run("echo served")).stdout, "served\n");
+    } finally {
+      await sandbox.kill();
+    }
+  },
+  {
+    toml: "[serve]\nmax_connections = 40\nmax_connections_per_peer = 8\nheader_timeout = 3\n",
+  },
 );

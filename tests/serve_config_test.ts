@@ -55,6 +55,11 @@ Deno.test("[serve] defaults: loopback port 3000, 300 s of 86400, 64 MiB, 64 stre
     assert.equal(serve.maxTimeoutSeconds, 86400);
     assert.equal(serve.maxBodyBytes, 64 * 1024 * 1024);
     assert.equal(serve.maxStreamsPerKey, 64);
+    // The connection caps: lib/http's own defaults (it owns them).
+    assert.equal(serve.maxConnections, undefined);
+    assert.equal(serve.maxConnectionsPerPeer, undefined);
+    assert.equal(serve.headerTimeoutSeconds, 10);
+    assert.equal(serve.requestTimeoutSeconds, 3600);
     assert.deepEqual([...serve.templates], [["base", BASE_TEMPLATE_IMAGE]]);
     assert.equal(BASE_TEMPLATE_IMAGE, "waffle-base:bookworm");
     assert.deepEqual(tenantLimitsOf(serve, "anyone"), { maxSandboxes: 20, createsPerMinute: 60 });
@@ -81,6 +86,10 @@ default_timeout = 60
 max_timeout = 3600
 max_body_bytes = 1048576
 max_streams_per_key = 8
+max_connections = 100
+max_connections_per_peer = 10
+header_timeout = 5
+request_timeout = 120
 
 [serve.tenants.acme]
 max_sandboxes = 2
@@ -103,6 +112,10 @@ image = "python:3.13-slim"
     assert.equal(serve.maxTimeoutSeconds, 3600);
     assert.equal(serve.maxBodyBytes, 1048576);
     assert.equal(serve.maxStreamsPerKey, 8);
+    assert.equal(serve.maxConnections, 100);
+    assert.equal(serve.maxConnectionsPerPeer, 10);
+    assert.equal(serve.headerTimeoutSeconds, 5);
+    assert.equal(serve.requestTimeoutSeconds, 120);
     assert.deepEqual(tenantLimitsOf(serve, "acme"), { maxSandboxes: 2, createsPerMinute: 5 });
     // A tenant table takes the default for what it leaves out; a tenant not listed, all of them.
     assert.deepEqual(tenantLimitsOf(serve, "alice@example.com"), {
@@ -165,7 +178,16 @@ Deno.test("bad [serve] values are one-line errors naming the key and the value",
     ],
     [
       "[serve]\nmax_sandboxes = 3",
-      "'serve.max_sandboxes' is not a known key (expected one of: listen, domain, default_timeout, max_timeout, max_body_bytes, max_streams_per_key, tenants)",
+      "'serve.max_sandboxes' is not a known key (expected one of: listen, domain, default_timeout, max_timeout, max_body_bytes, max_streams_per_key, max_connections, max_connections_per_peer, header_timeout, request_timeout, tenants)",
+    ],
+    ["[serve]\nmax_connections = 0", "'serve.max_connections' must be >= 1, found 0"],
+    [
+      "[serve]\nmax_connections_per_peer = 1.5",
+      "'serve.max_connections_per_peer' must be an integer, found 1.5",
+    ],
+    [
+      "[serve]\nheader_timeout = 60\nrequest_timeout = 30",
+      "'serve.header_timeout' must be <= serve.request_timeout (30), found 60",
     ],
     [
       "[serve.tenants.acme]\nmax_sandboxes = 0",

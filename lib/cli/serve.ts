@@ -84,7 +84,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
     onError: (message) => void io.stderr(`waffle serve: ${message}\n`),
   });
   const stop = new AbortController();
-  const server = startServer({
+  const server = await startServer({
     home,
     db,
     journal,
@@ -112,6 +112,16 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
     configPath: config.path,
     audit: (entry) => void audit.append({ time: new Date().toISOString(), ...entry }),
     tls,
+    // A cap the config leaves out is lib/http's default (it owns them).
+    connectionLimits: {
+      ...(settings.maxConnections === undefined ? {} : { maxConnections: settings.maxConnections }),
+      ...(settings.maxConnectionsPerPeer === undefined
+        ? {}
+        : { maxConnectionsPerPeer: settings.maxConnectionsPerPeer }),
+      headerTimeoutMs: settings.headerTimeoutSeconds * 1000,
+      requestTimeoutMs: settings.requestTimeoutSeconds * 1000,
+    },
+    onEvent: (line) => void io.stderr(`waffle serve: ${line}\n`),
     signal: stop.signal,
   });
   const scheme = tls === undefined ? "http" : "https";

@@ -7,6 +7,7 @@
  * @module
  */
 import * as z from "../schema.ts";
+import { DEFAULT_HEADER_TIMEOUT_MS } from "../http/limits.ts";
 import { checkEntry } from "./egress_entries.ts";
 import { imageRefSchema } from "./image_ref.ts";
 import { NAME_PATTERN } from "./mcp_types.ts";
@@ -46,6 +47,22 @@ export interface ServeSettings {
   maxBodyBytes: number;
   /** `[serve] max_streams_per_key`: streams (commands, watches) one key may hold open at once. */
   maxStreamsPerKey: number;
+  /**
+   * `[serve] max_connections`: connections open at once (past it, a new one
+   * is closed at once); absent: `lib/http`'s default (512, at most half the
+   * open-file limit).
+   */
+  maxConnections: number | undefined;
+  /**
+   * `[serve] max_connections_per_peer`: connections open at once from one
+   * address (IPv6: its /64); absent: `lib/http`'s default (64, at most
+   * `maxConnections`).
+   */
+  maxConnectionsPerPeer: number | undefined;
+  /** `[serve] header_timeout`: a request's headers (and TLS handshake) must arrive within this, in seconds. */
+  headerTimeoutSeconds: number;
+  /** `[serve] request_timeout`: a whole request, body included (a `/files` upload), must arrive within this, in seconds. */
+  requestTimeoutSeconds: number;
   /** `[serve.tenants.<tenant>]` by tenant; a tenant not listed has {@linkcode DEFAULT_TENANT_LIMITS}. */
   tenants: ReadonlyMap<string, TenantLimitSettings>;
   /** `[templates.<name>] image` by template name; `base` is always there. */
@@ -131,6 +148,10 @@ const serveSchema = z.strictObject({
   max_timeout: z.optional(seconds),
   max_body_bytes: z.optional(z.int().check(z.minimum(1024), z.maximum(2 ** 40))),
   max_streams_per_key: z.optional(z.int().check(z.minimum(1), z.maximum(65536))),
+  max_connections: z.optional(z.int().check(z.minimum(1), z.maximum(65536))),
+  max_connections_per_peer: z.optional(z.int().check(z.minimum(1), z.maximum(65536))),
+  header_timeout: z.optional(z.int().check(z.minimum(1), z.maximum(3600))),
+  request_timeout: z.optional(z.int().check(z.minimum(1), z.maximum(24 * 3600))),
   tenants: z.optional(z.record(z.string(), tenantSchema)),
 });
 
@@ -234,6 +255,17 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
       },
     };
   }
+  const headerTimeoutSeconds = serve.header_timeout ?? DEFAULT_HEADER_TIMEOUT_MS / 1000;
+  const requestTimeoutSeconds = serve.request_timeout ?? Math.max(3600, headerTimeoutSeconds);
+  if (headerTimeoutSeconds > requestTimeoutSeconds) {
+    return {
+      problem: {
+        key: "serve.header_timeout",
+        detail:
+          `must be <= serve.request_timeout (${requestTimeoutSeconds}), found ${headerTimeoutSeconds}`,
+      },
+    };
+  }
   const listen = serve.listen === undefined ? undefined : parseListen(serve.listen);
   const tenants = new Map<string, TenantLimitSettings>();
   for (const [tenant, limits] of Object.entries(serve.tenants ?? {})) {
@@ -258,6 +290,10 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
       maxTimeoutSeconds,
       maxBodyBytes: serve.max_body_bytes ?? 64 * 1024 * 1024,
       maxStreamsPerKey: serve.max_streams_per_key ?? 64,
+      maxConnections: serve.max_connections,
+      maxConnectionsPerPeer: serve.max_connections_per_peer,
+      headerTimeoutSeconds,
+      requestTimeoutSeconds,
       tenants,
       templates,
     },

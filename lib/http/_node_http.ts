@@ -17,10 +17,33 @@
  */
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
+import tls from "node:tls";
 import { oneLineOf } from "../errors.ts";
 import { ConnSocket } from "./_conn_socket.ts";
 import type { HttpLimits } from "./limits.ts";
 import type { HttpHandler } from "./server.ts";
+
+/** The certificate and key a TLS listener serves, made once (`node:tls`). */
+export type SecureContext = tls.SecureContext;
+
+/**
+ * The TLS context of a certificate (chain) and key, PEM.
+ *
+ * @param pem The certificate and key.
+ * @returns The context.
+ * @throws {Error} When either is not valid PEM, or they do not match.
+ */
+export function secureContext(pem: { cert: string; key: string }): SecureContext {
+  return tls.createSecureContext({ cert: pem.cert, key: pem.key });
+}
+
+/** The TCP socket under a TLS one that {@linkcode serveConnection} made. */
+const connSockets = new WeakMap<Duplex, ConnSocket>();
+
+/** The {@linkcode ConnSocket} a server socket is, or runs over (TLS); undefined for any other. */
+function connSocketOf(socket: Duplex): ConnSocket | undefined {
+  return socket instanceof ConnSocket ? socket : connSockets.get(socket);
+}
 
 /** Options of {@linkcode nodeHttpServer}. */
 export interface NodeHttpOptions {
@@ -67,23 +90,37 @@ export function nodeHttpServer(handler: HttpHandler, options: NodeHttpOptions): 
 }
 
 /**
- * Gives an admitted connection to the server.
+ * Gives an admitted connection to the server; with `tls`, TLS runs over it
+ * first (its handshake inside the header deadline: the server's deadlines
+ * start with the connection).
  *
  * @param server From {@linkcode nodeHttpServer}.
  * @param conn The connection.
- * @param options The limits, and what to call once the connection is closed.
+ * @param options The limits, the TLS context (absent: plain HTTP), and what
+ *   to call once the connection is closed.
  */
 export function serveConnection(
   server: http.Server,
   conn: Deno.Conn,
-  options: { limits: HttpLimits; onClosed: () => void },
+  options: { limits: HttpLimits; tls?: SecureContext | undefined; onClosed: () => void },
 ): void {
   const socket = new ConnSocket(conn, {
     idleMs: options.limits.keepAliveTimeoutMs,
     writeStallMs: options.limits.writeStallTimeoutMs,
     onClosed: options.onClosed,
   });
-  server.emit("connection", socket);
+  if (options.tls === undefined) return void server.emit("connection", socket);
+  const secure = new tls.TLSSocket(socket, {
+    isServer: true,
+    secureContext: options.tls,
+    ALPNProtocols: ["http/1.1"],
+  });
+  connSockets.set(secure, socket);
+  // Either side closed closes both: the file descriptor is the TCP socket's.
+  secure.once("close", () => socket.destroy());
+  socket.once("close", () => secure.destroy());
+  socket.on("error", () => {});
+  server.emit("connection", secure);
 }
 
 /** The answers to a request the server could not take, as Node gives them by default. */
@@ -104,8 +141,9 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
     const status = CLIENT_ERRORS[error.code ?? ""] ?? "400 Bad Request";
     socket.write(`HTTP/1.1 ${status}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
   }
-  if (error.code !== "ERR_HTTP_REQUEST_TIMEOUT" && socket instanceof ConnSocket) {
-    socket.destroySoon();
+  const raw = connSocketOf(socket);
+  if (error.code !== "ERR_HTTP_REQUEST_TIMEOUT" && raw !== undefined && raw === socket) {
+    raw.destroySoon();
   } else {
     socket.destroy();
   }
@@ -123,10 +161,11 @@ async function respond(
   res.on("error", () => {});
   const aborted = new AbortController();
   const socket = req.socket;
-  if (socket instanceof ConnSocket) socket.requestStarted();
+  const raw = connSocketOf(socket);
+  raw?.requestStarted();
   res.once("close", () => {
     aborted.abort();
-    if (socket instanceof ConnSocket) socket.requestEnded();
+    raw?.requestEnded();
   });
   let response: Response;
   const request = toRequest(req, options.origin, aborted.signal);
@@ -135,8 +174,8 @@ async function respond(
   } else {
     const remoteAddr: Deno.NetAddr = {
       transport: "tcp",
-      hostname: socket.remoteAddress ?? "",
-      port: socket.remotePort ?? 0,
+      hostname: raw?.remoteAddress ?? socket.remoteAddress ?? "",
+      port: raw?.remotePort ?? socket.remotePort ?? 0,
     };
     try {
       response = await handler(request, { remoteAddr });

@@ -11,13 +11,20 @@
  * does a kept-alive connection idle past its own; a failed accept (the
  * process out of file descriptors) is retried, never the end of the
  * server; the connections already open are served meanwhile, a streaming
- * response for as long as it streams.
+ * response for as long as it streams. With `tls`, the same holds for HTTPS:
+ * the listener accepts TCP and runs TLS (`node:tls`) over each connection
+ * it admits, inside the header deadline, so a handshake that never
+ * completes holds its place and its file descriptor only until then.
+ * (`Deno.listenTls` is not used: in Deno 2.9 a connection closed before its
+ * handshake ends keeps its socket open until the peer goes, refused ones
+ * included, so a silent peer could take every file descriptor.)
  *
  * @module
  */
 import { oneLineOf, WaffleError } from "../errors.ts";
 import { acceptConnections } from "./accept_loop.ts";
 import { type HttpLimits, resolveHttpLimits } from "./limits.ts";
+import type { SecureContext } from "./_node_http.ts";
 
 /** A web handler, as `Deno.serve` takes one. */
 export type HttpHandler = (
@@ -40,6 +47,8 @@ export interface ServeHttpOptions {
   hostname: string;
   /** The port; 0 picks a free one. */
   port: number;
+  /** A certificate (chain) and its key, PEM: the listener speaks HTTPS (HTTP/1.1 over TLS). */
+  tls?: { cert: string; key: string } | undefined;
   /** The limits (each one absent: its default, see {@linkcode resolveHttpLimits}). */
   limits?: Partial<HttpLimits> | undefined;
   /** One line when accepting fails or connections are refused at a cap (at most one a minute of each). */
@@ -67,7 +76,8 @@ export interface HttpServer {
 /**
  * Listens on `hostname:port` and serves each request with `handler`.
  * Needs net permission for the address (and read permission for
- * `/proc/self/limits`, to size the default connection cap).
+ * `/proc/self/limits`, to size the default connection cap). With
+ * `options.tls`, it serves HTTPS.
  *
  * @example
  * ```ts ignore
@@ -82,7 +92,8 @@ export interface HttpServer {
  * @param handler Answers each request.
  * @param options Address, limits, and where the one-line notices go.
  * @returns The server, listening.
- * @throws {WaffleError} When it cannot listen on the address.
+ * @throws {WaffleError} When it cannot listen on the address (or the
+ *   certificate or key is not valid PEM).
  * @throws {RangeError} When a limit is out of range.
  */
 export async function serveHttp(
@@ -91,7 +102,7 @@ export async function serveHttp(
 ): Promise<HttpServer> {
   const limits = resolveHttpLimits(options.limits);
   // Node's HTTP modules load only for a command that serves.
-  const { nodeHttpServer, serveConnection } = await import("./_node_http.ts");
+  const { nodeHttpServer, secureContext, serveConnection } = await import("./_node_http.ts");
   let listener: Deno.TcpListener;
   try {
     listener = Deno.listen({ hostname: options.hostname, port: options.port, transport: "tcp" });
@@ -99,17 +110,25 @@ export async function serveHttp(
     const address = `${options.hostname}:${options.port}`;
     throw new WaffleError(`Cannot listen on '${address}': ${oneLineOf(cause)}`, { cause });
   }
+  let tls: SecureContext | undefined;
+  try {
+    tls = options.tls === undefined ? undefined : secureContext(options.tls);
+  } catch (cause) {
+    listener.close();
+    throw new WaffleError(`Cannot serve HTTPS: ${oneLineOf(cause)}`, { cause });
+  }
   const addr = listener.addr;
   const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
   const server = nodeHttpServer(handler, {
     limits,
-    origin: `http://${host}:${addr.port}`,
+    origin: `${options.tls === undefined ? "http" : "https"}://${host}:${addr.port}`,
     onError: options.onError ??
       ((error) => new Response(`Internal Server Error: ${oneLineOf(error)}\n`, { status: 500 })),
   });
   const loop = acceptConnections(listener, {
     limits,
-    onConnection: (conn, release) => serveConnection(server, conn, { limits, onClosed: release }),
+    onConnection: (conn, release) =>
+      serveConnection(server, conn, { limits, tls, onClosed: release }),
     onEvent: options.onEvent,
   });
   let stopping: Promise<void> | undefined;

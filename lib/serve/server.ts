@@ -4,7 +4,9 @@
  * `E2B_SANDBOX_URL` points here, or by the host name `49983-<id>.<domain>`).
  * Every request's `Host` (and `Origin`, when sent) must name this server:
  * a page on another site that rebinds its DNS name to this address is
- * refused before anything runs.
+ * refused before anything runs. The listener is `lib/http`'s (the one owner
+ * of waffle's HTTP listeners): its connection caps and deadlines bound what
+ * an unauthenticated peer can hold.
  *
  * @module
  */
@@ -22,6 +24,7 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
+import { type HttpLimits, serveHttp } from "../http/mod.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -61,6 +64,10 @@ export interface ServerOptions {
   audit?: (entry: AuditEntry) => void;
   /** TLS certificate and key (PEM), for a non-loopback address. */
   tls?: { cert: string; key: string } | undefined;
+  /** The listener's connection caps and deadlines (each absent: `lib/http`'s default). */
+  connectionLimits?: Partial<HttpLimits> | undefined;
+  /** One line when connections are refused at a cap or accepting fails (at most one a minute of each). */
+  onEvent?: ((line: string) => void) | undefined;
   /** Stops the server. */
   signal?: AbortSignal;
   /** Called once listening, with the address. */
@@ -83,9 +90,10 @@ export interface RunningServer {
  * Starts the server.
  *
  * @param options Where, who may call, and the limits.
- * @returns The running server.
+ * @returns The running server, listening.
+ * @throws {WaffleError} When it cannot listen (or the TLS certificate or key is not valid).
  */
-export function startServer(options: ServerOptions): RunningServer {
+export async function startServer(options: ServerOptions): Promise<RunningServer> {
   const store = new SandboxStore(options.db);
   const processes = new ProcessStore(options.journal);
   const sandboxes = new ServeSandboxes(store, {
@@ -252,16 +260,14 @@ export function startServer(options: ServerOptions): RunningServer {
       })(),
     };
   };
-  const server = Deno.serve({
+  const server = await serveHttp(handler, {
     hostname: options.hostname,
     port: options.port,
-    ...(options.signal === undefined ? {} : { signal: options.signal }),
-    ...(options.tls === undefined ? {} : { cert: options.tls.cert, key: options.tls.key }),
-    onListen: (address) => {
-      port = address.port;
-      options.onListen?.({ hostname: address.hostname, port: address.port });
-    },
-  }, handler);
+    tls: options.tls,
+    limits: options.connectionLimits,
+    onEvent: options.onEvent,
+    onError: () => error(500, "Internal server error"),
+  });
   port = server.addr.port;
   sandboxes.startReaper();
   // Processes a previous server left running go on under this one.
@@ -269,13 +275,22 @@ export function startServer(options: ServerOptions): RunningServer {
     const record = store.get(id);
     if (record !== undefined && record.state !== "creating") envdOf(record).table.restore();
   }
-  const finished = server.finished.finally(() => sandboxes.close());
+  let stopping: Promise<void> | undefined;
+  const stop = (): Promise<void> => {
+    stopping ??= server.shutdown().finally(() => sandboxes.close());
+    return stopping;
+  };
+  const { promise: finished, resolve: finish } = Promise.withResolvers<void>();
+  if (options.signal?.aborted) void stop().finally(finish);
+  options.signal?.addEventListener("abort", () => void stop().finally(finish), { once: true });
+  const address = { hostname: server.addr.hostname, port: server.addr.port };
+  options.onListen?.(address);
   return {
-    address: { hostname: server.addr.hostname, port: server.addr.port },
+    address,
     sandboxes,
     finished,
     shutdown: async () => {
-      await server.shutdown();
+      await stop().finally(finish);
       await finished;
     },
   };
