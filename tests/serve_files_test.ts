@@ -529,7 +529,7 @@ sdkTest(
       const chunk = new Uint8Array(1 << 20);
       let sent = 0;
       const source = new ReadableStream<Uint8Array>({
-        pull(controller) {
+        pull(controller): void {
           if (sent === size) return controller.close();
           chunk[0] = sent / chunk.byteLength;
           controller.enqueue(chunk.slice());
