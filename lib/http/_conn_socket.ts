@@ -15,6 +15,12 @@ import { settlesWithin } from "../async.ts";
 
 /** Bytes read at a time: a connection waiting for its next bytes holds one such buffer. */
 const READ_BYTES = 16 * 1024;
+/**
+ * Bytes read at a time, at most, by a connection whose reads keep filling
+ * its buffer (an upload): each full read doubles it up to this, and a short
+ * one takes it back to {@linkcode READ_BYTES}.
+ */
+const STREAM_READ_BYTES = 256 * 1024;
 /** How long a last response (a 408 or 431) may take to go out before the connection closes anyway. */
 const LAST_WRITE_MS = 1000;
 /**
@@ -40,7 +46,7 @@ export class ConnSocket extends Duplex {
   readonly #writeStallMs: number;
   #requests = 0;
   #idleTimer: ReturnType<typeof setTimeout> | undefined;
-  readonly #buffer = new Uint8Array(READ_BYTES);
+  #buffer = new Uint8Array(READ_BYTES);
   #reading = false;
   /** Bytes still dropped before closing, once the last response is out; undefined before. */
   #lingering: number | undefined;
@@ -185,7 +191,9 @@ export class ConnSocket extends Duplex {
           this.push(null);
           return;
         }
-        if (!this.push(Buffer.from(this.#buffer.subarray(0, read)))) return;
+        const chunk = Buffer.from(this.#buffer.subarray(0, read));
+        this.#fit(read);
+        if (!this.push(chunk)) return;
       }
     } catch (error) {
       // A read pending when the connection closes fails: that is no error.
@@ -193,6 +201,13 @@ export class ConnSocket extends Duplex {
     } finally {
       this.#reading = false;
     }
+  }
+
+  // Few large reads while bytes keep coming, one small buffer while they do not.
+  #fit(read: number): void {
+    const size = this.#buffer.byteLength;
+    if (read === size && size < STREAM_READ_BYTES) this.#buffer = new Uint8Array(size * 2);
+    else if (read < size / 4 && size > READ_BYTES) this.#buffer = new Uint8Array(READ_BYTES);
   }
 
   override _write(
