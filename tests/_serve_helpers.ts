@@ -32,6 +32,8 @@ export interface Served {
   keys: { a: string; b: string };
   /** Kills the server with SIGKILL and starts another on the same home (`url` and `pid` change). */
   crashAndRestart(): Promise<void>;
+  /** Stops the server with SIGTERM and starts another on the same home (`url` and `pid` change). */
+  restart(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -47,19 +49,22 @@ export async function serve(options: { toml?: string } = {}): Promise<Served> {
   };
   const keys = { a: await key("a"), b: await key("b") };
   let { child, url } = await startServe(env);
+  // Ends the server with the signal and starts another on the same home.
+  const again = async (signal: "SIGKILL" | "SIGTERM"): Promise<void> => {
+    child.kill(signal);
+    await child.status;
+    await child.stdout.cancel().catch(() => {});
+    ({ child, url } = await startServe(env));
+    served.url = url;
+    served.pid = child.pid;
+  };
   const served: Served = {
     url,
     home,
     pid: child.pid,
     keys,
-    async crashAndRestart(): Promise<void> {
-      child.kill("SIGKILL");
-      await child.status;
-      await child.stdout.cancel().catch(() => {});
-      ({ child, url } = await startServe(env));
-      served.url = url;
-      served.pid = child.pid;
-    },
+    crashAndRestart: () => again("SIGKILL"),
+    restart: () => again("SIGTERM"),
     async stop(): Promise<void> {
       child.kill("SIGTERM");
       await child.status;

@@ -175,12 +175,27 @@ sdkTest(
       assert.ok(ended instanceof CommandExitError, String(ended));
       assert.equal(ended.exitCode, 3);
       assert.equal(ended.stdout, "got hello\n");
+      await attached.disconnect();
+      // A server stopped (SIGTERM) lets its processes go rather than ending
+      // them: the next one takes the counter over as well.
+      await served.restart();
+      const third = await Sandbox.connect(sandbox.sandboxId, sdk(served, served.keys.a));
+      assert.deepEqual((await third.commands.list()).map((process) => process.pid), [counter.pid]);
+      const later: number[] = [];
+      const reattached = await third.commands.connect(counter.pid, {
+        onStdout: (data) => {
+          for (const match of data.matchAll(/tick (\d+)/g)) later.push(Number(match[1]));
+        },
+      });
+      for (let i = 0; i < 50 && later.length < 2; i++) await delay(100);
+      assert.ok(later.length >= 2 && later[0]! > ticks.at(-1)!, `ticks: ${later.join(",")}`);
+      assert.equal(await third.files.read("starts"), "started\n");
       // And the counter is killed through it: nothing is left running.
-      assert.equal(await again.commands.kill(counter.pid), true);
-      await attached.wait().catch(() => {});
-      assert.deepEqual(await again.commands.list(), []);
+      assert.equal(await third.commands.kill(counter.pid), true);
+      await reattached.wait().catch(() => {});
+      assert.deepEqual(await third.commands.list(), []);
     } finally {
-      await again.kill();
+      await Sandbox.kill(sandbox.sandboxId, sdk(served, served.keys.a));
     }
   },
 );

@@ -233,7 +233,12 @@ export class ProcessTable {
       end = { kind: "end", exitCode: -1, exited: false, status: "error", error: message };
     }
     this.#entries.delete(entry.pid);
-    this.#journal?.forget(entry.pid);
+    try {
+      this.#journal?.forget(entry.pid);
+    } catch {
+      // A server stopping closed its journal: the next one finds this
+      // process ended when it takes it over, and forgets it then.
+    }
     await emit(end);
     entry.listeners.clear();
   }
