@@ -11,6 +11,7 @@
  * @module
  */
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
 /** The answer to a create: go ahead, or wait and retry. */
 export type Admission =
@@ -117,4 +118,57 @@ export class TenantLimits {
     if (recent.length === 0) this.#creates.delete(tenant);
     return recent;
   }
+}
+
+/**
+ * Bounds the streams each key's sandboxes hold open: a streaming call (a
+ * command, a re-attach, a watch) holds one of its key's `max` places until
+ * its stream ends, however it ends; one past them is `resource_exhausted`.
+ *
+ * @param max Streams one key may hold at once (`[serve] max_streams_per_key`).
+ * @returns The interceptor for calls made with a key's access.
+ */
+export function streamLimiter(max: number): (keyId: string) => Interceptor {
+  /** Open streams by the key that made their sandbox. */
+  const streams = new Map<string, number>();
+  return (keyId) => (next) => async (call) => {
+    if (!call.method.methodKind.startsWith("server_streaming")) return await next(call);
+    const held = streams.get(keyId) ?? 0;
+    if (held >= max) {
+      throw new ConnectError(
+        `Key '${keyId}' holds ${held} open streams, its limit ([serve] max_streams_per_key)`,
+        Code.ResourceExhausted,
+      );
+    }
+    streams.set(keyId, held + 1);
+    const release = (): void => {
+      const left = (streams.get(keyId) ?? 1) - 1;
+      if (left > 0) streams.set(keyId, left);
+      else streams.delete(keyId);
+    };
+    let response;
+    try {
+      response = await next(call);
+    } catch (error) {
+      release();
+      throw error;
+    }
+    if (!response.stream) {
+      release();
+      return response;
+    }
+    const messages = response.message;
+    return {
+      ...response,
+      message: (async function* (): AsyncGenerator<
+        (typeof messages extends AsyncIterable<infer M> ? M : never)
+      > {
+        try {
+          yield* messages;
+        } finally {
+          release();
+        }
+      })(),
+    };
+  };
 }

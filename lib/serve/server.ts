@@ -20,8 +20,7 @@ import { ProcessTable } from "./processes.ts";
 import { pausedMessage, ServeSandboxes } from "./sandboxes.ts";
 import { sameSecret } from "./secret.ts";
 import { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
-import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
-import { TenantLimits } from "./limits.ts";
+import { streamLimiter, TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
@@ -160,6 +159,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     });
     return response;
   };
+  const streamLimit = streamLimiter(options.maxStreamsPerKey);
   // One sandbox's process table and Connect services, made once per live
   // sandbox; its processes are let go (never ended) when it stops being live.
   const envdOf = (
@@ -215,50 +215,6 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       return new Response(droppedOnKill(answered.body, live.killed.signal), answered);
     }
     return answered ?? noRoute(new URL(request.url).pathname);
-  };
-  /** Open streams by the key that made their sandbox. */
-  const streams = new Map<string, number>();
-  // Each streaming call (a command, a re-attach, a watch) holds one of its
-  // key's places until its stream ends, however it ends.
-  const streamLimit = (keyId: string): Interceptor => (next) => async (call) => {
-    if (!call.method.methodKind.startsWith("server_streaming")) return await next(call);
-    const held = streams.get(keyId) ?? 0;
-    if (held >= options.maxStreamsPerKey) {
-      throw new ConnectError(
-        `Key '${keyId}' holds ${held} open streams, its limit ([serve] max_streams_per_key)`,
-        Code.ResourceExhausted,
-      );
-    }
-    streams.set(keyId, held + 1);
-    const release = (): void => {
-      const left = (streams.get(keyId) ?? 1) - 1;
-      if (left > 0) streams.set(keyId, left);
-      else streams.delete(keyId);
-    };
-    let response;
-    try {
-      response = await next(call);
-    } catch (error) {
-      release();
-      throw error;
-    }
-    if (!response.stream) {
-      release();
-      return response;
-    }
-    const messages = response.message;
-    return {
-      ...response,
-      message: (async function* (): AsyncGenerator<
-        (typeof messages extends AsyncIterable<infer M> ? M : never)
-      > {
-        try {
-          yield* messages;
-        } finally {
-          release();
-        }
-      })(),
-    };
   };
   const server = await serveHttp(handler, {
     hostname: options.hostname,
