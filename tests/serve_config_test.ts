@@ -13,6 +13,10 @@ import {
   tenantLimitsOf,
 } from "../lib/config/serve_schema.ts";
 import { UsageError } from "../lib/errors.ts";
+import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
+import { mintCa, mintLeaf } from "../lib/egress/ca.ts";
+import { selfCommand } from "../lib/config/self.ts";
+import { runCliProcess } from "./_helpers.ts";
 
 async function withConfig<T>(
   toml: string,
@@ -214,5 +218,74 @@ Deno.test("bad [serve] values are one-line errors naming the key and the value",
   ];
   for (const [toml, expected] of cases) {
     assert.equal(await refusal(toml), expected, toml);
+  }
+});
+
+Deno.test("waffle serve over TLS: --tls-cert and --tls-key serve HTTPS with keys checked; a non-loopback address without them, or half a pair, is refused", async () => {
+  const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-serve-tls-" }));
+  const env = { WAFFLE_HOME: home };
+  try {
+    const ca = await mintCa({ commonName: "waffle serve test CA" });
+    const leaf = await mintLeaf(ca, "127.0.0.1");
+    await Deno.writeTextFile(join(home, "cert.pem"), leaf.cert);
+    await Deno.writeTextFile(join(home, "key.pem"), leaf.key);
+    const wide = await runCliProcess(["serve", "--listen", "0.0.0.0:0"], { env });
+    assert.equal(wide.code, EXIT_WAFFLE);
+    assert.match(
+      wide.stderr,
+      /Address '0\.0\.0\.0' is not loopback: give --tls-cert and --tls-key, or --insecure-http/,
+    );
+    const half = await runCliProcess(
+      ["serve", "--listen", "127.0.0.1:0", "--tls-cert", join(home, "cert.pem")],
+      { env },
+    );
+    assert.equal(half.code, EXIT_WAFFLE);
+    assert.match(half.stderr, /Give both --tls-cert and --tls-key, or neither/);
+
+    const made = await runCliProcess(["serve", "key", "create", "--tenant", "acme"], { env });
+    assert.equal(made.code, 0, made.stderr);
+    const self = selfCommand();
+    const args = ["serve", "--listen", "127.0.0.1:0", "--json"];
+    const tls = ["--tls-cert", join(home, "cert.pem"), "--tls-key", join(home, "key.pem")];
+    const child = new Deno.Command(self.executable, {
+      args: [...self.prefix, ...args, ...tls],
+      env: { ...env, PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin" },
+      stdin: "null",
+      stdout: "piped",
+      stderr: "null",
+    }).spawn();
+    try {
+      const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+      let text = "";
+      while (!text.includes("\n")) {
+        const next = await reader.read();
+        if (next.done) break;
+        text += next.value;
+      }
+      reader.releaseLock();
+      const url = JSON.parse(text.slice(0, text.indexOf("\n"))).url as string;
+      assert.match(url, /^https:\/\/127\.0\.0\.1:\d+$/);
+      using client = Deno.createHttpClient({ caCerts: [ca.cert] });
+      const listed = await fetch(`${url}/v2/sandboxes`, {
+        client,
+        headers: { "x-api-key": made.stdout.trim() },
+      });
+      assert.equal(listed.status, 200);
+      assert.deepEqual(await listed.json(), []);
+      const refused = await fetch(`${url}/v2/sandboxes`, {
+        client,
+        headers: { "x-api-key": `e2b_${"0".repeat(40)}` },
+      });
+      assert.equal(refused.status, 401);
+      await refused.body?.cancel();
+      // Plain HTTP to the TLS port is no way in.
+      await assert.rejects(fetch(url.replace("https:", "http:") + "/v2/sandboxes"));
+    } finally {
+      child.kill("SIGTERM");
+      await child.status;
+      await child.stdout.cancel().catch(() => {});
+    }
+  } finally {
+    await Deno.remove(home, { recursive: true }).catch(() => {});
   }
 });
