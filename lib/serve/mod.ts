@@ -14,9 +14,10 @@ export {
   KeyStore,
   type KeyStoreOptions,
 } from "./keys.ts";
-export { type Admission, TenantLimits, type TenantLimitsOptions } from "./limits.ts";
+export { type Admission, streamLimiter, TenantLimits, type TenantLimitsOptions } from "./limits.ts";
+export { EnvdRouter, type EnvdRouterOptions } from "./envd_router.ts";
 export { type RunningServer, type ServerOptions, startServer } from "./server.ts";
-export { type SandboxRecord, SandboxStore } from "./state.ts";
+export { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
 export { type CreateRequest, newSandboxId, ServeSandboxes } from "./sandboxes.ts";
 export { type AuditEntry, type Caller, ENVD_VERSION } from "./control.ts";
 export { type EgressGrant, narrowEgress, type Narrowing, type NetworkAsk } from "./network.ts";

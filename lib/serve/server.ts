@@ -13,14 +13,11 @@
 import type { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../docker/mod.ts";
 import { type AuditEntry, type Caller, controlApp } from "./control.ts";
-import { envdHttp, error, signedFilesSandbox } from "./envd_http.ts";
-import { envdServices } from "./envd_rpc.ts";
-import type { ConnectFetchHandler } from "./connect.ts";
-import { ProcessTable } from "./processes.ts";
-import { pausedMessage, ServeSandboxes } from "./sandboxes.ts";
-import { sameSecret } from "./secret.ts";
-import { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
-import { streamLimiter, TenantLimits } from "./limits.ts";
+import { error, signedFilesSandbox } from "./envd_http.ts";
+import { EnvdRouter } from "./envd_router.ts";
+import { ServeSandboxes } from "./sandboxes.ts";
+import { ProcessStore, SandboxStore } from "./state.ts";
+import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
@@ -94,13 +91,17 @@ export interface RunningServer {
  */
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   const store = new SandboxStore(options.db);
-  const processes = new ProcessStore(options.journal);
   const sandboxes = new ServeSandboxes(store, {
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
   });
-  const envds = new Map<string, { table: ProcessTable; services: ConnectFetchHandler }>();
+  const envd = new EnvdRouter({
+    sandboxes,
+    processes: new ProcessStore(options.journal),
+    maxBodyBytes: options.maxBodyBytes,
+    maxStreamsPerKey: options.maxStreamsPerKey,
+  });
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
   const limits = new TenantLimits({
@@ -149,7 +150,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
         status: 502,
       });
     }
-    const response = await envdResponse(request, record);
+    const response = await envd.respond(request, record);
     options.audit?.({
       key: record.keyId,
       tenant: record.tenant,
@@ -158,63 +159,6 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       status: response.status,
     });
     return response;
-  };
-  const streamLimit = streamLimiter(options.maxStreamsPerKey);
-  // One sandbox's process table and Connect services, made once per live
-  // sandbox; its processes are let go (never ended) when it stops being live.
-  const envdOf = (
-    record: SandboxRecord,
-  ): { table: ProcessTable; services: ConnectFetchHandler } => {
-    const id = record.id;
-    const live = sandboxes.live(record);
-    const known = envds.get(id);
-    if (known !== undefined && !live.killed.signal.aborted) return known;
-    const table = new ProcessTable(live.sandbox, processes.processes(id));
-    const services = envdServices({
-      table,
-      record,
-      killed: live.killed.signal,
-      maxBodyBytes: options.maxBodyBytes,
-      sandbox: live.sandbox,
-      interceptors: [streamLimit(record.keyId)],
-      paused: () => store.get(id)?.state === "paused" ? pausedMessage(id) : undefined,
-    });
-    const envd = { table, services };
-    envds.set(id, envd);
-    live.killed.signal.addEventListener("abort", () => {
-      table.detach();
-      envds.delete(id);
-    }, { once: true });
-    return envd;
-  };
-  // One sandbox's envd: its plain routes (their own auth), then, with its
-  // access token, its Connect services.
-  const envdResponse = async (request: Request, record: SandboxRecord): Promise<Response> => {
-    const id = record.id;
-    const live = sandboxes.live(record);
-    const target = {
-      sandbox: live.sandbox,
-      accessToken: record.accessToken,
-      paused: record.state === "paused" ? pausedMessage(id) : undefined,
-    };
-    const plain = await envdHttp(request, target);
-    if (plain !== undefined) return plain;
-    const token = request.headers.get("x-access-token");
-    if (token === null || !sameSecret(token, record.accessToken)) {
-      return Response.json({ code: "unauthenticated", message: "Invalid access token" }, {
-        status: 401,
-      });
-    }
-    const envd = envdOf(record);
-    const answered = await envd.services(request);
-    // A killed sandbox's streams are cut, not ended: the SDK then asks
-    // /health, which says the sandbox is gone.
-    if (
-      answered?.body && answered.headers.get("content-type")?.startsWith("application/connect+")
-    ) {
-      return new Response(droppedOnKill(answered.body, live.killed.signal), answered);
-    }
-    return answered ?? noRoute(new URL(request.url).pathname);
   };
   const server = await serveHttp(handler, {
     hostname: options.hostname,
@@ -227,10 +171,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   port = server.addr.port;
   sandboxes.startReaper();
   // Processes a previous server left running go on under this one.
-  for (const id of processes.withProcesses()) {
-    const record = store.get(id);
-    if (record !== undefined && record.state !== "creating") envdOf(record).table.restore();
-  }
+  envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= server.shutdown().finally(() => sandboxes.close());
@@ -252,54 +193,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   };
 }
 
-/**
- * A stream's body that is cut, not ended, when its sandbox is killed: the
- * client sees its connection dropped mid-stream (as a killed E2B sandbox's
- * streams are), and the SDK's health probe then tells it the sandbox is gone.
- *
- * @param body The stream's envelopes.
- * @param killed Aborted when the sandbox is killed.
- * @returns The same bytes until the kill.
- */
-function droppedOnKill(
-  body: ReadableStream<Uint8Array>,
-  killed: AbortSignal,
-): ReadableStream<Uint8Array> {
-  const reader = body.getReader();
-  let drop = (): void => {};
-  return new ReadableStream<Uint8Array>({
-    start(controller): void {
-      drop = () => {
-        controller.error(new Error("The sandbox was killed"));
-        reader.cancel().catch(() => {});
-      };
-      if (killed.aborted) drop();
-      else killed.addEventListener("abort", drop, { once: true });
-    },
-    async pull(controller): Promise<void> {
-      const next = await reader.read().catch((cause) => ({ done: true, cause } as const));
-      // Killed while reading: the stream is already errored, nothing more goes out.
-      if (killed.aborted) return;
-      if (!next.done) {
-        controller.enqueue(next.value);
-        return;
-      }
-      killed.removeEventListener("abort", drop);
-      if ("cause" in next) controller.error(next.cause);
-      else controller.close();
-    },
-    cancel(reason): Promise<void> {
-      killed.removeEventListener("abort", drop);
-      return reader.cancel(reason);
-    },
-  });
-}
-
 const ENVD_HOST = /^49983-([a-z0-9]+)\.(.+)$/;
-
-function noRoute(path: string): Response {
-  return Response.json({ code: "unimplemented", message: `No route '${path}'` }, { status: 404 });
-}
 
 // The sandbox a request is for: the SDK's header, else the envd host name.
 function sandboxIdOf(request: Request, domain: string | undefined): string | undefined {
