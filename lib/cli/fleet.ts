@@ -4,7 +4,8 @@
  *
  * @module
  */
-import { loadConfig } from "../config/config.ts";
+import { loadConfig, loadWaffleConfig } from "../config/config.ts";
+import { listPools } from "../lifecycle/pool.ts";
 import { DockerClient } from "../docker/mod.ts";
 import { UsageError } from "../errors.ts";
 import { listSandboxes, stopSandbox, sweep } from "../lifecycle/fleet.ts";
@@ -22,13 +23,16 @@ Lists this home's sandbox containers (WAFFLE_HOME's, by the state root each
 container's labels name): tenant, user, container id, Docker state, image id,
 the runner (alive, stale, exited, none: judged by its heartbeat changing by
 this host's clock), when its heartbeat last changed, requests open, and idle
-time (since a host last used the sandbox, while none is open), and how many
-workspace snapshots it keeps ('waffle snapshot ls'). A sandbox whose
+time (since a host last used the sandbox, while none is open), how many
+workspace snapshots it keeps ('waffle snapshot ls'), and POOL: the template
+of a warm pool's ready member, or 'taken from T' for a user's sandbox that
+came from one. Then the pools ('[templates.T] warm = N'): how many members
+are ready of the N asked for. A sandbox whose
 state cannot be read says why in PROBLEM; the others are listed all the same.
 
 --all lists every home's containers on the daemon, with a HOME column ('?'
 for a container whose labels name no home). --json gives each sandbox's
-'home' (null when unknown) and 'thisHome' either way.
+'home' (null when unknown) and 'thisHome' either way, and 'pools'.
 `;
 
 /**
@@ -42,9 +46,11 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
   const parsed = parse(args, { json: { type: "boolean" }, all: { type: "boolean" } });
   noPositionals(parsed.positionals);
   const all = parsed.values.all === true;
-  const rows = await listSandboxes(new DockerClient(), { config: loadConfig(), all });
+  const whole = loadWaffleConfig();
+  const rows = await listSandboxes(new DockerClient(), { config: whole.sandbox, all });
+  const pools = listPools(whole.sandbox.home, whole.serve);
   if (parsed.values.json) {
-    await io.stdout(`${JSON.stringify({ sandboxes: rows })}\n`);
+    await io.stdout(`${JSON.stringify({ sandboxes: rows, pools })}\n`);
     return 0;
   }
   const anyProblem = rows.some((row) => row.problem !== undefined);
@@ -52,7 +58,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
     ...(all ? ["HOME"] : []),
     ...["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
   ]];
-  lines[0]!.push("SNAPS");
+  lines[0]!.push("SNAPS", "POOL");
   if (anyProblem) lines[0]!.push("PROBLEM");
   const now = Date.now();
   for (const row of rows) {
@@ -70,10 +76,19 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
       String(row.openRequests),
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
       String(row.snapshots),
+      row.pool === undefined ? "-" : `${row.pool.taken ? "taken from " : ""}${row.pool.template}`,
       ...(anyProblem ? [row.problem ?? "-"] : []),
     ]);
   }
   await io.stdout(table(lines));
+  if (pools.length > 0) {
+    await io.stdout(`\n${
+      table([
+        ["POOL", "IMAGE", "READY", "WARM"],
+        ...pools.map((pool) => [pool.template, pool.image, String(pool.ready), String(pool.warm)]),
+      ])
+    }`);
+  }
   return 0;
 }
 

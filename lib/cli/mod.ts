@@ -81,6 +81,10 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.SNAPSHOT_HELP, run: m.snapshotCommand, nested: true }),
     ),
   }],
+  ["pool", {
+    summary: "fill or drain the warm pools of ready sandboxes",
+    load: lazy(() => import("./pool.ts"), (m) => ({ help: m.POOL_HELP, run: m.poolCommand })),
+  }],
   ["cp", {
     summary: "copy files and directories into or out of a sandbox",
     load: lazy(() => import("./cp.ts"), (m) => ({ help: m.CP_HELP, run: m.cpCommand })),

@@ -110,6 +110,11 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
     maxStreamsPerKey: settings.maxStreamsPerKey,
     grant: config.sandbox,
     configPath: config.path,
+    pools: [...settings.warm].map(([template, warm]) => ({
+      template,
+      warm,
+      image: settings.templates.get(template)!,
+    })),
     audit: (entry) => void audit.append({ time: new Date().toISOString(), ...entry }),
     tls,
     // A cap the config leaves out is lib/http's default (it owns them).

@@ -10,7 +10,7 @@
  * @module
  */
 import { UsageError } from "../errors.ts";
-import { sandboxKey } from "./sandbox_key.ts";
+import { checkId } from "./sandbox_key.ts";
 import { listed, type ResolvedSubject, resolveSubject } from "./subject.ts";
 import { beyond, formatEntry, intersect, mergeEntries } from "./egress_entries.ts";
 import type { EgressEntry, EgressPolicy, SecretConfig } from "./egress_types.ts";
@@ -70,7 +70,8 @@ export type PlannedEgress = "none" | "any" | string[];
  *   both a group and a cron job, or a group or cron job without a server.
  */
 export function egressPolicy(config: EgressConfig, who: EgressSubject): EgressPolicy | undefined {
-  sandboxKey(who.tenant, who.user, { home: "/" });
+  checkId("tenant id", who.tenant);
+  checkId("user id", who.user);
   const { policy } = config;
   if (who.server === undefined) {
     if (who.group !== undefined || who.cron !== undefined) {

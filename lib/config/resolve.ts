@@ -51,9 +51,9 @@ export interface ResolvedSandbox {
  */
 export function resolveSandbox(
   config: WaffleConfig,
-  who: { tenant: string; user: string },
+  who: { tenant: string; user: string; pool?: string | undefined },
 ): ResolvedSandbox {
-  const key = sandboxKey(who.tenant, who.user, { home: config.sandbox.home });
+  const key = sandboxKey(who.tenant, who.user, { home: config.sandbox.home, pool: who.pool });
   return {
     key,
     config: config.sandbox,

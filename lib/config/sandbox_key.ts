@@ -22,7 +22,18 @@ export interface SandboxKey {
    * one daemon can never adopt, recycle or remove each other's containers.
    */
   containerName: string;
+  /**
+   * Set on a warm pool's member only: the template it was made for. Its
+   * tenant is {@linkcode POOL_TENANT}, which no other key may have.
+   */
+  pool?: string;
 }
+
+/**
+ * The tenant of every warm pool member (`lib/lifecycle/pool.ts`): reserved,
+ * so no user's sandbox can be taken for, or take, a pool's.
+ */
+export const POOL_TENANT = "waffle-pool";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$/;
 
@@ -73,14 +84,30 @@ export function checkId(what: string, value: string): string {
  *
  * @param tenant Tenant id.
  * @param user User id.
- * @param options `home`: the `WAFFLE_HOME` the sandbox belongs to.
+ * @param options `home`: the `WAFFLE_HOME` the sandbox belongs to; `pool`: the
+ *   template of a warm pool's member (its tenant is then {@linkcode POOL_TENANT}).
  * @returns The key.
- * @throws {UsageError} When an id has characters outside `A-Z a-z 0-9 . _ @ + -` or is longer than 128.
+ * @throws {UsageError} When an id has characters outside `A-Z a-z 0-9 . _ @ + -` or is longer
+ *   than 128, or the pool tenant is named without `pool` (or another with it).
  */
-export function sandboxKey(tenant: string, user: string, options: { home: string }): SandboxKey {
+export function sandboxKey(
+  tenant: string,
+  user: string,
+  options: { home: string; pool?: string | undefined },
+): SandboxKey {
   checkId("tenant id", tenant);
   checkId("user id", user);
+  if ((tenant === POOL_TENANT) !== (options.pool !== undefined)) {
+    throw new UsageError(
+      options.pool === undefined
+        ? `Tenant id '${tenant}' is reserved for warm pools`
+        : `A pool member's tenant must be '${POOL_TENANT}', found '${tenant}'`,
+    );
+  }
   const hash = sha256Hex(`${tenant.length}:${tenant}|${user.length}:${user}`);
   const home = sha256Hex(options.home).slice(0, 8);
-  return { tenant, user, hash, containerName: `waffle-${home}-${hash.slice(0, 24)}` };
+  const containerName = `waffle-${home}-${hash.slice(0, 24)}`;
+  return options.pool === undefined
+    ? { tenant, user, hash, containerName }
+    : { tenant, user, hash, containerName, pool: options.pool };
 }

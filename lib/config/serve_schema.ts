@@ -67,6 +67,11 @@ export interface ServeSettings {
   tenants: ReadonlyMap<string, TenantLimitSettings>;
   /** `[templates.<name>] image` by template name; `base` is always there. */
   templates: ReadonlyMap<string, string>;
+  /**
+   * `[templates.<name>] warm` by template name, for templates that keep a
+   * warm pool (`warm` > 0): the ready sandboxes to keep (see `lib/lifecycle/pool.ts`).
+   */
+  warm: ReadonlyMap<string, number>;
 }
 
 /** The limits of a tenant `[serve.tenants]` does not list, and of what a listed one leaves out. */
@@ -155,7 +160,15 @@ const serveSchema = z.strictObject({
   tenants: z.optional(z.record(z.string(), tenantSchema)),
 });
 
-const templateSchema = z.strictObject({ image: imageRefSchema });
+/** The most ready sandboxes one template's pool may keep. */
+export const MAX_WARM_PER_TEMPLATE = 64;
+/** The most ready sandboxes every pool of a home may keep together. */
+export const MAX_WARM_TOTAL = 256;
+
+const templateSchema = z.strictObject({
+  image: imageRefSchema,
+  warm: z.optional(z.int().check(z.minimum(0), z.maximum(MAX_WARM_PER_TEMPLATE))),
+});
 
 /** The `[serve]` and `[templates.*]` tables of `waffle.toml`, as zod shapes. */
 export const serveShape = {
@@ -275,8 +288,19 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
     });
   }
   const templates = new Map<string, string>([["base", BASE_TEMPLATE_IMAGE]]);
+  const warm = new Map<string, number>();
   for (const [name, template] of Object.entries(tables.templates ?? {})) {
     templates.set(name, template.image);
+    if ((template.warm ?? 0) > 0) warm.set(name, template.warm!);
+  }
+  const totalWarm = [...warm.values()].reduce((sum, n) => sum + n, 0);
+  if (totalWarm > MAX_WARM_TOTAL) {
+    return {
+      problem: {
+        key: "templates",
+        detail: `the warm pools together must keep <= ${MAX_WARM_TOTAL}, found ${totalWarm}`,
+      },
+    };
   }
   const domain = serve.domain === undefined ? undefined : checkEntry(serve.domain);
   return {
@@ -296,6 +320,7 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
       requestTimeoutSeconds,
       tenants,
       templates,
+      warm,
     },
   };
 }

@@ -433,6 +433,11 @@ export class DockerClient {
     await this.#containerAction(id, "unpause", {}, [204], options);
   }
 
+  /** Renames a container (a warm pool's member taken by a user, see `lib/lifecycle/pool.ts`). */
+  async renameContainer(id: string, name: string, options: RequestOptions = {}): Promise<void> {
+    await this.#containerAction(id, "rename", { name }, [204], options);
+  }
+
   /** Lists containers, optionally stopped ones too, filtered by labels. */
   async listContainers(options: ListOptions = {}): Promise<ContainerSummary[]> {
     const query = { all: options.all ?? false, ...labelFilter(options.labels) };

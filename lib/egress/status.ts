@@ -11,7 +11,7 @@
 import type { DockerClient } from "../docker/mod.ts";
 import { lexists } from "../fs.ts";
 import type { WaffleConfig } from "../config/config.ts";
-import { sandboxKey } from "../config/sandbox_key.ts";
+import { checkId } from "../config/sandbox_key.ts";
 import { formatEntry } from "../config/egress_entries.ts";
 import type { EgressAttachment } from "../config/egress_types.ts";
 import { homeEgress, identityPaths } from "../config/egress_paths.ts";
@@ -109,7 +109,8 @@ export function reloadPolicies(config: WaffleConfig): { id: string; allow: numbe
   const home = config.sandbox.home;
   return policyFiles(home).map(({ id, file }) => {
     const who = file.identity;
-    sandboxKey(who.tenant, who.user, { home });
+    checkId("tenant id", who.tenant);
+    checkId("user id", who.user);
     const policy = egressPolicy(config, {
       tenant: who.tenant,
       user: who.user,

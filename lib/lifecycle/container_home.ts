@@ -65,7 +65,10 @@ export function containerHome(labels: Record<string, string>): ContainerHome {
   const home = dirname(dirname(state));
   let key: SandboxKey;
   try {
-    key = sandboxKey(labels[LABELS.tenant] ?? "", labels[LABELS.user] ?? "", { home });
+    key = sandboxKey(labels[LABELS.tenant] ?? "", labels[LABELS.user] ?? "", {
+      home,
+      pool: labels[LABELS.pool],
+    });
   } catch {
     return {
       home: null,

@@ -28,6 +28,7 @@ import {
   refuseUncoverableVolumes,
 } from "./posture.ts";
 import { outboundMounted, outboundReplaced } from "./outbound_in_place.ts";
+import { readBinding } from "./pool.ts";
 import { removeSetAsideTrees, resetOutbound, stateExists } from "./state_dir.ts";
 
 /**
@@ -180,7 +181,8 @@ export async function ensureContainer(
   const imageId = image.id;
   const spec = containerSpec(key, { config, image, paths });
   const postureHash = spec.postureHash;
-  let container = found;
+  // A pool member taken for this user whose rename did not happen yet.
+  let container = found ?? await takenContainer(docker, paths, spec.name);
   let action: EnsureAction = "reused";
 
   if (container !== null) {
@@ -278,6 +280,21 @@ export async function ensureContainer(
   const pid = await startReady(docker, container.Id, { ...options, before });
   await queue.syncGeneration();
   return { containerId: container.Id, imageId, image, postureHash, pid, action: "started" };
+}
+
+// The container of a pool member taken for this sandbox (its binding is in
+// the host-only root), renamed to the sandbox's name; null when there is none.
+async function takenContainer(
+  docker: DockerClient,
+  paths: StatePaths,
+  name: string,
+): Promise<ContainerInspect | null> {
+  const binding = readBinding(paths.root);
+  if (binding === undefined) return null;
+  const container = await docker.inspectContainer(binding.containerId);
+  if (container === null || !ownedBy(container, paths.root)) return null;
+  await docker.renameContainer(container.Id, name);
+  return await docker.inspectContainer(container.Id);
 }
 
 // The pid of a container's init process after a start (0 when it is gone).

@@ -44,6 +44,7 @@ import { containerSpec, findUncoverableVolume, type ImageFacts, LABELS } from ".
 import { escapeControls } from "../terminal/control_text.ts";
 import { countSnapshots } from "./snapshot_store.ts";
 import { stateExists } from "./state_dir.ts";
+import { readBinding } from "./pool.ts";
 
 /** One sandbox container as `waffle ps` shows it. */
 export interface SandboxStatus {
@@ -87,6 +88,12 @@ export interface SandboxStatus {
   snapshots: number;
   /** Why the sandbox's state could not be read, when it could not. */
   problem?: string;
+  /**
+   * A warm pool's member (`pool.ts`): its template, and whether a user took
+   * it (then `tenant` and `user` are that user's, from the binding in its
+   * host-only state root; else the pool's own).
+   */
+  pool?: { template: string; taken: boolean };
 }
 
 /** What a sandbox's state directory says, as {@linkcode listSandboxes} reports it. */
@@ -194,11 +201,16 @@ export async function listSandboxes(
     } catch (error) {
       view = unreadable(messageOf(error));
     }
+    const template = summary.Labels[LABELS.pool];
+    const binding = template !== undefined && placed.home !== null
+      ? readBinding(statePath)
+      : undefined;
     rows.push({
       home: placed.home,
       thisHome,
-      tenant: summary.Labels[LABELS.tenant] ?? "?",
-      user: summary.Labels[LABELS.user] ?? "?",
+      tenant: binding?.tenant ?? summary.Labels[LABELS.tenant] ?? "?",
+      user: binding?.user ?? summary.Labels[LABELS.user] ?? "?",
+      ...(template === undefined ? {} : { pool: { template, taken: binding !== undefined } }),
       containerId: summary.Id,
       name: (summary.Names[0] ?? "").replace(/^\//, ""),
       state: summary.State,
@@ -356,6 +368,9 @@ async function sweepOne(
 ): Promise<Placed | [SweepAction["action"], string]> {
   const { docker, config } = context;
   if (status.home === null) return ["kept", `labels name no home: ${status.problem}`];
+  // A ready member is idle by design and of its template's config: its
+  // filler judges and replaces it (`pool_fill.ts`).
+  if (status.pool !== undefined && !status.pool.taken) return ["kept", "warm pool member"];
   const placed = placedOf(status, status.home);
   const { paths } = placed;
   if (!status.thisHome && !stateExists(paths.root)) {

@@ -101,6 +101,8 @@ export const LABELS = {
   posture: "waffle.posture",
   created: "waffle.created",
   state: "waffle.state",
+  /** On a warm pool's member: the template it was made for (see `pool.ts`). */
+  pool: "waffle.pool",
 } as const;
 
 /** A container to create, with its identity labels. */
@@ -134,12 +136,17 @@ export function containerSpec(
     image: ImageFacts;
     paths: StatePaths;
     restricted?: { id: string } | undefined;
-    /** A restricted session's own egress; a sandbox's is what its last open recorded. */
+    /**
+     * A restricted session's own egress, or the egress to judge a spec with;
+     * when absent, a sandbox's is what its last open recorded.
+     */
     egress?: ContainerEgress | undefined;
   },
 ): ContainerSpec {
   const { image, paths, restricted } = options;
-  const egress = restricted === undefined ? recordedLaunch(paths.root) : options.egress;
+  // A restricted session's own, or one asked about (a user a pool member
+  // may be taken for); else what the sandbox's last open recorded.
+  const egress = "egress" in options ? options.egress : recordedLaunch(paths.root);
   const imageId = image.id;
   // A restricted session's container: no network, the workspace read-only,
   // a tmpfs home, removed when its runner exits.
@@ -181,6 +188,7 @@ export function containerSpec(
       [LABELS.user]: key.user,
       [LABELS.image]: imageId,
       [LABELS.state]: paths.root,
+      ...(key.pool === undefined ? {} : { [LABELS.pool]: key.pool }),
     },
     HostConfig: {
       Init: true,
@@ -209,10 +217,7 @@ export function containerSpec(
       Privileged: false,
     },
   };
-  // The image is compared by id on its own; the rest is the posture.
-  const { Image: _image, ...posture } = { ...body, Labels: { ...body.Labels } };
-  delete posture.Labels[LABELS.image];
-  const postureHash = sha256Hex(JSON.stringify(posture));
+  const postureHash = sha256Hex(JSON.stringify(identityFree(body, paths)));
   body.Labels = {
     ...body.Labels,
     [LABELS.posture]: postureHash,
@@ -222,6 +227,35 @@ export function containerSpec(
     ? key.containerName
     : `${key.containerName}-r-${restricted.id}`;
   return { name, postureHash, body };
+}
+
+// The posture: the create body without what names the sandbox (its labels,
+// its hostname, where its own state and channel directory lie on the host)
+// and without the image, which is compared by id on its own. Two sandboxes
+// of one config have one posture whoever they belong to, so a warm pool's
+// member fits a user exactly when its posture is the one a cold sandbox of
+// that user would get (`pool.ts`).
+function identityFree(
+  body: ContainerCreateBody,
+  paths: Pick<StatePaths, "root" | "channel">,
+): unknown {
+  const { Image: _image, Hostname: _hostname, Labels: _labels, ...posture } = body;
+  const own: [string, string][] = [
+    [Deno.realPathSync(paths.root), "<state>"],
+    [Deno.realPathSync(paths.channel), "<channel>"],
+  ];
+  const relative = (source: string | undefined): string | undefined => {
+    for (const [dir, name] of own) {
+      if (source === dir) return name;
+      if (source?.startsWith(`${dir}/`)) return `${name}${source.slice(dir.length)}`;
+    }
+    return source;
+  };
+  const mounts = posture.HostConfig?.Mounts?.map((mount) => ({
+    ...mount,
+    Source: relative(mount.Source),
+  }));
+  return { ...posture, HostConfig: { ...posture.HostConfig, Mounts: mounts } };
 }
 
 // A sandbox's own tmpfs mounts: /tmp, the runner's scratch, and a
@@ -562,8 +596,8 @@ function runnerLaunch(
     bind(paths.workspace, "/workspace", options.readOnlyWorkspace, paths.root),
     bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
     // Read-only: the sandbox can connect to a host's socket there, never
-    // replace one.
-    bind(paths.channel, SANDBOX_CHANNEL_DIR, true),
+    // replace one. Named by its real path, as the state's mounts are.
+    bind(Deno.realPathSync(paths.channel), SANDBOX_CHANNEL_DIR, true),
     ...program.mounts,
   ];
   return {
@@ -747,6 +781,9 @@ export function bind(
         `Mount source '${source}' resolves outside the sandbox state '${within}'`,
       );
     }
+    // By its real path: a pool member taken by a user keeps its mounts while
+    // the user's state root names its own (see `pool.ts`), and both name one.
+    return { Type: "bind", Source: real, Target: target, ReadOnly: readOnly };
   }
   return { Type: "bind", Source: source, Target: target, ReadOnly: readOnly };
 }

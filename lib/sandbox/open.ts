@@ -32,6 +32,7 @@ import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "../lifecy
 import { judgedWhilePaused, refuseIfPaused } from "../lifecycle/pause_record.ts";
 import { processesOf, type SandboxProcesses } from "../lifecycle/run.ts";
 import { egressServing, egressTracker } from "./egress_tracker.ts";
+import { renameTaken, takeFromPool } from "./pool_take.ts";
 
 /** Options for {@linkcode openSandbox}. */
 export interface SandboxOptions {
@@ -49,6 +50,12 @@ export interface SandboxOptions {
   docker?: DockerClient;
   /** Fallback poll interval of the queue. */
   pollMs?: number;
+  /**
+   * Opens a warm pool's member of this template (the filler's, see
+   * `pool_fill.ts`): its tenant must be `POOL_TENANT`, and it never takes
+   * from a pool itself.
+   */
+  pool?: string;
 }
 
 /** A user's sandbox: the {@linkcode Backend}, its identity, and `run`/`spawn` (`run.ts`). */
@@ -65,6 +72,8 @@ export interface Sandbox extends Backend, SandboxProcesses {
   readonly volume: VolumeStatus | undefined;
   /** Files in and out of the sandbox, streamed (`lib/files/mod.ts`). */
   readonly files: SandboxFiles;
+  /** Set when this open took the sandbox from a warm pool: the pool's template. */
+  readonly pooled: { template: string } | undefined;
 }
 
 /**
@@ -85,9 +94,18 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     return loadWaffleConfig({ overrides: { ...overrides, ...options.narrow(loaded.sandbox) } });
   };
   const whole = load();
-  const resolved = resolveSandbox(whole, { tenant: options.tenant ?? "default", user });
+  const resolved = resolveSandbox(whole, {
+    tenant: options.tenant ?? "default",
+    user,
+    pool: options.pool,
+  });
   const { key, config } = resolved;
   const paths = statePaths(config.home, key);
+  const endpoint = options.docker?.endpoint ?? parseDockerHost(dockerHostEnv());
+  // A new user's first open takes a warm pool's member when one fits.
+  const taken = options.pool === undefined ? takeFromPool(resolved, paths) : undefined;
+  // Its container still has the member's name; renamed before the first use.
+  let renaming = taken === undefined ? undefined : renameTaken(endpoint, taken, key);
   // The host's half only; the volume and the runner's directory are made
   // under the lock, by ensure.
   Deno.mkdirSync(paths.root, { recursive: true, mode: 0o700 });
@@ -109,7 +127,6 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   // The Docker client (docker-modem) and the full ensure load only when a
   // warm check fails: a warm submission needs neither.
   let docker = options.docker;
-  const endpoint = options.docker?.endpoint ?? parseDockerHost(dockerHostEnv());
   let lastEnsure: Ensured | undefined;
   let volume: VolumeStatus | undefined;
   const ensureLocked = async (
@@ -117,6 +134,11 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     imageAsked?: Promise<string | undefined>,
   ): Promise<void> => {
     mark("lock held");
+    if (renaming !== undefined) {
+      // Not renamed: the full ensure renames it (see ensure.ts).
+      if (!await renaming) writeWarm(paths.root, undefined);
+      renaming = undefined;
+    }
     // A paused sandbox takes nothing: failed here, never queued for later.
     refuseIfPaused(paths.root, key);
     const egress = currentEgress();
@@ -195,6 +217,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const sandbox = {
     key,
     paths,
+    pooled: taken === undefined ? undefined : { template: taken.member.template },
     channelDir: paths.channel,
     config,
     queue,

@@ -15,6 +15,7 @@ import { withLock } from "../lifecycle/lock.ts";
 import { hostCanChown, SANDBOX_UID } from "../lifecycle/posture.ts";
 import { removeVolume } from "../lifecycle/quota.ts";
 import { purgeState } from "../lifecycle/state_dir.ts";
+import { resolveTaken } from "../lifecycle/pool.ts";
 import { writeWarm } from "../lifecycle/warm.ts";
 import { clearPause } from "../lifecycle/pause_record.ts";
 
@@ -55,8 +56,11 @@ export async function removeSandbox(
       clearPause(paths.root);
       return removed;
     }
-    await removeVolume(paths.root);
-    const egress = recordedLaunch(paths.root);
+    // A sandbox taken from a warm pool: its state is the member's, its own
+    // root and channel directory are links to it.
+    const { paths: lying, links } = resolveTaken(paths);
+    await removeVolume(lying.root);
+    const egress = recordedLaunch(lying.root);
     if (egress !== undefined) {
       // Loaded here, for a sandbox that had egress only.
       const { forgetIdentity } = await import("../egress/policy_writer.ts");
@@ -64,7 +68,8 @@ export async function removeSandbox(
     }
     // Never a recursive delete in this process: the workspace and outbound/
     // are trees the sandbox shaped (see remove_tree.ts).
-    await purgeState(paths);
+    await purgeState(lying);
+    for (const link of links) Deno.removeSync(link);
     return removed;
   });
 }

@@ -44,6 +44,8 @@ export interface ServeSandboxesOptions {
   docker: DockerClient;
   /** The config file the server read, so its sandboxes read the same one (absent: the home's). */
   configPath?: string | undefined;
+  /** Told when a create took a warm pool's member (its keeper refills). */
+  onTaken?: (template: string) => void;
   /** Clock (tests). */
   now?: () => number;
 }
@@ -136,6 +138,8 @@ export class ServeSandboxes {
     this.#store.insert(record);
     try {
       const live = this.#open(record);
+      const pooled = live.sandbox.pooled;
+      if (pooled !== undefined) this.#options.onTaken?.(pooled.template);
       await live.sandbox.ensure();
       this.#store.setState(record.id, "running");
       return { ...record, state: "running" };

@@ -16,6 +16,7 @@ import { type AuditEntry, type Caller, controlApp } from "./control.ts";
 import { error, signedFilesSandbox } from "./envd_http.ts";
 import { EnvdRouter } from "./envd_router.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
+import { keepPools, type PoolTarget } from "../sandbox/pool_fill.ts";
 import { ProcessStore, SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
@@ -54,6 +55,8 @@ export interface ServerOptions {
   grant: EgressGrant;
   /** The config file the server read, for its sandboxes (absent: the home's). */
   configPath?: string | undefined;
+  /** The warm pools to keep filled (`[templates.<name>] warm`). */
+  pools?: readonly PoolTarget[] | undefined;
   /** Streams (commands, re-attaches, watches) the sandboxes of one key may hold open at once. */
   maxStreamsPerKey: number;
   /** Records each API call. */
@@ -91,10 +94,19 @@ export interface RunningServer {
  */
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   const store = new SandboxStore(options.db);
+  const pools = options.pools === undefined || options.pools.length === 0
+    ? undefined
+    : keepPools(options.home, options.pools, {
+      configPath: options.configPath,
+      docker: options.docker,
+      onError: options.onEvent,
+    });
   const sandboxes = new ServeSandboxes(store, {
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
+    // A take is refilled at once, not at the next round.
+    ...(pools === undefined ? {} : { onTaken: () => pools.poke() }),
   });
   const envd = new EnvdRouter({
     sandboxes,
@@ -174,7 +186,10 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
-    stopping ??= server.shutdown().finally(() => sandboxes.close());
+    stopping ??= server.shutdown().finally(async () => {
+      sandboxes.close();
+      await pools?.stop();
+    });
     return stopping;
   };
   const { promise: finished, resolve: finish } = Promise.withResolvers<void>();
