@@ -15,12 +15,16 @@ import type { ContainerSummary } from "../lib/docker/types.ts";
 import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
+import { fillPool } from "../lib/sandbox/pool_fill.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import type { SubmitOptions } from "../lib/queue/queue.ts";
 import { runCliProcess, text, waitFor } from "./_helpers.ts";
 
 /** The runner image the live tests use (`WAFFLE_IMAGE` is honoured by the config too). */
 export const TEST_IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest";
+
+/** The template of a test home's warm pool (`tempHome(…, { pool })`). */
+export const TEST_POOL = "pooled";
 
 /** A command's outcome with its output as text. */
 export interface Ran {
@@ -121,9 +125,31 @@ export async function removeHomeContainers(docker: DockerClient, home: string): 
  * @param config Written to `waffle.toml` (snake_case `[sandbox]` keys) when given.
  * @returns The home; dispose it in a `finally` (or `await using`).
  */
-export async function tempHome(docker: DockerClient, config?: HomeConfig): Promise<TestHome> {
+export async function tempHome(
+  docker: DockerClient,
+  config?: HomeConfig,
+  options: { pool?: number } = {},
+): Promise<TestHome> {
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-live-" }));
-  if (config !== undefined) await Deno.writeTextFile(`${home}/waffle.toml`, sandboxToml(config));
+  if (config !== undefined || options.pool !== undefined) {
+    const pool = options.pool === undefined
+      ? ""
+      : `\n[templates.${TEST_POOL}]\nimage = ${
+        JSON.stringify(TEST_IMAGE)
+      }\nwarm = ${options.pool}\n`;
+    await Deno.writeTextFile(`${home}/waffle.toml`, sandboxToml(config ?? {}) + pool);
+  }
+  if (options.pool !== undefined) {
+    // Every sandbox this home opens is then taken from the pool while it lasts.
+    const report = await fillPool(home, {
+      template: TEST_POOL,
+      image: TEST_IMAGE,
+      warm: options.pool,
+    }, { configPath: `${home}/waffle.toml`, docker });
+    if (report.ready !== options.pool) {
+      throw new Error(`Pool not filled: ${JSON.stringify(report)}`);
+    }
+  }
   const opened: Sandbox[] = [];
   return {
     home,

@@ -13,6 +13,7 @@ import {
   containerSpec,
   imageVolumeMasks,
   LABELS,
+  postureHashOf,
   refuseUncoverableVolumes,
   SANDBOX_UID,
   uncoverableVolume,
@@ -20,10 +21,8 @@ import {
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { prepareState } from "../lib/lifecycle/state_dir.ts";
 import type { ContainerCreateBody } from "../lib/docker/mod.ts";
-import { createHash } from "node:crypto";
 
 const QUOTA = 16 * 1024 * 1024;
-const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
 
 Deno.test("sandboxKey() is deterministic and length-prefixed, so ids never collide", () => {
   const home = { home: "/var/lib/waffle" };
@@ -367,12 +366,24 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
       assert.notEqual(other.postureHash, base.postureHash, JSON.stringify(change));
     }
     // The untouched body hashes to the label, so the tweaks below prove each field counts.
+    assert.equal(postureHashOf(base.body, paths), base.postureHash);
+    // Who it belongs to is no part of it: another user's sandbox (its own
+    // labels, hostname, state root and channel directory) has the same
+    // posture, which a warm pool's take relies on.
     {
-      const { Image: _image, ...body } = structuredClone(base.body);
-      for (const label of [LABELS.posture, LABELS.created, LABELS.image]) {
-        delete body.Labels![label];
-      }
-      assert.equal(sha256(JSON.stringify(body)), base.postureHash);
+      const other = sandboxKey("t2", "someone-else", { home });
+      const otherPaths = statePaths(home, other);
+      await prepareState(otherPaths, { quotaBytes: QUOTA });
+      Deno.mkdirSync(otherPaths.channel, { recursive: true });
+      const spec = containerSpec(other, {
+        config,
+        image: { id: "sha256:aa", env: [], workingDir: "", volumes: [] },
+        paths: otherPaths,
+      });
+      assert.notEqual(spec.body.Labels?.[LABELS.state], base.body.Labels?.[LABELS.state]);
+      assert.notEqual(spec.body.Hostname, base.body.Hostname);
+      assert.equal(spec.postureHash, base.postureHash);
+      await removeVolume(otherPaths.root);
     }
     // Every field of the create body counts, including ones no list names.
     for (
@@ -383,14 +394,12 @@ Deno.test("containerSpec() posture hash changes with every security setting, not
         (b: ContainerCreateBody) => b.HostConfig!.MemorySwap = -1,
         (b: ContainerCreateBody) => b.StopTimeout = 1,
         (b: ContainerCreateBody) => b.HostConfig!.Tmpfs = { "/var/tmp": "rw" },
+        (b: ContainerCreateBody) => b.HostConfig!.Mounts![0]!.Source = "/etc",
       ]
     ) {
-      const { Image: _image, ...body } = structuredClone(base.body);
-      tweak(body as ContainerCreateBody);
-      for (const label of [LABELS.posture, LABELS.created, LABELS.image]) {
-        delete body.Labels![label];
-      }
-      assert.notEqual(sha256(JSON.stringify(body)), base.postureHash, tweak.toString());
+      const body = structuredClone(base.body);
+      tweak(body);
+      assert.notEqual(postureHashOf(body, paths), base.postureHash, tweak.toString());
     }
   } finally {
     await removeVolume(statePaths(home, sandboxKey("t", "u", { home })).root);

@@ -58,7 +58,8 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
     ...(all ? ["HOME"] : []),
     ...["TENANT", "USER", "CONTAINER", "STATE", "IMAGE", "RUNNER", "HEARTBEAT", "OPEN", "IDLE"],
   ]];
-  lines[0]!.push("SNAPS", "POOL");
+  const anyPool = rows.some((row) => row.pool !== undefined);
+  lines[0]!.push("SNAPS", ...(anyPool ? ["POOL"] : []));
   if (anyProblem) lines[0]!.push("PROBLEM");
   const now = Date.now();
   for (const row of rows) {
@@ -76,7 +77,13 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
       String(row.openRequests),
       row.idleMs === null ? "-" : `${Math.round(row.idleMs / 1000)} s`,
       String(row.snapshots),
-      row.pool === undefined ? "-" : `${row.pool.taken ? "taken from " : ""}${row.pool.template}`,
+      ...(anyPool
+        ? [
+          row.pool === undefined
+            ? "-"
+            : `${row.pool.taken ? "taken from " : ""}${row.pool.template}`,
+        ]
+        : []),
       ...(anyProblem ? [row.problem ?? "-"] : []),
     ]);
   }

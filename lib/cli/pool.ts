@@ -6,6 +6,7 @@
  */
 import { absoluteConfigPath, loadWaffleConfig } from "../config/config.ts";
 import { UsageError } from "../errors.ts";
+import { listPools } from "../lifecycle/pool.ts";
 import { drainPool, fillPool, type FillReport, type PoolTarget } from "../sandbox/pool_fill.ts";
 import { noPositionals, numberFlag, parse, stringFlag } from "./args.ts";
 import type { CliIo } from "./io.ts";
@@ -63,12 +64,13 @@ export async function poolCommand(args: string[], io: CliIo): Promise<number> {
   const whole = loadWaffleConfig({ configPath });
   const home = whole.sandbox.home;
   const only = stringFlag(parsed, "template");
-  if (only !== undefined && !whole.serve.templates.has(only)) {
+  if (only !== undefined && !listPools(home, whole.serve).some((p) => p.template === only)) {
     throw new UsageError(`Unknown template '${only}': name one of [templates.*]`);
   }
   const json = parsed.values.json === true;
   if (command === "drain") {
-    const names = only === undefined ? [...whole.serve.templates.keys()] : [only];
+    // With no --template: every pool of the home, also one the config no longer names.
+    const names = only === undefined ? listPools(home, whole.serve).map((p) => p.template) : [only];
     let removed = 0;
     for (const template of names) removed += await drainPool(home, template, { configPath });
     await io.stdout(json ? `${JSON.stringify({ removed })}\n` : `removed ${removed}\n`);

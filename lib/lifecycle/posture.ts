@@ -217,7 +217,7 @@ export function containerSpec(
       Privileged: false,
     },
   };
-  const postureHash = sha256Hex(JSON.stringify(identityFree(body, paths)));
+  const postureHash = postureHashOf(body, paths);
   body.Labels = {
     ...body.Labels,
     [LABELS.posture]: postureHash,
@@ -229,12 +229,25 @@ export function containerSpec(
   return { name, postureHash, body };
 }
 
-// The posture: the create body without what names the sandbox (its labels,
-// its hostname, where its own state and channel directory lie on the host)
-// and without the image, which is compared by id on its own. Two sandboxes
-// of one config have one posture whoever they belong to, so a warm pool's
-// member fits a user exactly when its posture is the one a cold sandbox of
-// that user would get (`pool.ts`).
+/**
+ * The posture hash of a create body: SHA-256 of the body without what names
+ * the sandbox (its labels, its hostname, where its own state and channel
+ * directory lie on the host) and without the image, which is compared by id
+ * on its own. Two sandboxes of one config have one posture whoever they
+ * belong to, so a warm pool's member fits a user exactly when its posture is
+ * the one a cold sandbox of that user would get (`pool.ts`).
+ *
+ * @param body The create body.
+ * @param paths The sandbox's state root and channel directory (they exist).
+ * @returns The hex hash.
+ */
+export function postureHashOf(
+  body: ContainerCreateBody,
+  paths: Pick<StatePaths, "root" | "channel">,
+): string {
+  return sha256Hex(JSON.stringify(identityFree(body, paths)));
+}
+
 function identityFree(
   body: ContainerCreateBody,
   paths: Pick<StatePaths, "root" | "channel">,

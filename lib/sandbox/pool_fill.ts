@@ -162,6 +162,7 @@ async function makeMember(
       pool: target.template,
       docker,
       config: {
+        home,
         image: target.image,
         ...(options.configPath === undefined ? {} : { configPath: options.configPath }),
       },
