@@ -34,6 +34,7 @@ import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
 import { serveSection } from "./serve_bench.ts";
+import { poolSection } from "./pool_bench.ts";
 import { snapshotSection } from "./snapshot_bench.ts";
 import { applyTargets, checkExitCode, judge, loadBudgets, renderCheck } from "./budgets.ts";
 import { type BenchContext, Cleanup, type Section } from "./section.ts";
@@ -52,6 +53,7 @@ export const SECTIONS: readonly Section[] = [
   imageSection,
   egressSection,
   serveSection,
+  poolSection,
 ];
 
 /**

@@ -6,6 +6,9 @@
  * - `e2b_create`: `Sandbox.create("base")` to the first `commands.run("true")`
  *   result, against `e2b_docker_run_cold`: create + start + wait + remove of
  *   `true` in the same image through the Engine API (as `docker_run_cold`);
+ * - `e2b_create_warm`: the same from template `warm`, whose warm pool of 4
+ *   the server refills (waited for, untimed, before each sample), against
+ *   the same `e2b_docker_run_cold`;
  * - `e2b_run`: `commands.run("true")` on a live sandbox, against
  *   `e2b_docker_exec_cli`: `docker exec C true` into that sandbox's container
  *   with the docker CLI, and against the CLI section's `library_submit_warm`
@@ -20,6 +23,7 @@ import { join } from "node:path";
 import { Sandbox } from "e2b";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { DockerClient } from "../lib/docker/mod.ts";
+import { readyMembers } from "../lib/lifecycle/pool.ts";
 import { installedWaffle } from "./cli_bench.ts";
 import { runCold } from "./docker_bench.ts";
 import type { BenchContext, Section } from "./section.ts";
@@ -28,6 +32,7 @@ import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./s
 /** Case names of this section. */
 export const SERVE_CASES = [
   "e2b_create",
+  "e2b_create_warm",
   "e2b_docker_run_cold",
   "e2b_run",
   "e2b_docker_exec_cli",
@@ -40,6 +45,7 @@ const FILE_BYTES = 64 * 1024 * 1024;
 // Cold starts vary by about 10% between runs: nine make a steadier p50 than five.
 const CREATES_MAX = 9;
 const FILES_MAX = 3;
+const WARM_POOL = 4;
 
 /** The serve section. */
 export const serveSection: Section = {
@@ -61,6 +67,10 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
   const home = join(context.root, "serve-home");
   await Deno.mkdir(home, { recursive: true });
   const env = { ...Deno.env.toObject(), WAFFLE_HOME: home };
+  await Deno.writeTextFile(
+    join(home, "waffle.toml"),
+    `[templates.warm]\nimage = "${BASE}"\nwarm = ${WARM_POOL}\n`,
+  );
   const key = await output(waffle, ["serve", "key", "create", "--tenant", "bench"], env);
   const server = await startServe(waffle, env);
   context.cleanup.add(async () => {
@@ -91,6 +101,15 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
       await runCold(docker, image.id, `waffle-bench-e2b-${i}-${Date.now()}`),
     );
     context.progress.step("e2b_create + e2b_docker_run_cold", i + 1, creates);
+  }
+  for (let i = 0; i < creates && context.wants("e2b_create_warm"); i++) {
+    await untilReady(home, "warm", WARM_POOL);
+    const t0 = now();
+    const sandbox = await Sandbox.create("warm", options);
+    await sandbox.commands.run("true");
+    add("e2b_create_warm", now() - t0);
+    made.push(sandbox);
+    context.progress.step("e2b_create_warm", i + 1, creates);
   }
   if (made.length === 0) made.push(await Sandbox.create("base", options));
   const live = made[0]!;
@@ -134,6 +153,11 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
     results.find((r) => r.name === name) ?? context.results.find((r) => r.name === name);
   const ratios = [
     ratioOf("e2b_create / e2b_docker_run_cold", find("e2b_create"), find("e2b_docker_run_cold")),
+    ratioOf(
+      "e2b_create_warm / e2b_docker_run_cold",
+      find("e2b_create_warm"),
+      find("e2b_docker_run_cold"),
+    ),
     ratioOf("e2b_run / e2b_docker_exec_cli", find("e2b_run"), find("e2b_docker_exec_cli")),
     ratioOf("e2b_run / library_submit_warm", find("e2b_run"), find("library_submit_warm")),
     // Throughput against docker cp's: the time ratio the other way round.
@@ -175,4 +199,13 @@ async function startServe(
   }
   reader.releaseLock();
   return { url: JSON.parse(text.slice(0, text.indexOf("\n"))).url, child };
+}
+
+// Waits (bounded) until the server's keeper has refilled a pool.
+async function untilReady(home: string, template: string, count: number): Promise<void> {
+  const deadline = Date.now() + 120_000;
+  while (readyMembers(home, template).length < count) {
+    if (Date.now() > deadline) throw new Error(`Pool '${template}' did not refill to ${count}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
 }

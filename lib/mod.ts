@@ -46,6 +46,14 @@ export {
 } from "./lifecycle/mod.ts";
 export { openSandbox, removeSandbox, type Sandbox, type SandboxOptions } from "./sandbox/mod.ts";
 export {
+  drainPool,
+  fillPool,
+  type FillReport,
+  keepPools,
+  type PoolKeeper,
+  type PoolTarget,
+} from "./sandbox/mod.ts";
+export {
   launchable,
   type LaunchPlan,
   openHostServer,

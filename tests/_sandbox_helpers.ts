@@ -26,6 +26,21 @@ export const TEST_IMAGE = Deno.env.get("WAFFLE_IMAGE") || "waffle-runner:latest"
 /** The template of a test home's warm pool (`tempHome(…, { pool })`). */
 export const TEST_POOL = "pooled";
 
+/** The pool every `tempHome` of this test module fills when not told otherwise. */
+let defaultPool: number | undefined;
+
+/**
+ * Makes every later `tempHome` of this test module (its own isolate) fill a
+ * warm pool of `size`, so each sandbox it opens is taken from the pool while
+ * it lasts: the hostile suites run again on pooled sandboxes this way
+ * (`hostile_pooled_test.ts`).
+ *
+ * @param size The pool's count.
+ */
+export function poolEveryHome(size: number): void {
+  defaultPool = size;
+}
+
 /** A command's outcome with its output as text. */
 export interface Ran {
   result: ExecResult;
@@ -128,8 +143,9 @@ export async function removeHomeContainers(docker: DockerClient, home: string): 
 export async function tempHome(
   docker: DockerClient,
   config?: HomeConfig,
-  options: { pool?: number } = {},
+  options: { pool?: number | undefined } = {},
 ): Promise<TestHome> {
+  options = { pool: defaultPool, ...options };
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-live-" }));
   if (config !== undefined || options.pool !== undefined) {
     const pool = options.pool === undefined

@@ -18,7 +18,22 @@ export {
 export { type ContainerHome, containerHome, homeMatcher } from "./container_home.ts";
 export { stateLayout, type StatePaths, statePaths } from "./identity.ts";
 export { type SandboxKey, sandboxKey } from "../config/sandbox_key.ts";
-export { withLock } from "./lock.ts";
+export { tryLock, withLock } from "./lock.ts";
+export {
+  dropMarker,
+  listPools,
+  markReady,
+  memberKey,
+  type PoolBinding,
+  type PoolMember,
+  type PoolStatus,
+  readBinding,
+  readyMembers,
+  resolveTaken,
+  servingRecord,
+  takeMember,
+  type TakenMember,
+} from "./pool.ts";
 export {
   bind,
   type ContainerSpec,

@@ -9,3 +9,12 @@
 export { openSandbox, type Sandbox, type SandboxOptions } from "./open.ts";
 export { openRestricted, type RestrictedOptions, type RestrictedSandbox } from "./restricted.ts";
 export { removeSandbox } from "./remove.ts";
+export {
+  drainPool,
+  type FillOptions,
+  fillPool,
+  type FillReport,
+  keepPools,
+  type PoolKeeper,
+  type PoolTarget,
+} from "./pool_fill.ts";

@@ -19,7 +19,7 @@
  */
 import { loadWaffleConfig } from "../config/config.ts";
 import { POOL_TENANT } from "../config/sandbox_key.ts";
-import { DockerClient } from "../docker/client.ts";
+import type { DockerClient } from "../docker/client.ts";
 import { messageOf } from "../queue/connection.ts";
 import { UsageError } from "../errors.ts";
 import { join } from "../path.ts";
@@ -104,7 +104,7 @@ export async function fillPool(
   if (release === undefined) return report;
   try {
     report.ran = true;
-    const docker = options.docker ?? new DockerClient();
+    const docker = options.docker ?? await newDockerClient();
     const quotaBytes = loadWaffleConfig({ configPath: options.configPath }).sandbox.quotaBytes;
     let ready = 0;
     for (const member of readyMembers(home, target.template)) {
@@ -249,7 +249,7 @@ export async function drainPool(
     throw new UsageError(`Pool '${template}' is being filled by another process; try again`);
   }
   try {
-    const docker = options.docker ?? new DockerClient();
+    const docker = options.docker ?? await newDockerClient();
     let removed = 0;
     for (const member of readyMembers(home, template)) {
       if (!dropMarker(home, member)) continue;
@@ -328,4 +328,9 @@ export function keepPools(
       await loop;
     },
   };
+}
+
+// Loaded on use: the library's module graph carries no Docker client until one is needed.
+async function newDockerClient(): Promise<DockerClient> {
+  return new (await import("../docker/client.ts")).DockerClient();
 }

@@ -70,6 +70,8 @@ export async function removeSandbox(
     // are trees the sandbox shaped (see remove_tree.ts).
     await purgeState(lying);
     for (const link of links) Deno.removeSync(link);
+    // The member's own lock: nothing takes it once the member was taken.
+    if (links.length > 0) await Deno.remove(lying.lock).catch(() => {});
     return removed;
   });
 }
