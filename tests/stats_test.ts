@@ -16,6 +16,7 @@ import { liveTest } from "./_docker_gate.ts";
 import { asCommand, bothWays, containerOf } from "./_hostile_helpers.ts";
 import { runOk, tempHome } from "./_sandbox_helpers.ts";
 import { text } from "./_helpers.ts";
+import { selfCommand } from "../lib/config/self.ts";
 
 const MIB = 1024 ** 2;
 const HOME_CONFIG = { memoryBytes: 512 * MIB, tmpBytes: 256 * MIB, pidsLimit: 64 };
@@ -188,4 +189,51 @@ bothWays("cannot make stats lie, hang or blow up", async (docker, attacker) => {
   const again = await sandbox.stats();
   assert.equal(again.containerId, id);
   assert.ok(again.memory !== null && again.memory.currentBytes < HOME_CONFIG.memoryBytes);
+});
+
+liveTest("ps --stats and top --once --json report each sandbox's costs", async (docker) => {
+  await using home = await tempHome(docker, HOME_CONFIG);
+  const sandbox = home.open("stats-cli");
+  const id = await ready(sandbox);
+  const ps = await home.cli(["ps", "--stats", "--json"]);
+  assert.equal(ps.code, 0, ps.stderr);
+  const listed = JSON.parse(ps.stdout).sandboxes as { containerId: string; stats: unknown }[];
+  const mine = listed.find((row) => row.containerId === id)?.stats as {
+    memory: { currentBytes: number; limitBytes: number };
+    cpu: { share: number | null };
+  };
+  assert.equal(mine.memory.limitBytes, HOME_CONFIG.memoryBytes);
+  assert.ok(mine.memory.currentBytes > 0 && mine.cpu.share !== null);
+  const top = await home.cli(["top", "--once", "--json"]);
+  assert.equal(top.code, 0, top.stderr);
+  assert.equal(top.stdout.trim().split("\n").length, 1, "one object with --once");
+  const screen = JSON.parse(top.stdout) as { sandboxes: { stats: { pids: { limit: number } } }[] };
+  assert.equal(screen.sandboxes[0]?.stats.pids.limit, HOME_CONFIG.pidsLimit);
+  const table = await home.cli(["ps", "--stats"]);
+  assert.match(table.stdout.split("\n")[0]!, /CPU%\s+CPU TIME\s+MEM\s+PEAK\s+PIDS\s+DISK/);
+});
+
+liveTest("top refreshes until Ctrl-C and then exits 0", async (docker) => {
+  await using home = await tempHome(docker, HOME_CONFIG);
+  const self = selfCommand();
+  const child = new Deno.Command(self.executable, {
+    args: [...self.prefix, "top", "--interval", "0.2"],
+    env: { WAFFLE_HOME: home.home },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stdout.getReader();
+  let seen = "";
+  // Two screens: it refreshes.
+  for (let reads = 0; reads < 200 && seen.split("TENANT").length < 3; reads++) {
+    const chunk = await reader.read();
+    if (chunk.done) break;
+    seen += text(chunk.value);
+  }
+  assert.ok(seen.split("TENANT").length >= 3, seen);
+  child.kill("SIGINT");
+  reader.releaseLock();
+  const out = await child.output();
+  assert.equal(out.code, 0, text(out.stderr));
 });
