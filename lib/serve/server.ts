@@ -21,6 +21,14 @@ import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
+import { MetricsRing } from "./metrics_ring.ts";
+import {
+  COMMAND_BUCKETS,
+  CREATE_BUCKETS,
+  Histogram,
+  type PoolSize,
+  prometheusText,
+} from "./prometheus.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -68,6 +76,10 @@ export interface ServerOptions {
   signal?: AbortSignal;
   /** Called once listening, with the address. */
   onListen?: (address: { hostname: string; port: number }) => void;
+  /** The warm pools' sizes, for `GET /metrics` (absent: no pools). */
+  poolSizes?: (() => PoolSize[]) | undefined;
+  /** How often each sandbox's costs are sampled for E2B's metrics, in ms (tests). */
+  metricsIntervalMs?: number | undefined;
 }
 
 /** A running server. */
@@ -91,16 +103,27 @@ export interface RunningServer {
  */
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   const store = new SandboxStore(options.db);
+  const latency = {
+    create: new Histogram(CREATE_BUCKETS),
+    command: new Histogram(COMMAND_BUCKETS),
+  };
   const sandboxes = new ServeSandboxes(store, {
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
+    onCreated: (tenant, seconds) => latency.create.observe(tenant, seconds),
   });
   const envd = new EnvdRouter({
     sandboxes,
     processes: new ProcessStore(options.journal),
     maxBodyBytes: options.maxBodyBytes,
     maxStreamsPerKey: options.maxStreamsPerKey,
+    onCommandExit: (tenant, seconds) => latency.command.observe(tenant, seconds),
+  });
+  const ring = new MetricsRing({
+    sandboxes,
+    resources: options.resources,
+    ...(options.metricsIntervalMs === undefined ? {} : { intervalMs: options.metricsIntervalMs }),
   });
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
@@ -119,6 +142,17 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     maxBodyBytes: options.maxBodyBytes,
     grant: options.grant,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
+    metrics: ring,
+    prometheus: (tenant) =>
+      prometheusText(tenant, {
+        records: store.list(tenant),
+        ...latency,
+        latest: (id) => ring.latest(id),
+        rootOf: (record) => sandboxes.live(record).sandbox.paths.root,
+        // Loaded on a scrape: a server nobody scrapes never loads the egress modules.
+        egress: async (id) => (await import("../egress/status.ts")).egressCounts(options.home, id),
+        poolSizes: options.poolSizes,
+      }),
   });
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
@@ -170,11 +204,15 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   });
   port = server.addr.port;
   sandboxes.startReaper();
+  ring.start();
   // Processes a previous server left running go on under this one.
   envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
-    stopping ??= server.shutdown().finally(() => sandboxes.close());
+    stopping ??= server.shutdown().finally(() => {
+      ring.stop();
+      sandboxes.close();
+    });
     return stopping;
   };
   const { promise: finished, resolve: finish } = Promise.withResolvers<void>();
