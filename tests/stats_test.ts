@@ -15,7 +15,8 @@ import type { Sandbox } from "../lib/sandbox/open.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { asCommand, bothWays, containerOf } from "./_hostile_helpers.ts";
 import { runOk, tempHome } from "./_sandbox_helpers.ts";
-import { text } from "./_helpers.ts";
+import { delay, text } from "./_helpers.ts";
+import { egressHome, sh as egressSh } from "./_egress_sandbox.ts";
 import { selfCommand } from "../lib/config/self.ts";
 
 const MIB = 1024 ** 2;
@@ -237,3 +238,31 @@ liveTest("top refreshes until Ctrl-C and then exits 0", async (docker) => {
   const out = await child.output();
   assert.equal(out.code, 0, text(out.stderr));
 });
+
+liveTest(
+  "stats() of a sandbox attached to egress counts its connections and bytes",
+  async (docker) => {
+    await using world = await egressHome(docker, {
+      config: (w) => ({ egress: [w.entry("api")] }),
+    });
+    const sandbox = world.home.open("stats-egress");
+    const api = `https://${world.entry("api")}/bytes/30000`;
+    const denied = `https://${world.entry("denied")}/`;
+    const ok = await egressSh(sandbox, `curl -sf -o /dev/null ${api}`);
+    assert.equal(ok.code, 0, ok.stderr);
+    assert.notEqual((await egressSh(sandbox, `curl -sf -o /dev/null ${denied}`)).code, 0);
+    // Counted when each connection closes, as its audit line is written.
+    let stats = await sandbox.stats();
+    for (let tries = 0; tries < 50 && (stats.network?.denied ?? 0) < 1; tries++) {
+      await delay(100);
+      stats = await sandbox.stats();
+    }
+    const lines = world.audit().filter((line) => line.user === "stats-egress");
+    assert.ok(stats.network !== null, stats.problems.join("; "));
+    assert.equal(stats.network.allowed, 1);
+    assert.equal(stats.network.denied, 1);
+    assert.equal(stats.network.bytesUp, lines.reduce((sum, line) => sum + line.bytesUp, 0));
+    assert.equal(stats.network.bytesDown, lines.reduce((sum, line) => sum + line.bytesDown, 0));
+    assert.ok(stats.network.bytesDown >= 30_000);
+  },
+);
