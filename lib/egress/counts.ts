@@ -22,6 +22,32 @@ export interface EgressCounts {
 }
 
 /**
+ * Counts of nothing yet.
+ *
+ * @returns All zero.
+ */
+export function zeroCounts(): EgressCounts {
+  return { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 };
+}
+
+/**
+ * Counts one connection, at its end, into each of `into`.
+ *
+ * @param into The counts to add to (an identity's and the totals).
+ * @param line The connection's decision and bytes, as its audit line has them.
+ */
+export function addCounts(
+  into: EgressCounts[],
+  line: { decision: "allowed" | "denied"; bytesUp: number; bytesDown: number },
+): void {
+  for (const counts of into) {
+    counts[line.decision]++;
+    counts.bytesUp += line.bytesUp;
+    counts.bytesDown += line.bytesDown;
+  }
+}
+
+/**
  * The proxy's answer to a `stats` control command.
  *
  * @param command The command line (`stats` or `stats <id>`).

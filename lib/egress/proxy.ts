@@ -12,8 +12,8 @@ import { egressLog } from "./log.ts";
 import net, { type Server, type Socket } from "node:net";
 import tls from "node:tls";
 import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
-import { EgressAudit, type EgressAuditLine } from "./audit.ts";
-import { type EgressCounts, statsAnswer } from "./counts.ts";
+import { EgressAudit } from "./audit.ts";
+import { addCounts, type EgressCounts, statsAnswer, zeroCounts } from "./counts.ts";
 import { type ConnectionContext, endSoon, serveConnection } from "./connection.ts";
 import { type EgressPaths, egressPaths, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
@@ -82,16 +82,6 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
   const identities = new Map<string, Identity>();
   // Since this proxy started; an identity's own go with it when its policy file goes.
   const totals = zeroCounts();
-  const count = (
-    identity: Identity,
-    line: Pick<EgressAuditLine, "decision" | "bytesUp" | "bytesDown">,
-  ): void => {
-    for (const counts of [identity.counts, totals]) {
-      counts[line.decision]++;
-      counts.bytesUp += line.bytesUp;
-      counts.bytesDown += line.bytesDown;
-    }
-  };
   let total = 0;
   const accept = (identity: Identity, client: Socket): void => {
     // First: a client gone before a refusal is written (EPIPE) would
@@ -103,7 +93,7 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     const refuse = (reason: string): void => {
       endSoon(client, `HTTP/1.1 429 Refused by waffle egress\r\nConnection: close\r\n\r\n`);
       const line = deniedLine({ time, who, reason });
-      count(identity, line);
+      addCounts([identity.counts, totals], line);
       audit.writeFor(identity.id, line);
     };
     if (policy === undefined) return refuse(identity.problem ?? "No policy");
@@ -125,7 +115,7 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     const context: ConnectionContext = { policy, buckets: identity.buckets, leafFor, roots };
     void serveConnection(client, context).then((line) => {
       release();
-      count(identity, line);
+      addCounts([identity.counts, totals], line);
       audit.writeFor(identity.id, { time, ...who, ...line });
     });
   };
@@ -221,10 +211,6 @@ function currentPolicy(identity: Identity): PolicyFile | undefined {
     identity.problem = `Cannot read policy '${identity.file}': ${(error as Error).message}`;
   }
   return identity.policy;
-}
-
-function zeroCounts(): EgressCounts {
-  return { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 };
 }
 
 function deniedLine(

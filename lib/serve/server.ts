@@ -21,14 +21,8 @@ import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
-import { MetricsRing } from "./metrics_ring.ts";
-import {
-  COMMAND_BUCKETS,
-  CREATE_BUCKETS,
-  Histogram,
-  type PoolSize,
-  prometheusText,
-} from "./prometheus.ts";
+import { ServerMetrics } from "./observe.ts";
+import type { PoolSize } from "./prometheus.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -103,28 +97,26 @@ export interface RunningServer {
  */
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   const store = new SandboxStore(options.db);
-  const latency = {
-    create: new Histogram(CREATE_BUCKETS),
-    command: new Histogram(COMMAND_BUCKETS),
-  };
+  const metrics = new ServerMetrics({
+    home: options.home,
+    resources: options.resources,
+    poolSizes: options.poolSizes,
+    intervalMs: options.metricsIntervalMs,
+  });
   const sandboxes = new ServeSandboxes(store, {
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
-    onCreated: (tenant, seconds) => latency.create.observe(tenant, seconds),
+    onCreated: (tenant, seconds) => metrics.create.observe(tenant, seconds),
   });
   const envd = new EnvdRouter({
     sandboxes,
     processes: new ProcessStore(options.journal),
     maxBodyBytes: options.maxBodyBytes,
     maxStreamsPerKey: options.maxStreamsPerKey,
-    onCommandExit: (tenant, seconds) => latency.command.observe(tenant, seconds),
+    onCommandExit: (tenant, seconds) => metrics.command.observe(tenant, seconds),
   });
-  const ring = new MetricsRing({
-    sandboxes,
-    resources: options.resources,
-    ...(options.metricsIntervalMs === undefined ? {} : { intervalMs: options.metricsIntervalMs }),
-  });
+  const ring = metrics.attach(sandboxes);
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
   const limits = new TenantLimits({
@@ -143,16 +135,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     grant: options.grant,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
     metrics: ring,
-    prometheus: (tenant) =>
-      prometheusText(tenant, {
-        records: store.list(tenant),
-        ...latency,
-        latest: (id) => ring.latest(id),
-        rootOf: (record) => sandboxes.live(record).sandbox.paths.root,
-        // Loaded on a scrape: a server nobody scrapes never loads the egress modules.
-        egress: async (id) => (await import("../egress/status.ts")).egressCounts(options.home, id),
-        poolSizes: options.poolSizes,
-      }),
+    prometheus: (tenant) => metrics.prometheus(tenant),
   });
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
@@ -204,13 +187,13 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   });
   port = server.addr.port;
   sandboxes.startReaper();
-  ring.start();
+  metrics.start();
   // Processes a previous server left running go on under this one.
   envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= server.shutdown().finally(() => {
-      ring.stop();
+      metrics.stop();
       sandboxes.close();
     });
     return stopping;
