@@ -125,10 +125,14 @@ interface Membership {
 }
 
 /** One cgroup mount of this host: its controllers (empty for v2) and where. */
-interface CgroupMount {
+export interface CgroupMount {
+  /** 1 for a v1 hierarchy, 2 for the unified one. */
   version: 1 | 2;
+  /** A v1 hierarchy's mount options (its controllers among them). */
   controllers: string[];
+  /** The cgroup the mount shows as its root (`/` outside a cgroup namespace). */
   root: string;
+  /** Where it is mounted. */
   mountPoint: string;
 }
 
@@ -143,13 +147,9 @@ function parseMemberships(text: string): Membership[] {
   return out;
 }
 
-let mountsCache: CgroupMount[] | undefined;
-
-/** The cgroup mounts of this process's mount namespace (read once: they do not move). */
-function cgroupMounts(): CgroupMount[] {
-  if (mountsCache !== undefined) return mountsCache;
+function parseCgroupMounts(mountinfo: string): CgroupMount[] {
   const mounts: CgroupMount[] = [];
-  for (const line of readKernelFile("/proc/self/mountinfo").split("\n")) {
+  for (const line of mountinfo.split("\n")) {
     const fields = line.split(" ");
     const dash = fields.indexOf("-");
     if (dash < 0) continue;
@@ -163,7 +163,14 @@ function cgroupMounts(): CgroupMount[] {
       mounts.push({ version: 1, controllers: options, root, mountPoint });
     }
   }
-  return (mountsCache = mounts);
+  return mounts;
+}
+
+let mountsCache: CgroupMount[] | undefined;
+
+/** The cgroup mounts of this process's mount namespace (read once: they do not move). */
+function cgroupMounts(): CgroupMount[] {
+  return mountsCache ??= parseCgroupMounts(readKernelFile("/proc/self/mountinfo"));
 }
 
 /**
@@ -204,8 +211,34 @@ export function findCgroup(pid: number, containerId: string): Record<string, str
   if (!/^[0-9a-f]{64}$/.test(containerId)) {
     throw new CgroupReadError(`Invalid container id '${containerId}'`);
   }
-  const memberships = parseMemberships(readKernelFile(`/proc/${pid}/cgroup`));
-  const mounts = cgroupMounts();
+  const membership = readKernelFile(`/proc/${pid}/cgroup`);
+  const dirs = cgroupDirs({ membership, mounts: cgroupMounts(), containerId });
+  if (dirs === undefined) {
+    throw new CgroupReadError(
+      `Process ${pid} is in no cgroup of container '${containerId.slice(0, 12)}' on this host`,
+    );
+  }
+  return dirs;
+}
+
+/**
+ * Where a container's counters are, from a process's `/proc/<pid>/cgroup`
+ * and this host's `mountinfo`: v1's controllers when the host has them,
+ * else v2's unified hierarchy; each cut after the component naming the
+ * container.
+ *
+ * @param options The process's cgroup file, the host's mounts (a `mountinfo`
+ * text or parsed), and the container's id.
+ * @returns The directories by controller; undefined when none names the container.
+ */
+export function cgroupDirs(
+  options: { membership: string; mounts: string | CgroupMount[]; containerId: string },
+): Record<string, string> | undefined {
+  const { containerId } = options;
+  const memberships = parseMemberships(options.membership);
+  const mounts = typeof options.mounts === "string"
+    ? parseCgroupMounts(options.mounts)
+    : options.mounts;
   const dirs: Record<string, string> = {};
   for (const wanted of ["cpuacct", "memory", "pids"]) {
     const member = memberships.find((m) => m.controllers.includes(wanted));
@@ -219,12 +252,7 @@ export function findCgroup(pid: number, containerId: string): Record<string, str
   const mount = mounts.find((m) => m.version === 2);
   const path = unified === undefined ? undefined : containerPath(unified.path, containerId);
   const dir = mount === undefined || path === undefined ? undefined : dirOf(mount, path);
-  if (dir === undefined) {
-    throw new CgroupReadError(
-      `Process ${pid} is in no cgroup of container '${containerId.slice(0, 12)}' on this host`,
-    );
-  }
-  return { unified: dir };
+  return dir === undefined ? undefined : { unified: dir };
 }
 
 /**
