@@ -18,6 +18,8 @@ import { join } from "../path.ts";
 
 /** The most bytes read of any one file here: cgroup and proc files are a few hundred. */
 const MAX_FILE_BYTES = 64 * 1024;
+/** This host's mountinfo grows with its containers' mounts (a few hundred bytes each). */
+const MAX_MOUNTINFO_BYTES = 4 * 1024 * 1024;
 
 /** At or above this, a v1 limit means "none" (the kernel's unlimited is 2^63 rounded down to a page). */
 const V1_UNLIMITED = 2 ** 62;
@@ -56,13 +58,14 @@ export class CgroupReadError extends Error {
 
 /**
  * Reads a file of the kernel's (procfs, cgroupfs), at most
- * {@linkcode MAX_FILE_BYTES} of it.
+ * {@linkcode MAX_FILE_BYTES} of it (or `maxBytes`).
  *
  * @param path The file.
+ * @param maxBytes The cap.
  * @returns Its text.
  * @throws {CgroupReadError} When it cannot be opened or is larger than the cap.
  */
-export function readKernelFile(path: string): string {
+export function readKernelFile(path: string, maxBytes: number = MAX_FILE_BYTES): string {
   let file: Deno.FsFile;
   try {
     file = Deno.openSync(path, { read: true });
@@ -70,15 +73,15 @@ export function readKernelFile(path: string): string {
     throw new CgroupReadError(`Cannot read '${path}': ${(cause as Error).message}`, { cause });
   }
   try {
-    const buffer = new Uint8Array(MAX_FILE_BYTES + 1);
+    const buffer = new Uint8Array(maxBytes + 1);
     let total = 0;
     while (total < buffer.length) {
       const n = file.readSync(buffer.subarray(total));
       if (n === null || n === 0) break;
       total += n;
     }
-    if (total > MAX_FILE_BYTES) {
-      throw new CgroupReadError(`File '${path}' is larger than ${MAX_FILE_BYTES} bytes`);
+    if (total > maxBytes) {
+      throw new CgroupReadError(`File '${path}' is larger than ${maxBytes} bytes`);
     }
     return new TextDecoder().decode(buffer.subarray(0, total));
   } finally {
@@ -170,7 +173,9 @@ let mountsCache: CgroupMount[] | undefined;
 
 /** The cgroup mounts of this process's mount namespace (read once: they do not move). */
 function cgroupMounts(): CgroupMount[] {
-  return mountsCache ??= parseCgroupMounts(readKernelFile("/proc/self/mountinfo"));
+  return mountsCache ??= parseCgroupMounts(
+    readKernelFile("/proc/self/mountinfo", MAX_MOUNTINFO_BYTES),
+  );
 }
 
 /**
