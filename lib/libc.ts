@@ -122,3 +122,16 @@ export function errno(lib: Libc): number {
   const pointer = lib.__errno_location();
   return pointer === null ? 0 : new Deno.UnsafePointerView(pointer).getInt32();
 }
+
+/**
+ * A string as a NUL-terminated C string, for a libc call's path argument.
+ *
+ * @param text The string (a path).
+ * @returns Its UTF-8 bytes and a trailing NUL.
+ */
+export function cString(text: string): Uint8Array<ArrayBuffer> {
+  const bytes = new TextEncoder().encode(text);
+  const out = new Uint8Array(bytes.length + 1);
+  out.set(bytes);
+  return out;
+}

@@ -24,6 +24,7 @@ import {
 } from "./_egress_proxy.ts";
 import { startUpstream, testCa, type Upstream } from "./_egress_upstreams.ts";
 import { type CertifiedKey, mintLeaf } from "../lib/egress/ca.ts";
+import { controlCall } from "../lib/egress/policy_writer.ts";
 
 const CURL = "/usr/bin/curl";
 /** Every client call is bounded by this. */
@@ -856,6 +857,51 @@ Deno.test("egress proxy audits one line per connection, with identity, decision 
   assert.match(refusal.reason ?? "", /nowhere\.test/);
   assert.equal(refusal.address, null);
   assert.deepEqual([refusal.bytesUp, refusal.bytesDown], [0, 0]);
+});
+
+Deno.test("egress proxy counts each identity's connections and bytes as its audit lines sum them", async () => {
+  const ca = await testCa();
+  await using api = await startUpstream({ name: "api.test", ca });
+  await using proxy = await startEgressProxy();
+  for (const id of ["s-a", "s-b"]) {
+    await proxy.writePolicy(id, {
+      allow: [nameEntry("api.test", api.port)],
+      addresses: LOOPBACK,
+      hosts: { "api.test": api.hostname },
+    });
+  }
+  await proxy.sync();
+  const counts = async (command: string): Promise<Record<string, number>> =>
+    JSON.parse(await controlCall(proxy.paths, command));
+  assert.deepEqual(await counts("stats s-a"), { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 });
+  const url = await proxy.bridge("s-a");
+  for (const size of [1000, 50_000]) {
+    assertCurlOk(
+      await curl(url, `${api.url}/bytes/${size}`, {
+        cacert: proxy.upstreamCaFile,
+        args: ["-o", "/dev/null"],
+      }),
+    );
+  }
+  const denied = await curl(url, `https://nowhere.test:${api.port}/`, {
+    cacert: proxy.upstreamCaFile,
+  });
+  assert.notEqual(denied.code, 0);
+  const lines = await waitForCount(proxy, () => true, 3);
+  const sum = (key: "bytesUp" | "bytesDown"): number =>
+    lines.reduce((total, line) => total + line[key], 0);
+  const mine = await counts("stats s-a");
+  assert.deepEqual(mine, {
+    allowed: 2,
+    denied: 1,
+    bytesUp: sum("bytesUp"),
+    bytesDown: sum("bytesDown"),
+  });
+  assert.ok(mine.bytesDown! >= 51_000);
+  // Another identity counted nothing; the totals are the sum of all.
+  assert.deepEqual(await counts("stats s-b"), { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 });
+  assert.deepEqual(await counts("stats"), mine);
+  await assert.rejects(controlCall(proxy.paths, "stats s-none"), /unknown identity/);
 });
 
 Deno.test("egress proxy applies a rewritten policy to the next connection, and fails closed on a bad one", async () => {

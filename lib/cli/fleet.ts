@@ -17,7 +17,7 @@ import { table } from "./report.ts";
 import type { CliIo } from "./io.ts";
 
 /** Help of `waffle ps`. */
-export const PS_HELP = `Usage: waffle ps [--all] [--json]
+export const PS_HELP = `Usage: waffle ps [--all] [--json] [--stats]
 
 Lists this home's sandbox containers (WAFFLE_HOME's, by the state root each
 container's labels name): tenant, user, container id, Docker state, image id,
@@ -33,6 +33,10 @@ state cannot be read says why in PROBLEM; the others are listed all the same.
 --all lists every home's containers on the daemon, with a HOME column ('?'
 for a container whose labels name no home). --json gives each sandbox's
 'home' (null when unknown) and 'thisHome' either way, and 'pools'.
+
+--stats adds what each sandbox costs, as 'waffle top' shows it (CPU% over
+half a second, CPU TIME, MEM, PEAK, PIDS, DISK, NET UP/DOWN); with --json,
+each sandbox's 'stats'.
 `;
 
 /**
@@ -43,14 +47,26 @@ for a container whose labels name no home). --json gives each sandbox's
  * @returns 0.
  */
 export async function psCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { json: { type: "boolean" }, all: { type: "boolean" } });
+  const parsed = parse(args, {
+    json: { type: "boolean" },
+    all: { type: "boolean" },
+    stats: { type: "boolean" },
+  });
   noPositionals(parsed.positionals);
   const all = parsed.values.all === true;
   const whole = loadWaffleConfig();
-  const rows = await listSandboxes(new DockerClient(), { config: whole.sandbox, all });
-  const pools = listPools(whole.sandbox.home, whole.serve);
+  const config = whole.sandbox;
+  const docker = new DockerClient();
+  const rows = await listSandboxes(docker, { config, all });
+  const pools = listPools(config.home, whole.serve);
+  // Loaded only when asked: a plain ps reads no cgroup.
+  const top = parsed.values.stats === true ? await import("./top.ts") : undefined;
+  const readings = top === undefined ? undefined : await top.statsOfRows(docker, rows, { config });
   if (parsed.values.json) {
-    await io.stdout(`${JSON.stringify({ sandboxes: rows, pools })}\n`);
+    const sandboxes = readings === undefined
+      ? rows
+      : rows.map((row) => ({ ...row, stats: readings.get(row.containerId) ?? null }));
+    await io.stdout(`${JSON.stringify({ sandboxes, pools })}\n`);
     return 0;
   }
   const anyProblem = rows.some((row) => row.problem !== undefined);
@@ -60,6 +76,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
   ]];
   const anyPool = rows.some((row) => row.pool !== undefined);
   lines[0]!.push("SNAPS", ...(anyPool ? ["POOL"] : []));
+  if (top !== undefined) lines[0]!.push(...top.STATS_TITLES);
   if (anyProblem) lines[0]!.push("PROBLEM");
   const now = Date.now();
   for (const row of rows) {
@@ -84,6 +101,7 @@ export async function psCommand(args: string[], io: CliIo): Promise<number> {
             : `${row.pool.taken ? "taken from " : ""}${row.pool.template}`,
         ]
         : []),
+      ...(top === undefined ? [] : top.statsCells(readings?.get(row.containerId))),
       ...(anyProblem ? [row.problem ?? "-"] : []),
     ]);
   }

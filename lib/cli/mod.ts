@@ -54,6 +54,10 @@ const commands = new Map<string, Subcommand>([
     summary: "list sandbox containers",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.PS_HELP, run: m.psCommand })),
   }],
+  ["top", {
+    summary: "what each sandbox costs: CPU, memory, tasks, disk, network (refreshing)",
+    load: lazy(() => import("./top.ts"), (m) => ({ help: m.TOP_HELP, run: m.topCommand })),
+  }],
   ["sweep", {
     summary: "stop idle, remove stale or incompatible sandboxes",
     load: lazy(() => import("./fleet.ts"), (m) => ({ help: m.SWEEP_HELP, run: m.sweepCommand })),

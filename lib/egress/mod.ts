@@ -9,6 +9,7 @@
  */
 export * from "./audit.ts";
 export * from "./ca.ts";
+export * from "./counts.ts";
 export * from "./policy_file.ts";
 export * from "./policy_writer.ts";
 export * from "./proxy.ts";

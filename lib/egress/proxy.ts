@@ -13,6 +13,7 @@ import net, { type Server, type Socket } from "node:net";
 import tls from "node:tls";
 import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { EgressAudit } from "./audit.ts";
+import { addCounts, type EgressCounts, statsAnswer, zeroCounts } from "./counts.ts";
 import { type ConnectionContext, endSoon, serveConnection } from "./connection.ts";
 import { type EgressPaths, egressPaths, identityPaths } from "../config/egress_paths.ts";
 import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./policy_file.ts";
@@ -42,6 +43,7 @@ interface Identity {
   stamp: string;
   active: number;
   buckets: { up: ByteBucket; down: ByteBucket };
+  counts: EgressCounts;
 }
 
 /**
@@ -78,6 +80,8 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     return leaf;
   };
   const identities = new Map<string, Identity>();
+  // Since this proxy started; an identity's own go with it when its policy file goes.
+  const totals = zeroCounts();
   let total = 0;
   const accept = (identity: Identity, client: Socket): void => {
     // First: a client gone before a refusal is written (EPIPE) would
@@ -88,7 +92,9 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     const who = policy?.identity ?? { tenant: "", user: "", group: null, cron: null, server: null };
     const refuse = (reason: string): void => {
       endSoon(client, `HTTP/1.1 429 Refused by waffle egress\r\nConnection: close\r\n\r\n`);
-      audit.writeFor(identity.id, deniedLine({ time, who, reason }));
+      const line = deniedLine({ time, who, reason });
+      addCounts([identity.counts, totals], line);
+      audit.writeFor(identity.id, line);
     };
     if (policy === undefined) return refuse(identity.problem ?? "No policy");
     if (identity.active >= policy.maxConnections || total >= MAX_TOTAL_CONNECTIONS) {
@@ -109,6 +115,7 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
     const context: ConnectionContext = { policy, buckets: identity.buckets, leafFor, roots };
     void serveConnection(client, context).then((line) => {
       release();
+      addCounts([identity.counts, totals], line);
       audit.writeFor(identity.id, { time, ...who, ...line });
     });
   };
@@ -121,7 +128,9 @@ export async function runProxy(options: ProxyOptions): Promise<void> {
       const command = String(data).trim();
       if (command === "sync") void sync().then((n) => socket.end(`ok ${n}\n`));
       else if (command === "ping") socket.end("ok\n");
-      else socket.end("error unknown command\n");
+      else if (command === "stats" || command.startsWith("stats ")) {
+        socket.end(statsAnswer(command, { totals, of: (id) => identities.get(id)?.counts }));
+      } else socket.end("error unknown command\n");
     });
   }, 0o600);
   egressLog(`Serving ${identities.size} identities`);
@@ -170,6 +179,7 @@ async function syncIdentities(
       stamp: "",
       active: 0,
       buckets: { up: new ByteBucket(0), down: new ByteBucket(0) },
+      counts: zeroCounts(),
     };
     void server.then((listening) => (identity.server = listening), () => {});
     identities.set(id, identity);

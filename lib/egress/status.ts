@@ -19,6 +19,7 @@ import { MAX_POLICY_FILE_BYTES, parsePolicyFile, type PolicyFile } from "./polic
 import { controlCall, writePolicy } from "./policy_writer.ts";
 import { egressPolicy } from "../config/egress_compose.ts";
 import { egressAuditFile, proxyContainerName } from "./proxy_container.ts";
+import type { EgressCounts } from "./counts.ts";
 
 /** One identity the proxy serves, as status shows it. */
 export interface IdentityStatus {
@@ -148,5 +149,40 @@ function sizeOf(path: string): number {
     return Deno.statSync(path).size;
   } catch {
     return 0;
+  }
+}
+
+/**
+ * Asks a home's egress proxy what it counted.
+ *
+ * @param home The waffle home.
+ * @param id An identity's id; without it, the proxy's totals.
+ * @returns The counts; undefined when the proxy does not answer, knows no
+ * such identity, or is older than these counts.
+ *
+ * @example
+ * ```ts ignore
+ * const counts = await egressCounts(config.home, attachment.id);
+ * ```
+ */
+export async function egressCounts(home: string, id?: string): Promise<EgressCounts | undefined> {
+  if (id !== undefined && !/^[a-z0-9-]{1,64}$/.test(id)) return undefined;
+  let answer: string;
+  try {
+    answer = await controlCall(homeEgress(home), id === undefined ? "stats" : `stats ${id}`);
+  } catch {
+    return undefined;
+  }
+  try {
+    const parsed = JSON.parse(answer) as Record<string, unknown>;
+    const out: Partial<EgressCounts> = {};
+    for (const key of ["allowed", "denied", "bytesUp", "bytesDown"] as const) {
+      const value = parsed[key];
+      if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) return undefined;
+      out[key] = value;
+    }
+    return out as EgressCounts;
+  } catch {
+    return undefined;
   }
 }

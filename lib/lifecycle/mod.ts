@@ -81,4 +81,11 @@ export {
   type SaveSnapshotOptions,
   type SnapshotInfo,
 } from "./snapshot.ts";
+export {
+  type NetworkStats,
+  type SandboxStats,
+  sandboxStats,
+  type SandboxStatsOptions,
+} from "./stats.ts";
+export { CgroupReadError, type CgroupReading, findCgroup, readCgroup } from "./cgroup.ts";
 export { initMark, readWarm, recordedPid, stillWarm, type WarmRecord, writeWarm } from "./warm.ts";

@@ -28,6 +28,7 @@ import { withLock } from "../lifecycle/lock.ts";
 import { outboundInPlace } from "../lifecycle/outbound_in_place.ts";
 import { containerSpec, hostCanChown } from "../lifecycle/posture.ts";
 import type { VolumeStatus } from "../lifecycle/quota.ts";
+import type { SandboxStats } from "../lifecycle/stats.ts";
 import { initMark, readWarm, recordedPid, stillWarm, writeWarm } from "../lifecycle/warm.ts";
 import { judgedWhilePaused, refuseIfPaused } from "../lifecycle/pause_record.ts";
 import { processesOf, type SandboxProcesses } from "../lifecycle/run.ts";
@@ -74,6 +75,15 @@ export interface Sandbox extends Backend, SandboxProcesses {
   readonly files: SandboxFiles;
   /** Set when this open took the sandbox from a warm pool: the pool's template. */
   readonly pooled: { template: string } | undefined;
+  /**
+   * What the sandbox costs now: CPU, memory, tasks (the kernel's counters),
+   * disk (its quota volume) and network (the egress proxy's counts). Costs
+   * nothing until called; never starts the container.
+   *
+   * @param options `sampleMs`: read the CPU time twice this far apart for the
+   * share; `previous`: an earlier reading to compute the share against.
+   */
+  stats(options?: { sampleMs?: number; previous?: SandboxStats }): Promise<SandboxStats>;
 }
 
 /**
@@ -252,6 +262,19 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
     close: () => queue.close(),
     get files(): SandboxFiles {
       return lazyFiles(this as unknown as Sandbox);
+    },
+    stats: async (asked: { sampleMs?: number; previous?: SandboxStats } = {}) => {
+      const [{ statsOf }, { DockerClient }] = await Promise.all([
+        import("./stats.ts"),
+        import("../docker/client.ts"),
+      ]);
+      docker ??= new DockerClient();
+      return await statsOf(docker, {
+        container: lastEnsure?.containerId ?? key.containerName,
+        root: paths.root,
+        home: config.home,
+        quotaBytes: config.quotaBytes,
+      }, asked);
     },
   };
   return Object.assign(sandbox, processesOf(sandbox));

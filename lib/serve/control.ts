@@ -15,6 +15,7 @@ import type { SandboxRecord } from "./state.ts";
 import type { ServeSandboxes } from "./sandboxes.ts";
 import type { Admission } from "./limits.ts";
 import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
+import type { MetricsRing } from "./metrics_ring.ts";
 
 /** The envd version waffle reports: the SDKs gate features on it. */
 export const ENVD_VERSION = "0.6.4";
@@ -55,6 +56,10 @@ export interface ControlDeps {
   grant: EgressGrant;
   /** Records one call (key, tenant, sandbox, method, outcome). */
   audit?: (entry: AuditEntry) => void;
+  /** Each sandbox's recent samples, for `GET /sandboxes/{id}/metrics`; absent: that route is 404. */
+  metrics?: MetricsRing;
+  /** The Prometheus text of `GET /metrics` for a tenant; absent: that route is 404. */
+  prometheus?: (tenant: string) => Promise<string>;
 }
 
 /** One audited API call. */
@@ -104,7 +109,11 @@ const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).passthrough()
 export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Caller } }> {
   const app = new Hono<{ Variables: { caller: Caller } }>();
   app.use("*", async (c, next): Promise<Response | undefined> => {
-    const key = c.req.header("x-api-key");
+    // A Prometheus scrape sends its credentials as `Authorization: Bearer`.
+    const key = c.req.header("x-api-key") ??
+      (c.req.path === "/metrics"
+        ? /^Bearer (\S+)$/.exec(c.req.header("authorization") ?? "")?.[1]
+        : undefined);
     const caller = key === undefined ? undefined : deps.verifyKey(key);
     if (caller === undefined) {
       deps.audit?.({ method: `${c.req.method} ${c.req.path}`, status: 401 });
@@ -233,6 +242,30 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
       return fail(c, 409, `Sandbox '${record.id}' is already paused`);
     }
     return c.body(null, 204);
+  });
+
+  app.get("/sandboxes/:id/metrics", async (c) => {
+    const record = owned(c);
+    if (record === undefined || deps.metrics === undefined) return notFound(c);
+    const range: { start?: number; end?: number } = {};
+    for (const bound of ["start", "end"] as const) {
+      const given = c.req.query(bound);
+      if (given === undefined) continue;
+      if (!/^\d{1,12}$/.test(given)) {
+        return fail(
+          c,
+          400,
+          `Invalid '${bound}' '${given.slice(0, 40)}': use whole seconds since the epoch`,
+        );
+      }
+      range[bound] = Number(given);
+    }
+    return c.json(await deps.metrics.samples(record, range));
+  });
+  app.get("/metrics", async (c) => {
+    if (deps.prometheus === undefined) return fail(c, 404, "No route 'GET /metrics'");
+    const text = await deps.prometheus(c.get("caller").tenant);
+    return c.body(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
   });
 
   app.get("/sandboxes", (c) =>

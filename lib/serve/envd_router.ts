@@ -28,6 +28,8 @@ export interface EnvdRouterOptions {
   maxBodyBytes: number;
   /** Streams the sandboxes of one key may hold open at once. */
   maxStreamsPerKey: number;
+  /** Told how long each command this server started ran, start to exit, in seconds. */
+  onCommandExit?: (tenant: string, seconds: number) => void;
 }
 
 /** One sandbox's envd: its process table and Connect services. */
@@ -99,7 +101,12 @@ export class EnvdRouter {
     const live = sandboxes.live(record);
     const known = this.#envds.get(id);
     if (known !== undefined && !live.killed.signal.aborted) return known;
-    const table = new ProcessTable(live.sandbox, processes.processes(id));
+    const onCommandExit = this.#options.onCommandExit;
+    const table = new ProcessTable(live.sandbox, processes.processes(id), {
+      ...(onCommandExit === undefined
+        ? {}
+        : { onExit: (seconds: number) => onCommandExit(record.tenant, seconds) }),
+    });
     const services = envdServices({
       table,
       record,

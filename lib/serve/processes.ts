@@ -105,16 +105,26 @@ export class ProcessTable {
   readonly #sandbox: Sandbox;
   readonly #journal: ProcessJournal | undefined;
   readonly #entries = new Map<number, ProcessEntry>();
+  readonly #onExit: ((seconds: number) => void) | undefined;
+  /** When each process this table started began (performance.now()), for its latency. */
+  readonly #began = new Map<number, number>();
   #nextPid = FIRST_PID;
   #detached = false;
 
   /**
    * @param sandbox The open waffle sandbox.
    * @param journal Where its processes are recorded; none: they end with this server.
+   * @param options `onExit`: told how long each process this table started
+   * ran, start to exit, in seconds (one taken over from another server is not timed).
    */
-  constructor(sandbox: Sandbox, journal?: ProcessJournal) {
+  constructor(
+    sandbox: Sandbox,
+    journal?: ProcessJournal,
+    options: { onExit?: (seconds: number) => void } = {},
+  ) {
     this.#sandbox = sandbox;
     this.#journal = journal;
+    this.#onExit = options.onExit;
   }
 
   /**
@@ -173,6 +183,7 @@ export class ProcessTable {
     options: StartOptions & { onEvent: (event: ProcessEvent) => Promise<void> | undefined },
   ): Promise<ProcessEntry> {
     const { argv, cwd } = placeCommand(config);
+    const began = performance.now();
     const process = await this.#sandbox.spawn(argv, {
       env: { HOME: SANDBOX_HOME, ...homePwd(config.cwd), ...options.sandboxEnv, ...config.envs },
       ...(cwd === undefined ? {} : { cwd }),
@@ -204,6 +215,7 @@ export class ProcessTable {
       listeners: new Set([options.onEvent]),
     };
     this.#entries.set(pid, entry);
+    this.#began.set(pid, began);
     options.onEvent({ kind: "start", pid });
     void this.#pump(entry);
     return entry;
@@ -233,6 +245,11 @@ export class ProcessTable {
       end = { kind: "end", exitCode: -1, exited: false, status: "error", error: message };
     }
     this.#entries.delete(entry.pid);
+    const began = this.#began.get(entry.pid);
+    this.#began.delete(entry.pid);
+    if (began !== undefined && end.kind === "end" && end.exited) {
+      this.#onExit?.((performance.now() - began) / 1000);
+    }
     try {
       this.#journal?.forget(entry.pid);
     } catch {

@@ -48,6 +48,8 @@ export interface ServeSandboxesOptions {
   onTaken?: (template: string) => void;
   /** Clock (tests). */
   now?: () => number;
+  /** Told each create that succeeded: its tenant and how long it took, in seconds. */
+  onCreated?: (tenant: string, seconds: number) => void;
 }
 
 /** A live sandbox: its record's id, the open waffle sandbox and what ends with it. */
@@ -136,12 +138,14 @@ export class ServeSandboxes {
       ...(request.network === undefined ? {} : { network: request.network }),
     };
     this.#store.insert(record);
+    const began = performance.now();
     try {
       const live = this.#open(record);
       const pooled = live.sandbox.pooled;
       if (pooled !== undefined) this.#options.onTaken?.(pooled.template);
       await live.sandbox.ensure();
       this.#store.setState(record.id, "running");
+      this.#options.onCreated?.(record.tenant, (performance.now() - began) / 1000);
       return { ...record, state: "running" };
     } catch (error) {
       await this.remove(record.id);

@@ -17,11 +17,13 @@ import { error, signedFilesSandbox } from "./envd_http.ts";
 import { EnvdRouter } from "./envd_router.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { keepPools, type PoolTarget } from "../sandbox/pool_fill.ts";
+import { readyMembers } from "../lifecycle/pool.ts";
 import { ProcessStore, SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
+import { ServerMetrics } from "./observe.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -71,6 +73,8 @@ export interface ServerOptions {
   signal?: AbortSignal;
   /** Called once listening, with the address. */
   onListen?: (address: { hostname: string; port: number }) => void;
+  /** How often each sandbox's costs are sampled for E2B's metrics, in ms (tests). */
+  metricsIntervalMs?: number | undefined;
 }
 
 /** A running server. */
@@ -101,19 +105,34 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       docker: options.docker,
       onError: options.onEvent,
     });
+  const metrics = new ServerMetrics({
+    home: options.home,
+    resources: options.resources,
+    // The pools' sizes as their markers say (`GET /metrics`).
+    poolSizes: () =>
+      (options.pools ?? []).map(({ template, warm }) => ({
+        template,
+        ready: readyMembers(options.home, template).length,
+        cap: warm,
+      })),
+    intervalMs: options.metricsIntervalMs,
+  });
   const sandboxes = new ServeSandboxes(store, {
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
     // A take is refilled at once, not at the next round.
     ...(pools === undefined ? {} : { onTaken: () => pools.poke() }),
+    onCreated: (tenant, seconds) => metrics.create.observe(tenant, seconds),
   });
   const envd = new EnvdRouter({
     sandboxes,
     processes: new ProcessStore(options.journal),
     maxBodyBytes: options.maxBodyBytes,
     maxStreamsPerKey: options.maxStreamsPerKey,
+    onCommandExit: (tenant, seconds) => metrics.command.observe(tenant, seconds),
   });
+  const ring = metrics.attach(sandboxes);
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
   const limits = new TenantLimits({
@@ -131,6 +150,8 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     maxBodyBytes: options.maxBodyBytes,
     grant: options.grant,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
+    metrics: ring,
+    prometheus: (tenant) => metrics.prometheus(tenant),
   });
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
@@ -182,11 +203,13 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   });
   port = server.addr.port;
   sandboxes.startReaper();
+  metrics.start();
   // Processes a previous server left running go on under this one.
   envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= server.shutdown().finally(async () => {
+      metrics.stop();
       sandboxes.close();
       await pools?.stop();
     });
