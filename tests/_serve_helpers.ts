@@ -69,7 +69,9 @@ export async function serve(options: { toml?: string } = {}): Promise<Served> {
       child.kill("SIGTERM");
       await child.status;
       await child.stdout.cancel().catch(() => {});
-      // What the server left running: each sandbox of this home, removed by the CLI.
+      // What the server left running: its pools' ready members, then each
+      // sandbox of this home, removed by the CLI.
+      await runCliProcess(["pool", "drain"], { env });
       const listed = await runCliProcess(["ps", "--json"], { env });
       for (const row of JSON.parse(listed.stdout).sandboxes as { tenant: string; user: string }[]) {
         await runCliProcess(["rm", "--purge", "--tenant", row.tenant, "--user", row.user], { env });
