@@ -8,6 +8,9 @@
  * - `python_cold_docker_run`: the baseline, `docker run --rm --network none`
  *   of the same image and command;
  * - `python_warm_waffle`: the same `waffle exec` again, container warm;
+ * - `python_pooled_waffle`: `waffle exec` for a new user of a home that keeps
+ *   a warm pool of the image (`[templates.py] warm = 1`, refilled by
+ *   `waffle pool fill`, untimed, before each sample);
  * - `stdin_stream_64m_waffle`: 64 MiB piped through `waffle exec -i -- sha256sum`;
  * - `stdin_stream_64m_docker_exec`: the baseline, `docker exec -i` of the same
  *   into the same container.
@@ -20,6 +23,9 @@ import { DockerClient } from "../lib/docker/mod.ts";
 import { removeSandbox } from "../lib/sandbox/remove.ts";
 import { openSandbox } from "../lib/sandbox/open.ts";
 import { installedWaffle } from "./cli_bench.ts";
+import { sandboxKey } from "../lib/config/sandbox_key.ts";
+import { statePaths } from "../lib/lifecycle/identity.ts";
+import { readBinding } from "../lib/lifecycle/pool.ts";
 import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
 
@@ -28,6 +34,7 @@ export const IMAGE_CASES = [
   "python_cold_waffle",
   "python_cold_docker_run",
   "python_warm_waffle",
+  "python_pooled_waffle",
   "stdin_stream_64m_waffle",
   "stdin_stream_64m_docker_exec",
 ] as const;
@@ -75,6 +82,20 @@ export async function runImageSection(context: BenchContext): Promise<BenchRepor
       await removeSandbox(docker, sandbox.key, { config: sandbox.config, purge: true });
     }
   });
+  const pooledHome = join(context.root, "image-pool-home");
+  await Deno.mkdir(pooledHome, { recursive: true });
+  await Deno.writeTextFile(
+    join(pooledHome, "waffle.toml"),
+    `[templates.py]\nimage = "${PYTHON}"\nwarm = 1\n`,
+  );
+  const pooledEnv = { WAFFLE_HOME: pooledHome, WAFFLE_IMAGE: PYTHON };
+  context.cleanup.add(async () => {
+    for (const user of users) {
+      await run(waffle, ["rm", "--purge", "--user", `${user}-pooled`], { env: pooledEnv })
+        .catch(() => {});
+    }
+    await run(waffle, ["pool", "drain"], { env: pooledEnv }).catch(() => {});
+  });
   const data = join(context.root, "stream-64m");
   await run("head", ["-c", String(STREAM_BYTES), "/dev/urandom"], { stdoutTo: data });
   const samples = new Map<string, number[]>(IMAGE_CASES.map((name) => [name, []]));
@@ -96,6 +117,19 @@ export async function runImageSection(context: BenchContext): Promise<BenchRepor
       () => run("docker", ["run", "--rm", "--network", "none", PYTHON, ...python]),
     );
     await timed("python_warm_waffle", () => run(waffle, [...exec, ...python], { env }));
+    if (context.wants("python_pooled_waffle")) {
+      // The installed waffle fills it: its members run the same artefact as its users.
+      await run(waffle, ["pool", "fill"], { env: pooledEnv });
+      await timed(
+        "python_pooled_waffle",
+        () =>
+          run(waffle, ["exec", "--user", `${user}-pooled`, "--", ...python], { env: pooledEnv }),
+      );
+      const key = sandboxKey("default", `${user}-pooled`, { home: pooledHome });
+      if (readBinding(statePaths(pooledHome, key).root) === undefined) {
+        throw new Error(`User '${user}-pooled' was not served by the pool`);
+      }
+    }
     await timed(
       "stdin_stream_64m_waffle",
       () => run(waffle, ["exec", "-i", "--user", user, "--", "sha256sum"], { env, stdin: data }),
@@ -120,6 +154,11 @@ export async function runImageSection(context: BenchContext): Promise<BenchRepor
     ratioOf(
       "python_cold_waffle / python_cold_docker_run",
       byName("python_cold_waffle"),
+      byName("python_cold_docker_run"),
+    ),
+    ratioOf(
+      "python_pooled_waffle / python_cold_docker_run",
+      byName("python_pooled_waffle"),
       byName("python_cold_docker_run"),
     ),
     ratioOf(

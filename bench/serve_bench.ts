@@ -67,17 +67,7 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
   const home = join(context.root, "serve-home");
   await Deno.mkdir(home, { recursive: true });
   const env = { ...Deno.env.toObject(), WAFFLE_HOME: home };
-  await Deno.writeTextFile(
-    join(home, "waffle.toml"),
-    `[templates.warm]\nimage = "${BASE}"\nwarm = ${WARM_POOL}\n`,
-  );
-  const key = await output(waffle, ["serve", "key", "create", "--tenant", "bench"], env);
-  const server = await startServe(waffle, env);
-  context.cleanup.add(async () => {
-    server.child.kill("SIGTERM");
-    await server.child.status;
-  });
-  const options = { apiKey: key.trim(), apiUrl: server.url, sandboxUrl: server.url };
+  const options = await serveFor(context, waffle, env);
   const made: Sandbox[] = [];
   context.cleanup.add(async () => {
     for (const sandbox of made) await sandbox.kill().catch(() => false);
@@ -102,13 +92,26 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
     );
     context.progress.step("e2b_create + e2b_docker_run_cold", i + 1, creates);
   }
-  for (let i = 0; i < creates && context.wants("e2b_create_warm"); i++) {
-    await untilReady(home, "warm", WARM_POOL);
+  // Another server and home, whose template `warm` keeps a pool: no pool
+  // may serve the cold creates above.
+  const poolHome = join(context.root, "serve-pool-home");
+  await Deno.mkdir(poolHome, { recursive: true });
+  await Deno.writeTextFile(
+    join(poolHome, "waffle.toml"),
+    `[templates.warm]\nimage = "${BASE}"\nwarm = ${WARM_POOL}\n`,
+  );
+  const poolEnv = { ...Deno.env.toObject(), WAFFLE_HOME: poolHome };
+  const pooled = context.wants("e2b_create_warm")
+    ? await serveFor(context, waffle, poolEnv)
+    : undefined;
+  context.cleanup.add(() => output(waffle, ["pool", "drain"], poolEnv).then(() => {}));
+  for (let i = 0; i < creates && pooled !== undefined; i++) {
+    await untilReady(poolHome, "warm", WARM_POOL);
     const t0 = now();
-    const sandbox = await Sandbox.create("warm", options);
+    const sandbox = await Sandbox.create("warm", pooled);
     await sandbox.commands.run("true");
     add("e2b_create_warm", now() - t0);
-    made.push(sandbox);
+    await sandbox.kill();
     context.progress.step("e2b_create_warm", i + 1, creates);
   }
   if (made.length === 0) made.push(await Sandbox.create("base", options));
@@ -208,4 +211,19 @@ async function untilReady(home: string, template: string, count: number): Promis
     if (Date.now() > deadline) throw new Error(`Pool '${template}' did not refill to ${count}`);
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+}
+
+// A `waffle serve` on a home with a key of tenant `bench`: the SDK's options.
+async function serveFor(
+  context: BenchContext,
+  waffle: string,
+  env: Record<string, string>,
+): Promise<{ apiKey: string; apiUrl: string; sandboxUrl: string }> {
+  const key = await output(waffle, ["serve", "key", "create", "--tenant", "bench"], env);
+  const server = await startServe(waffle, env);
+  context.cleanup.add(async () => {
+    server.child.kill("SIGTERM");
+    await server.child.status;
+  });
+  return { apiKey: key.trim(), apiUrl: server.url, sandboxUrl: server.url };
 }

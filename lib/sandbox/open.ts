@@ -139,16 +139,20 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   let docker = options.docker;
   let lastEnsure: Ensured | undefined;
   let volume: VolumeStatus | undefined;
+  // A taken member's rename, settled under the lock once: a first command
+  // is submitted while it runs. Not renamed: the next call's full ensure
+  // finds the container by its binding and renames it (see ensure.ts).
+  const settleRename = async (): Promise<void> => {
+    if (renaming === undefined) return;
+    const done = renaming;
+    renaming = undefined;
+    if (!await done) writeWarm(paths.root, undefined);
+  };
   const ensureLocked = async (
     trouble?: RunnerTrouble,
     imageAsked?: Promise<string | undefined>,
   ): Promise<void> => {
     mark("lock held");
-    if (renaming !== undefined) {
-      // Not renamed: the full ensure renames it (see ensure.ts).
-      if (!await renaming) writeWarm(paths.root, undefined);
-      renaming = undefined;
-    }
     // A paused sandbox takes nothing: failed here, never queued for later.
     refuseIfPaused(paths.root, key);
     const egress = currentEgress();
@@ -238,7 +242,12 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       return volume;
     },
     ensure: async (trouble?: RunnerTrouble): Promise<void | false> => {
-      if (trouble === undefined) return await withLock(paths.lock, () => ensureLocked());
+      if (trouble === undefined) {
+        return await withLock(paths.lock, async () => {
+          await ensureLocked();
+          await settleRename();
+        });
+      }
       // A waiting host's trouble judged while the sandbox was paused (or
       // before its resume's first beat) is no death: nothing is repaired and
       // the wait goes on. Asked again under the lock, which a resume holds.
@@ -246,6 +255,7 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       if (judgedWhilePaused(paths.root, judgedBy)) return false;
       return await withLock(paths.lock, async (): Promise<void | false> => {
         if (judgedWhilePaused(paths.root, judgedBy)) return false;
+        await settleRename();
         return await ensureLocked(trouble);
       });
     },
@@ -256,7 +266,9 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
       const imageAsked = currentImageId(endpoint, config.image);
       return withLock(paths.lock, async () => {
         await ensureLocked(undefined, imageAsked);
-        return await queue.submit(request);
+        const id = await queue.submit(request);
+        await settleRename();
+        return id;
       });
     },
     close: () => queue.close(),

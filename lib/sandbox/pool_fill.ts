@@ -275,8 +275,11 @@ export interface PoolKeeper {
 
 /**
  * Keeps pools filled in the background: a round per template every
- * `intervalMs` (default 2 s) and soon after each {@linkcode PoolKeeper.poke}.
- * A round that fails is reported and tried again at the next one.
+ * `intervalMs` (default 2 s) and soon after each {@linkcode PoolKeeper.poke},
+ * once no take came for `settleMs` (default 1 s): making a member takes a
+ * few hundred ms of CPU, which a user's first commands right after a take
+ * (and the rest of a burst) should not share. A round that fails is
+ * reported and tried again at the next one.
  *
  * @param home `WAFFLE_HOME`.
  * @param targets The pools.
@@ -288,14 +291,30 @@ export function keepPools(
   targets: readonly PoolTarget[],
   options: FillOptions & {
     intervalMs?: number;
+    settleMs?: number;
     onError?: ((line: string) => void) | undefined;
   } = {},
 ): PoolKeeper {
   const reports = new Map<string, FillReport>();
+  const settleMs = options.settleMs ?? 1000;
   let stopped = false;
+  let lastTake = 0;
   let wake: (() => void) | undefined;
+  const sleep = (ms: number): Promise<void> =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    }).finally(() => (wake = undefined));
   const loop = (async () => {
     while (!stopped) {
+      // A burst of takes is refilled once it settles.
+      for (let quiet = settleMs - (Date.now() - lastTake); quiet > 0 && !stopped;) {
+        await sleep(quiet);
+        quiet = settleMs - (Date.now() - lastTake);
+      }
       for (const target of targets) {
         if (stopped) break;
         try {
@@ -309,18 +328,14 @@ export function keepPools(
         }
       }
       if (stopped) break;
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, options.intervalMs ?? 2000);
-        wake = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-      });
-      wake = undefined;
+      await sleep(options.intervalMs ?? 2000);
     }
   })();
   return {
-    poke: () => wake?.(),
+    poke: () => {
+      lastTake = Date.now();
+      wake?.();
+    },
     reports: () => [...reports.values()],
     stop: async () => {
       stopped = true;
