@@ -101,10 +101,11 @@ async function runServeSection(context: BenchContext): Promise<BenchReport> {
     `[templates.warm]\nimage = "${BASE}"\nwarm = ${WARM_POOL}\n`,
   );
   const poolEnv = { ...Deno.env.toObject(), WAFFLE_HOME: poolHome };
+  // Registered first, so it runs after the server (which refills) has stopped.
+  context.cleanup.add(() => output(waffle, ["pool", "drain"], poolEnv).then(() => {}));
   const pooled = context.wants("e2b_create_warm")
     ? await serveFor(context, waffle, poolEnv)
     : undefined;
-  context.cleanup.add(() => output(waffle, ["pool", "drain"], poolEnv).then(() => {}));
   for (let i = 0; i < creates && pooled !== undefined; i++) {
     await untilReady(poolHome, "warm", WARM_POOL);
     const t0 = now();
