@@ -81,6 +81,10 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.SNAPSHOT_HELP, run: m.snapshotCommand, nested: true }),
     ),
   }],
+  ["fork", {
+    summary: "copy a sandbox's workspace into new sandboxes, the source kept running",
+    load: lazy(() => import("./fork.ts"), (m) => ({ help: m.FORK_HELP, run: m.forkCommand })),
+  }],
   ["cp", {
     summary: "copy files and directories into or out of a sandbox",
     load: lazy(() => import("./cp.ts"), (m) => ({ help: m.CP_HELP, run: m.cpCommand })),

@@ -54,6 +54,16 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./fleet.ts";
+export {
+  type ForkedSandbox,
+  type ForkOptions,
+  type ForkResult,
+  forkSandbox,
+  type ForkSource,
+  type ForkTarget,
+  MAX_FORK_TARGETS,
+  sandboxExists,
+} from "./fork.ts";
 export { type PauseOptions, pauseSandbox, resumeSandbox } from "./pause.ts";
 export { clearPause, type PauseRecord, readPause } from "./pause_record.ts";
 export {
