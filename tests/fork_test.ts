@@ -150,3 +150,66 @@ liveTest(
     );
   },
 );
+
+/** A one-line error on stderr: `waffle: <Capital>…` with no trailing period. */
+function assertOneLine(stderr: string, pattern: RegExp): void {
+  assert.match(stderr, /^waffle: [A-Z][^\n]*[^.\n]\n$/, stderr);
+  assert.match(stderr, pattern);
+}
+
+liveTest(
+  "fork: waffle fork --count makes V-1..V-N; its refusals are one line, exit 125, nothing made",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    const user = uniqueUser("fork-cli");
+    const wrote = await home.cli([
+      "exec",
+      "--user",
+      user,
+      "--",
+      "sh",
+      "-c",
+      "echo hi > /workspace/f",
+    ]);
+    assert.equal(wrote.code, 0, wrote.stderr);
+    const sandboxes = () => [...Deno.readDirSync(join(home.home, "sandboxes"))].length;
+    const containers = async () => (await home.containers()).length;
+
+    const forked = await home.cli([
+      "fork",
+      "--user",
+      user,
+      "--to",
+      `${user}-f`,
+      "--count",
+      "2",
+      "--json",
+    ]);
+    assert.equal(forked.code, 0, forked.stderr);
+    const json = JSON.parse(forked.stdout);
+    assert.deepEqual(json.targets.map((t: { user: string }) => t.user), [
+      `${user}-f-1`,
+      `${user}-f-2`,
+    ]);
+    assert.equal(json.processesForked, false);
+    for (const target of [`${user}-f-1`, `${user}-f-2`]) {
+      const read = await home.cli(["exec", "--user", target, "--", "cat", "/workspace/f"]);
+      assert.equal(read.stdout, "hi\n");
+    }
+    const before = { roots: sandboxes(), containers: await containers() };
+    const refusals: [string[], RegExp][] = [
+      [["--to", `${user}-f-1`], /exists already/],
+      [["--to", `${user}-f`, "--count", "3"], /'.*-f-1'.*exists already/],
+      [["--to", "Bad Id!"], /Invalid user id 'Bad Id!'/i],
+    ];
+    for (const [flags, pattern] of refusals) {
+      const refused = await home.cli(["fork", "--user", user, ...flags]);
+      assert.equal(refused.code, 125, refused.stderr);
+      assertOneLine(refused.stderr, pattern);
+    }
+    const unknown = await home.cli(["fork", "--user", "nobody-here", "--to", `${user}-g`]);
+    assert.equal(unknown.code, 125);
+    assertOneLine(unknown.stderr, /No sandbox for user 'nobody-here'/);
+    assert.deepEqual({ roots: sandboxes(), containers: await containers() }, before);
+  },
+);
