@@ -216,6 +216,66 @@ function checkTargets(source: ForkSource, targets: readonly ForkTarget[]): void 
   }
 }
 
+/**
+ * Copies a sandbox's volume image at one instant, its processes kept
+ * running (frozen for the copy only), as {@linkcode forkSandbox} does: the
+ * image a snapshot of `waffle serve` keeps. Takes the sandbox's lock.
+ *
+ * @param source The sandbox.
+ * @param target A new file (in a directory only the host writes).
+ * @param options The Docker client.
+ * @returns How long the sandbox was frozen, and the instant of the copy.
+ * @throws {UsageError} When the sandbox has no volume, or the host cannot copy one.
+ * @throws {QueueError} When the copy fails (nothing is left at `target`).
+ */
+export async function captureImage(
+  source: ForkSource,
+  target: string,
+  options: { docker?: DockerClient } = {},
+): Promise<{ frozenMs: number; forkedAt: string }> {
+  requireSupport();
+  if (!lexists(join(source.paths.root, "volume.img"))) {
+    throw new UsageError(`No sandbox for ${who(source)} to copy`);
+  }
+  const docker = options.docker ?? new (await import("../docker/client.ts")).DockerClient();
+  try {
+    return await withLock(source.paths.lock, () => copySource(source, { docker, target }));
+  } catch (error) {
+    await Deno.remove(target).catch(() => {});
+    throw error;
+  }
+}
+
+/**
+ * Makes a new sandbox from a volume image ({@linkcode captureImage}'s): the
+ * image's workspace with a fresh, empty queue, and starts it. A target that
+ * exists already is refused; one that fails is discarded.
+ *
+ * @param target A sandbox opened for the new user (`openSandbox`), not existing yet.
+ * @param image The image (copied, never changed).
+ * @param options Docker client, whether to start it, how to discard it.
+ * @throws {UsageError} When the target exists already.
+ * @throws {QueueError} When the copy, the mount or the start fails (the target is discarded).
+ */
+export async function sandboxFromImage(
+  target: ForkTarget,
+  image: string,
+  options: ForkOptions = {},
+): Promise<void> {
+  requireSupport();
+  const docker = options.docker ?? new (await import("../docker/client.ts")).DockerClient();
+  const made: ForkTarget[] = [];
+  try {
+    await install(target, { from: image, link: false, docker, made });
+    if (options.start ?? true) await target.ensure();
+  } catch (error) {
+    for (const t of made) {
+      await (options.discard ?? ((x) => discardTarget(docker, x)))(t).catch(() => {});
+    }
+    throw error;
+  }
+}
+
 // Under the source's lock: its processes frozen (the cgroup freezer), then
 // its volume (fsfreeze) while the image is copied; thawed, then unpaused.
 async function copySource(

@@ -55,6 +55,7 @@ export {
   type SweepOptions,
 } from "./fleet.ts";
 export {
+  captureImage,
   type ForkedSandbox,
   type ForkOptions,
   type ForkResult,
@@ -63,6 +64,7 @@ export {
   type ForkTarget,
   MAX_FORK_TARGETS,
   sandboxExists,
+  sandboxFromImage,
 } from "./fork.ts";
 export { type PauseOptions, pauseSandbox, resumeSandbox } from "./pause.ts";
 export { clearPause, type PauseRecord, readPause } from "./pause_record.ts";

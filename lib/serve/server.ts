@@ -15,6 +15,7 @@ import type { DockerClient } from "../docker/mod.ts";
 import { type AuditEntry, type Caller, controlApp } from "./control.ts";
 import { error, signedFilesSandbox } from "./envd_http.ts";
 import { EnvdRouter } from "./envd_router.ts";
+import { ServeSnapshots } from "./snapshots.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { ProcessStore, SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
@@ -95,6 +96,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     home: options.home,
     docker: options.docker,
     configPath: options.configPath,
+    snapshots: new ServeSnapshots(options.db, options.home),
   });
   const envd = new EnvdRouter({
     sandboxes,
