@@ -15,6 +15,7 @@ import type { Sandbox } from "../lib/sandbox/open.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { run, runOk, tempHome, uniqueUser } from "./_sandbox_helpers.ts";
 import { waitFor } from "./_helpers.ts";
+import { asCommand, containerOf, spawnAsRunner, victimFile } from "./_hostile_helpers.ts";
 
 /** A file of the workspace as the host reads it on the mounted volume. */
 function hostRead(sandbox: Sandbox, name: string): string {
@@ -211,5 +212,78 @@ liveTest(
     assert.equal(unknown.code, 125);
     assertOneLine(unknown.stderr, /No sandbox for user 'nobody-here'/);
     assert.deepEqual({ roots: sandboxes(), containers: await containers() }, before);
+  },
+);
+
+liveTest(
+  "fork: a hostile command and runner in the source neither stall the fork nor reach beyond the target",
+  async (docker) => {
+    await using home = await tempHome(docker);
+    await using victim = await victimFile();
+    const user = uniqueUser("fork-hostile");
+    const source = home.open(user);
+    await runOk(source, "true");
+    const container = containerOf(source);
+    // The command: a link to a host file, a huge sparse file, many files.
+    const planted = await asCommand(
+      container,
+      `ln -s ${victim.path} /workspace/link && truncate -s 100G /workspace/sparse && ` +
+        "mkdir /workspace/many && cd /workspace/many && seq 1 3000 | xargs touch",
+    );
+    assert.equal(planted.code, 0, planted.stderr);
+    // …and a request that keeps a file open, rewriting it with fsync.
+    const writer = await source.submit({
+      shell: "exec 3<>/workspace/held; i=0; while [ $i -lt 100000 ] && [ ! -e /workspace/stop ]; " +
+        "do i=$((i+1)); dd if=/dev/zero of=/workspace/held bs=1M count=1 conv=notrunc,fsync " +
+        "2>/dev/null; done",
+    });
+    // The runner (uid 0): a link, a sparse file and a writer held open in its outbound/.
+    const attack = await spawnAsRunner(
+      container,
+      `Deno.symlinkSync(${JSON.stringify(victim.path)}, "/queue/outbound/evil");
+       const f = Deno.openSync("/queue/outbound/sparse", { write: true, create: true });
+       f.truncateSync(50 * 1024 ** 3);
+       console.log("ready");
+       for (let i = 0; i < 1e6; i++) {
+         f.seekSync(0, Deno.SeekMode.Start); f.writeSync(new Uint8Array(4096)); f.syncSync();
+       }`,
+      "ready",
+    );
+    await waitFor(() => {
+      try {
+        return Deno.statSync(join(source.paths.workspace, "held")).size > 0;
+      } catch {
+        return false;
+      }
+    }, { what: "the held file" });
+    const target = home.open(`${user}-t`);
+    const rootsBefore = [...Deno.readDirSync(join(home.home, "sandboxes"))].map((e) => e.name);
+
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const bound = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error("The fork did not end within 120 s")), 120_000);
+    });
+    try {
+      await Promise.race([forkSandbox(source, [target], { docker }), bound]);
+    } finally {
+      clearTimeout(timer);
+    }
+
+    // The target has the files, inert; none of the runner's outbound/.
+    assert.equal(await runOk(target, "readlink /workspace/link"), `${victim.path}\n`);
+    assert.equal(await runOk(target, "stat -c %s /workspace/sparse"), `${100 * 1024 ** 3}\n`);
+    assert.equal(await runOk(target, "ls /workspace/many | wc -l"), "3000\n");
+    const outbound = [...Deno.readDirSync(target.paths.outbound)].map((e) => e.name);
+    assert.ok(!outbound.includes("evil") && !outbound.includes("sparse"), `${outbound}`);
+    // Nothing beyond the target's own state: no new root, the host file intact.
+    const rootsAfter = [...Deno.readDirSync(join(home.home, "sandboxes"))].map((e) => e.name);
+    assert.deepEqual(rootsAfter.sort(), rootsBefore.sort());
+    victim.check();
+    // The source's processes were frozen and thawed, not stopped.
+    assert.equal(attack.exited, false);
+    assert.equal(source.queue.state(writer).state, "started");
+    Deno.writeTextFileSync(join(source.paths.workspace, "stop"), "");
+    assert.equal((await source.queue.collect(writer)).result.exitCode, 0);
+    await attack.stop();
   },
 );
