@@ -259,6 +259,25 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     return c.body(null, 204);
   });
 
+  forkRoute(app, deps, owned);
+  snapshotRoutes(app, deps, owned);
+
+  app.get("/sandboxes", (c) =>
+    c.json(
+      deps.sandboxes.store.list(c.get("caller").tenant).filter((r) => r.state !== "creating")
+        .map((r) => detailJson(r, deps)),
+    ));
+  app.get("/v2/sandboxes", (c) => listV2(c, deps));
+  app.notFound((c) => fail(c, 404, `No route '${c.req.method} ${c.req.path}'`));
+  app.onError((error, c) => fail(c, 500, error instanceof Error ? error.message : String(error)));
+  return app;
+}
+
+type ControlApp = Hono<{ Variables: { caller: Caller } }>;
+type Owned = (c: Context<{ Variables: { caller: Caller } }>) => SandboxRecord | undefined;
+
+// Fork: `POST /sandboxes/{id}/fork` (see `ServeSandboxes.fork`).
+function forkRoute(app: ControlApp, deps: ControlDeps, owned: Owned): void {
   app.post("/sandboxes/:id/fork", async (c) => {
     const record = owned(c);
     if (record === undefined) return notFound(c);
@@ -301,7 +320,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
       201,
     );
   });
+}
 
+// Snapshots: take of a running sandbox, list (paged), delete (the SDK's
+// deleteSnapshot deletes a template); a create names one as its template.
+function snapshotRoutes(app: ControlApp, deps: ControlDeps, owned: Owned): void {
   app.post("/sandboxes/:id/snapshots", async (c) => {
     const record = owned(c);
     if (record === undefined) return notFound(c);
@@ -339,16 +362,6 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     if (removed !== true) return fail(c, 404, `Template '${c.req.param("id")}' not found`);
     return c.body(null, 204);
   });
-
-  app.get("/sandboxes", (c) =>
-    c.json(
-      deps.sandboxes.store.list(c.get("caller").tenant).filter((r) => r.state !== "creating")
-        .map((r) => detailJson(r, deps)),
-    ));
-  app.get("/v2/sandboxes", (c) => listV2(c, deps));
-  app.notFound((c) => fail(c, 404, `No route '${c.req.method} ${c.req.path}'`));
-  app.onError((error, c) => fail(c, 500, error instanceof Error ? error.message : String(error)));
-  return app;
 }
 
 // GET /v2/sandboxes: metadata ("k=v&k2=v2", URL-encoded) and state filters,
