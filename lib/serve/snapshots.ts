@@ -74,6 +74,20 @@ export class ServeSnapshots {
   constructor(db: DatabaseSync, home: string) {
     this.#db = db;
     this.#dir = join(home, "serve", "snapshots");
+    // What a server killed during a capture left (a partial copy, an image
+    // renamed in but never recorded): no capture runs before this one starts.
+    try {
+      for (const entry of Deno.readDirSync(this.#dir)) {
+        const image = /^([a-z0-9]+)\.img$/.exec(entry.name);
+        const orphan = image !== null &&
+          statement(db, "SELECT 1 FROM snapshots WHERE id = ?").get(image[1]!) === undefined;
+        if (orphan || /^\.[a-z0-9]+\.taking$/.test(entry.name)) {
+          Deno.removeSync(join(this.#dir, entry.name));
+        }
+      }
+    } catch {
+      // No store yet.
+    }
   }
 
   /**
