@@ -30,6 +30,7 @@ import { cpSection } from "./cp_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
 import { egressSection } from "./egress_bench.ts";
 import { fleetSection } from "./fleet_bench.ts";
+import { forkSection } from "./fork_bench.ts";
 import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
@@ -49,6 +50,7 @@ export const SECTIONS: readonly Section[] = [
   fleetSection,
   attackSection,
   snapshotSection,
+  forkSection,
   cpSection,
   imageSection,
   egressSection,

@@ -20,6 +20,12 @@ export { type HostBackendOptions, openHostBackend, runnerAlive } from "./host_ba
 export {
   type EnsureAction,
   type Ensured,
+  type ForkedSandbox,
+  type ForkOptions,
+  type ForkResult,
+  forkSandbox,
+  type ForkSource,
+  type ForkTarget,
   listSandboxes,
   type ListSandboxesOptions,
   listSnapshots,

@@ -89,6 +89,10 @@ const commands = new Map<string, Subcommand>([
     summary: "fill or drain the warm pools of ready sandboxes",
     load: lazy(() => import("./pool.ts"), (m) => ({ help: m.POOL_HELP, run: m.poolCommand })),
   }],
+  ["fork", {
+    summary: "copy a sandbox's workspace into new sandboxes, the source kept running",
+    load: lazy(() => import("./fork.ts"), (m) => ({ help: m.FORK_HELP, run: m.forkCommand })),
+  }],
   ["cp", {
     summary: "copy files and directories into or out of a sandbox",
     load: lazy(() => import("./cp.ts"), (m) => ({ help: m.CP_HELP, run: m.cpCommand })),

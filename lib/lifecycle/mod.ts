@@ -69,6 +69,18 @@ export {
   type SweepAction,
   type SweepOptions,
 } from "./fleet.ts";
+export {
+  captureImage,
+  type ForkedSandbox,
+  type ForkOptions,
+  type ForkResult,
+  forkSandbox,
+  type ForkSource,
+  type ForkTarget,
+  MAX_FORK_TARGETS,
+  sandboxExists,
+  sandboxFromImage,
+} from "./fork.ts";
 export { type PauseOptions, pauseSandbox, resumeSandbox } from "./pause.ts";
 export { clearPause, type PauseRecord, readPause } from "./pause_record.ts";
 export {

@@ -342,12 +342,24 @@ export async function removeSnapshot(
   });
 }
 
-function who(sandbox: SnapshotSandbox): string {
+/**
+ * Names a sandbox's owner for a message.
+ *
+ * @param sandbox The sandbox.
+ * @returns `user 'U'`, or `user 'U' of tenant 'T'` outside the default tenant.
+ */
+export function who(sandbox: Pick<SnapshotSandbox, "key">): string {
   const { tenant, user } = sandbox.key;
   return tenant === "default" ? `user '${user}'` : `user '${user}' of tenant '${tenant}'`;
 }
 
-function requireSupport(): void {
+/**
+ * Refuses, with a one-line reason, on a host that cannot copy a volume
+ * (no disk-quota volume, a program missing).
+ *
+ * @throws {UsageError} Saying what is missing.
+ */
+export function requireSupport(): void {
   const support = quotaSupport();
   if (!support.supported) {
     throw new UsageError(
@@ -360,9 +372,18 @@ function requireSupport(): void {
   }
 }
 
-// Undoes what a killed call left (a frozen volume, work directories, a
-// half-copied or swapped-out workspace), then mounts the volume if needed.
-async function healAndPrepare(sandbox: SnapshotSandbox): Promise<VolumeStatus> {
+/**
+ * Undoes what a killed call left (a frozen volume, work directories, a
+ * half-copied or swapped-out workspace), then mounts the volume if needed.
+ * Callers hold the sandbox's lock.
+ *
+ * @param sandbox The sandbox.
+ * @returns Its mounted volume.
+ * @throws {UsageError} When its disk quota is not enforced (no volume to copy).
+ */
+export async function healAndPrepare(
+  sandbox: Pick<SnapshotSandbox, "key" | "paths" | "config">,
+): Promise<VolumeStatus> {
   const { paths, config } = sandbox;
   const real = Deno.realPathSync(paths.root);
   // First: a frozen volume would block the preparation's own writes.

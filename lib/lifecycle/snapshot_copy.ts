@@ -126,6 +126,40 @@ export async function copyFrozenImage(
 }
 
 /**
+ * Copies an image no one writes (a frozen copy already made): sparse, and
+ * reflinked where the host's filesystem can. A failed copy leaves nothing.
+ *
+ * @param from The image.
+ * @param to A new file.
+ * @param options `timeoutMs`: the copy's bound.
+ * @throws {QueueError} When the copy fails or takes too long.
+ */
+export async function copyImage(
+  from: string,
+  to: string,
+  options: { timeoutMs?: number } = {},
+): Promise<void> {
+  const seconds = `${
+    Math.max(1, Math.ceil((options.timeoutMs ?? SNAPSHOT_COPY_TIMEOUT_MS) / 1000))
+  }`;
+  const { code, stderr } = await runChild(program("timeout"), [
+    "-s",
+    "KILL",
+    seconds,
+    program("cp"),
+    "--sparse=always",
+    "--reflink=auto",
+    "--",
+    from,
+    to,
+  ]);
+  if (code === 0) return;
+  await Deno.remove(to).catch(() => {});
+  const what = code === 137 ? `the copy took longer than ${seconds} s` : "the copy failed";
+  throw new QueueError(`Cannot copy volume image '${from}': ${what}${detail(stderr)}`);
+}
+
+/**
  * Thaws a volume a killed save may have left frozen. Does nothing unless
  * `mountPoint` is the loop mount of `image`; a volume that is not frozen is
  * left as it is.

@@ -52,6 +52,12 @@ export interface SandboxOptions {
   /** Fallback poll interval of the queue. */
   pollMs?: number;
   /**
+   * False: never take a warm pool's member for a user that has no sandbox
+   * yet (a fork's target, a sandbox made from an image: their state is
+   * made anew). Default true.
+   */
+  fromPool?: boolean;
+  /**
    * Opens a warm pool's member of this template (the filler's, see
    * `pool_fill.ts`): its tenant must be `POOL_TENANT`, and it never takes
    * from a pool itself.
@@ -113,7 +119,9 @@ export function openSandbox(user: string, options: SandboxOptions = {}): Sandbox
   const paths = statePaths(config.home, key);
   const endpoint = options.docker?.endpoint ?? parseDockerHost(dockerHostEnv());
   // A new user's first open takes a warm pool's member when one fits.
-  const taken = options.pool === undefined ? takeFromPool(resolved, paths) : undefined;
+  const taken = options.pool === undefined && options.fromPool !== false
+    ? takeFromPool(resolved, paths)
+    : undefined;
   // Its container still has the member's name; renamed before the first use.
   let renaming = taken === undefined ? undefined : renameTaken(endpoint, taken, key);
   // The host's half only; the volume and the runner's directory are made

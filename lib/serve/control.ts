@@ -1,6 +1,7 @@
 /**
- * E2B's control API (REST) on waffle's sandboxes: create, get, list, kill,
- * timeout, pause and connect (which resumes a paused one), on both the `/sandboxes` and `/v2/sandboxes` paths
+ * E2B's control API (REST) on waffle's sandboxes: create (from a template
+ * or a snapshot), get, list, kill, timeout, pause, connect (which resumes a
+ * paused one), fork, and snapshots (take, list, delete), on both the `/sandboxes` and `/v2/sandboxes` paths
  * the SDKs use. Every call needs `X-API-KEY`; a key sees only its tenant's
  * sandboxes (another tenant's are not found). Errors are `{code, message}`
  * with the same HTTP status: the JS SDK reads the body, Python the status.
@@ -12,6 +13,8 @@ import { bodyLimit } from "hono/body-limit";
 import type { Context } from "hono";
 import { z } from "zod";
 import type { SandboxRecord } from "./state.ts";
+import type { SnapshotRecord } from "./snapshots.ts";
+import { UsageError } from "../errors.ts";
 import type { ServeSandboxes } from "./sandboxes.ts";
 import type { Admission } from "./limits.ts";
 import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
@@ -100,6 +103,20 @@ const CreateBody = z.object({
 
 const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).passthrough();
 
+const ForkBody = z.object({
+  timeout: z.number().int().min(1).optional(),
+  count: z.number().int().min(1).optional(),
+}).passthrough();
+
+const SnapshotBody = z.object({ name: z.string().max(128).optional() }).passthrough();
+
+/**
+ * The most forks one `POST /sandboxes/{id}/fork` makes (E2B allows 100):
+ * each is a container start on this host, and each counts against the
+ * tenant's `max_sandboxes` and `creates_per_minute`.
+ */
+export const MAX_FORKS_PER_CALL = 20;
+
 /**
  * The control API as a Hono app (its `fetch` answers a `Request`).
  *
@@ -148,7 +165,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
       if (!body.success) return fail(c, 400, `Invalid create request: ${problem(body.error)}`);
       const { templateID = "base", timeout = deps.defaultTimeoutS, metadata = {}, envVars = {} } =
         body.data;
-      const image = deps.templateImage(templateID);
+      // A template of the config, else one of the tenant's snapshots (its id or name).
+      const snapshot = deps.templateImage(templateID) === undefined
+        ? deps.sandboxes.snapshots?.find(caller.tenant, templateID)
+        : undefined;
+      const image = snapshot?.image ?? deps.templateImage(templateID);
       if (image === undefined) return fail(c, 404, `Template '${templateID}' not found`);
       if (timeout > deps.maxTimeoutS) {
         return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
@@ -167,8 +188,11 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
       const record = await deps.sandboxes.create({
         tenant: caller.tenant,
         keyId: caller.keyId,
-        template: templateID,
+        template: snapshot?.template ?? templateID,
         image,
+        ...(snapshot === undefined
+          ? {}
+          : { fromImage: deps.sandboxes.snapshots!.imagePath(snapshot) }),
         timeoutS: timeout,
         metadata,
         envVars,
@@ -267,6 +291,8 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     const text = await deps.prometheus(c.get("caller").tenant);
     return c.body(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
   });
+  forkRoute(app, deps, owned);
+  snapshotRoutes(app, deps, owned);
 
   app.get("/sandboxes", (c) =>
     c.json(
@@ -277,6 +303,97 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
   app.notFound((c) => fail(c, 404, `No route '${c.req.method} ${c.req.path}'`));
   app.onError((error, c) => fail(c, 500, error instanceof Error ? error.message : String(error)));
   return app;
+}
+
+type ControlApp = Hono<{ Variables: { caller: Caller } }>;
+type Owned = (c: Context<{ Variables: { caller: Caller } }>) => SandboxRecord | undefined;
+
+// Fork: `POST /sandboxes/{id}/fork` (see `ServeSandboxes.fork`).
+function forkRoute(app: ControlApp, deps: ControlDeps, owned: Owned): void {
+  app.post("/sandboxes/:id/fork", async (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    const caller = c.get("caller");
+    const body = ForkBody.safeParse(await c.req.json().catch(() => ({})));
+    if (!body.success) return fail(c, 400, `Invalid fork request: ${problem(body.error)}`);
+    const { count = 1, timeout = deps.defaultTimeoutS } = body.data;
+    if (count > MAX_FORKS_PER_CALL) {
+      return fail(c, 400, `Fork count '${count}' is over the maximum of ${MAX_FORKS_PER_CALL}`);
+    }
+    if (timeout > deps.maxTimeoutS) {
+      return fail(c, 400, `Timeout '${timeout}' is over the maximum of ${deps.maxTimeoutS} s`);
+    }
+    // Nothing admitted: the whole call is refused, with when to retry.
+    let refused: Admission | undefined;
+    let admitted = 0;
+    const outcomes = await deps.sandboxes.fork(record, {
+      keyId: caller.keyId,
+      timeoutS: timeout,
+      count,
+      admit: () => {
+        const admission = deps.admitCreate(caller.tenant);
+        if (admission.ok) admitted++;
+        else refused ??= admission;
+        return admission;
+      },
+    });
+    if (admitted === 0 && refused !== undefined && !refused.ok) {
+      c.header("Retry-After", String(refused.retryAfterSeconds));
+      return fail(c, 429, refused.message);
+    }
+    // Files are forked, running processes are not (said in every answer).
+    c.header("X-Waffle-Processes-Forked", "false");
+    return c.json(
+      outcomes.map((o) =>
+        "record" in o
+          ? { sandbox: { ...sandboxJson(o.record), processesForked: false } }
+          : { error: o.error }
+      ),
+      201,
+    );
+  });
+}
+
+// Snapshots: take of a running sandbox, list (paged), delete (the SDK's
+// deleteSnapshot deletes a template); a create names one as its template.
+function snapshotRoutes(app: ControlApp, deps: ControlDeps, owned: Owned): void {
+  app.post("/sandboxes/:id/snapshots", async (c) => {
+    const record = owned(c);
+    if (record === undefined) return notFound(c);
+    const body = SnapshotBody.safeParse(await c.req.json().catch(() => ({})));
+    if (!body.success) return fail(c, 400, `Invalid snapshot request: ${problem(body.error)}`);
+    try {
+      const snapshot = await deps.sandboxes.snapshot(record, body.data.name);
+      return c.json(snapshotJson(snapshot), 201);
+    } catch (error) {
+      if (error instanceof UsageError) return fail(c, 400, error.message);
+      throw error;
+    }
+  });
+  app.get("/snapshots", (c) => {
+    const tenant = c.get("caller").tenant;
+    const sandboxId = c.req.query("sandboxID");
+    const name = c.req.query("name");
+    const all = deps.sandboxes.snapshots?.list(tenant, {
+      ...(sandboxId === undefined ? {} : { sandboxId }),
+      ...(name === undefined ? {} : { name }),
+    }) ?? [];
+    const limit = Math.min(Math.max(Number(c.req.query("limit") ?? 100) || 100, 1), 1000);
+    const after = c.req.query("nextToken");
+    const start = after === undefined ? 0 : all.findIndex((s) => s.id === after) + 1;
+    const page = all.slice(start, start + limit);
+    if (start + limit < all.length && page.length > 0) c.header("X-Next-Token", page.at(-1)!.id);
+    return c.json(page.map(snapshotJson));
+  });
+  // The SDK's deleteSnapshot: a snapshot is a template to E2B.
+  app.delete("/templates/:id", async (c) => {
+    const removed = await deps.sandboxes.snapshots?.remove(
+      c.get("caller").tenant,
+      c.req.param("id"),
+    );
+    if (removed !== true) return fail(c, 404, `Template '${c.req.param("id")}' not found`);
+    return c.body(null, 204);
+  });
 }
 
 // GET /v2/sandboxes: metadata ("k=v&k2=v2", URL-encoded) and state filters,
@@ -334,6 +451,14 @@ export function sandboxJson(record: SandboxRecord): Record<string, unknown> {
     envdAccessToken: record.accessToken,
     trafficAccessToken: null,
     domain: null,
+  };
+}
+
+// E2B's SnapshotInfo: the id a create takes, and the names it was given.
+function snapshotJson(snapshot: SnapshotRecord): Record<string, unknown> {
+  return {
+    snapshotID: snapshot.id,
+    names: snapshot.name === undefined ? [] : [snapshot.name],
   };
 }
 

@@ -78,6 +78,25 @@ ALTER TABLE sandboxes ADD COLUMN network TEXT;
 `;
 
 /**
+ * Version 5: the snapshots of `POST /sandboxes/{id}/snapshots` (lib/serve/snapshots.ts), each a
+ * volume image in `serve/snapshots/`, owned by a tenant and outliving the sandbox it was taken of.
+ */
+const SNAPSHOTS_TABLE = `
+CREATE TABLE snapshots (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  name TEXT,
+  sandbox_id TEXT NOT NULL,
+  template TEXT NOT NULL,
+  image TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  UNIQUE (tenant, name)
+);
+CREATE INDEX snapshots_tenant ON snapshots (tenant, created_at, id);
+`;
+
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
@@ -87,6 +106,7 @@ export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([
   SANDBOXES_TABLE,
   PROCESSES_TABLE,
   SANDBOX_NETWORK,
+  SNAPSHOTS_TABLE,
 ]);
 
 /** Options of {@linkcode openServeDb}. */

@@ -14,6 +14,9 @@ import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
 import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
+import type { ServeSnapshots, SnapshotRecord } from "./snapshots.ts";
+import type { Admission } from "./limits.ts";
+import { forkSandbox, sandboxFromImage } from "../lifecycle/fork.ts";
 import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
 
 /** What a create asks for. */
@@ -34,7 +37,14 @@ export interface CreateRequest {
   envVars: Record<string, string>;
   /** What it asked of the network (already judged by `narrowEgress`); undefined: nothing. */
   network?: NetworkAsk | undefined;
+  /** A volume image to start from (a snapshot's): its workspace, a fresh queue. */
+  fromImage?: string | undefined;
 }
+
+/** One fork's outcome, as E2B's fork answers it: the new sandbox or why not. */
+export type ForkOutcome =
+  | { record: SandboxRecord }
+  | { error: { code: number; message: string } };
 
 /** Options of {@linkcode ServeSandboxes}. */
 export interface ServeSandboxesOptions {
@@ -46,6 +56,8 @@ export interface ServeSandboxesOptions {
   configPath?: string | undefined;
   /** Told when a create took a warm pool's member (its keeper refills). */
   onTaken?: (template: string) => void;
+  /** The server's snapshots (absent: none can be taken). */
+  snapshots?: ServeSnapshots;
   /** Clock (tests). */
   now?: () => number;
   /** Told each create that succeeded: its tenant and how long it took, in seconds. */
@@ -140,9 +152,17 @@ export class ServeSandboxes {
     this.#store.insert(record);
     const began = performance.now();
     try {
-      const live = this.#open(record);
+      // A sandbox made from an image makes its state anew: never a pool's.
+      const live = this.#open(record, { fromPool: request.fromImage === undefined });
       const pooled = live.sandbox.pooled;
       if (pooled !== undefined) this.#options.onTaken?.(pooled.template);
+      if (request.fromImage !== undefined) {
+        // Removed by the catch below, as any failed create.
+        await sandboxFromImage(live.sandbox, request.fromImage, {
+          docker: this.#options.docker,
+          discard: () => Promise.resolve(),
+        });
+      }
       await live.sandbox.ensure();
       this.#store.setState(record.id, "running");
       this.#options.onCreated?.(record.tenant, (performance.now() - began) / 1000);
@@ -151,6 +171,86 @@ export class ServeSandboxes {
       await this.remove(record.id);
       throw error;
     }
+  }
+
+  /**
+   * Forks a sandbox into `count` new ones of the same tenant (see
+   * `forkSandbox`): the source keeps running; each fork has the source's
+   * files, template, metadata and environment, and its own id, token, queue,
+   * quota and egress. Each is admitted as a create; one refused is answered
+   * with its own error, the others go ahead.
+   *
+   * @param source The sandbox to fork.
+   * @param request The calling key, the forks' timeout, how many, and the admission of each.
+   * @returns One outcome per fork asked.
+   */
+  async fork(
+    source: SandboxRecord,
+    request: { keyId: string; timeoutS: number; count: number; admit: () => Admission },
+  ): Promise<ForkOutcome[]> {
+    const outcomes: ForkOutcome[] = [];
+    const records: SandboxRecord[] = [];
+    for (let i = 0; i < request.count; i++) {
+      const admission = request.admit();
+      if (!admission.ok) {
+        outcomes.push({ error: { code: 429, message: admission.message } });
+        continue;
+      }
+      const now = this.#now();
+      const record: SandboxRecord = {
+        ...source,
+        id: newSandboxId(),
+        keyId: request.keyId,
+        accessToken: newBearerToken(),
+        startedAt: now,
+        endAt: now + request.timeoutS * 1000,
+        state: "creating",
+      };
+      this.#store.insert(record);
+      records.push(record);
+      outcomes.push({ record });
+    }
+    if (records.length === 0) return outcomes;
+    try {
+      await forkSandbox(this.live(source).sandbox, records.map((r) => this.#open(r).sandbox), {
+        docker: this.#options.docker,
+        discard: () => Promise.resolve(),
+      });
+      for (const record of records) {
+        this.#store.setState(record.id, "running");
+        record.state = "running";
+      }
+      return outcomes;
+    } catch (error) {
+      for (const record of records) await this.remove(record.id).catch(() => {});
+      const message = error instanceof Error ? error.message : String(error);
+      const code = error instanceof UsageError ? 409 : 500;
+      return outcomes.map((o) => "record" in o ? { error: { code, message } } : o);
+    }
+  }
+
+  /**
+   * Takes a snapshot of a sandbox, kept apart from it (see `snapshots.ts`).
+   *
+   * @param record The sandbox.
+   * @param name The snapshot's name, if given.
+   * @returns The snapshot.
+   * @throws {UsageError} On a bad name, a limit reached, or a server without a snapshot store.
+   */
+  async snapshot(record: SandboxRecord, name: string | undefined): Promise<SnapshotRecord> {
+    const snapshots = this.#options.snapshots;
+    if (snapshots === undefined) throw new UsageError("This server keeps no snapshots");
+    const { sandbox } = this.live(record);
+    return await snapshots.take({ record, sandbox }, {
+      name,
+      limits: sandbox.config,
+      docker: this.#options.docker,
+    });
+  }
+
+  /** The server's snapshots, when it keeps them. */
+  get snapshots(): ServeSnapshots | undefined {
+    return this.#options.snapshots;
   }
 
   /**
@@ -164,9 +264,10 @@ export class ServeSandboxes {
     return this.#live.get(record.id) ?? this.#open(record);
   }
 
-  #open(record: SandboxRecord): Live {
+  #open(record: SandboxRecord, options: { fromPool?: boolean } = {}): Live {
     const ask = record.network;
     const sandbox = openSandbox(record.id, {
+      fromPool: options.fromPool ?? true,
       tenant: record.tenant,
       config: {
         home: this.#options.home,

@@ -15,6 +15,7 @@ import type { DockerClient } from "../docker/mod.ts";
 import { type AuditEntry, type Caller, controlApp } from "./control.ts";
 import { error, signedFilesSandbox } from "./envd_http.ts";
 import { EnvdRouter } from "./envd_router.ts";
+import { ServeSnapshots } from "./snapshots.ts";
 import { ServeSandboxes } from "./sandboxes.ts";
 import { keepPools, type PoolTarget } from "../sandbox/pool_fill.ts";
 import { readyMembers } from "../lifecycle/pool.ts";
@@ -124,6 +125,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     // A take is refilled at once, not at the next round.
     ...(pools === undefined ? {} : { onTaken: () => pools.poke() }),
     onCreated: (tenant, seconds) => metrics.create.observe(tenant, seconds),
+    snapshots: new ServeSnapshots(options.db, options.home),
   });
   const envd = new EnvdRouter({
     sandboxes,
