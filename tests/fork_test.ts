@@ -61,7 +61,7 @@ liveTest(
     await waitFor(() => Number(hostRead(source, "a")) > 20, { what: "the writer's first rounds" });
 
     const targets = [1, 2, 3].map((n) => home.open(`${user}-${n}`));
-    const forked = await forkSandbox(source, targets, { docker });
+    const forked = await forkSandbox(source, targets, { docker, start: true });
     const atFork = Number(hostRead(source, "a"));
     assert.equal(forked.processesForked, false);
     assert.deepEqual(forked.targets.map((t) => t.user), targets.map((t) => t.key.user));
@@ -137,11 +137,14 @@ liveTest(
       [[fresh, fresh], /twice/],
     ];
     for (const [targets, pattern] of cases) {
-      await assert.rejects(forkSandbox(source, targets, { docker }), (error: Error) => {
-        assert.ok(error instanceof UsageError);
-        assert.match(error.message, pattern);
-        return true;
-      });
+      await assert.rejects(
+        forkSandbox(source, targets, { docker, start: true }),
+        (error: Error) => {
+          assert.ok(error instanceof UsageError);
+          assert.match(error.message, pattern);
+          return true;
+        },
+      );
     }
     assert.equal(await runOk(existing, "cat /workspace/mine"), "mine\n");
     assert.throws(() => Deno.statSync(join(fresh.paths.root, "volume.img")));
@@ -264,7 +267,7 @@ liveTest(
       timer = setTimeout(() => reject(new Error("The fork did not end within 120 s")), 120_000);
     });
     try {
-      await Promise.race([forkSandbox(source, [target], { docker }), bound]);
+      await Promise.race([forkSandbox(source, [target], { docker, start: true }), bound]);
     } finally {
       clearTimeout(timer);
     }

@@ -90,6 +90,8 @@ export async function forkCommand(args: string[], io: CliIo): Promise<number> {
     }
     const forked = await forkSandbox(source, targets, {
       docker,
+      // The CLI answers with running sandboxes.
+      start: true,
       discard: (target) =>
         removeSandbox(docker, target.key, { config: target.config, purge: true }).then(() => {}),
     });

@@ -212,8 +212,12 @@ export class ServeSandboxes {
     }
     if (records.length === 0) return outcomes;
     try {
-      await forkSandbox(this.live(source).sandbox, records.map((r) => this.#open(r).sandbox), {
+      // A fork's state is made anew: never a pool's member.
+      const targets = records.map((r) => this.#open(r, { fromPool: false }).sandbox);
+      await forkSandbox(this.live(source).sandbox, targets, {
         docker: this.#options.docker,
+        // E2B answers with running sandboxes.
+        start: true,
         discard: () => Promise.resolve(),
       });
       for (const record of records) {
