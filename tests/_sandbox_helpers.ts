@@ -16,6 +16,9 @@ import { LABELS } from "../lib/lifecycle/posture.ts";
 import { removeVolume } from "../lib/lifecycle/quota.ts";
 import { openSandbox, type Sandbox } from "../lib/sandbox/open.ts";
 import { fillPool } from "../lib/sandbox/pool_fill.ts";
+import { forkSandbox } from "../lib/lifecycle/fork.ts";
+import { markReady } from "../lib/lifecycle/pool.ts";
+import { POOL_TENANT } from "../lib/config/sandbox_key.ts";
 import type { ExecResult } from "../lib/queue/protocol.ts";
 import type { SubmitOptions } from "../lib/queue/queue.ts";
 import { runCliProcess, text, waitFor } from "./_helpers.ts";
@@ -37,8 +40,45 @@ let defaultPool: number | undefined;
  *
  * @param size The pool's count.
  */
-export function poolEveryHome(size: number): void {
+export function poolEveryHome(size: number, options: { forked?: boolean } = {}): void {
   defaultPool = size;
+  defaultForked = options.forked === true;
+}
+
+let defaultForked = false;
+
+// Fills a home's pool with forks of one seed sandbox (a file in its
+// workspace): each member's state is a fork's (a copied volume image, a
+// fresh outbound/ and queue), so every sandbox the home opens is a fork.
+async function fillWithForks(docker: DockerClient, home: string, size: number): Promise<void> {
+  const config = { home, configPath: `${home}/waffle.toml` };
+  const seed = openSandbox(`seed-${crypto.randomUUID().slice(0, 8)}`, { config, docker });
+  try {
+    const made = await seed.run(["sh", "-c", "echo seeded > /workspace/seed"]);
+    if (made.exitCode !== 0) throw new Error("The fork seed's command failed");
+    const members = Array.from({ length: size }, () => ({
+      template: TEST_POOL,
+      user: `p${crypto.randomUUID().replaceAll("-", "").slice(0, 20)}`,
+      image: TEST_IMAGE,
+    }));
+    const targets = members.map((member) =>
+      openSandbox(member.user, {
+        tenant: POOL_TENANT,
+        pool: TEST_POOL,
+        fromPool: false,
+        config: { ...config, image: TEST_IMAGE },
+        docker,
+      })
+    );
+    await forkSandbox(seed, targets, { docker, start: true });
+    for (const [i, target] of targets.entries()) {
+      const member = members[i]!;
+      markReady(home, { ...member, quotaBytes: target.config.quotaBytes, readyAt: Date.now() });
+      target.close();
+    }
+  } finally {
+    seed.close();
+  }
 }
 
 /** A command's outcome with its output as text. */
@@ -143,7 +183,7 @@ export async function removeHomeContainers(docker: DockerClient, home: string): 
 export async function tempHome(
   docker: DockerClient,
   config?: HomeConfig,
-  options: { pool?: number | undefined } = {},
+  options: { pool?: number | undefined; forked?: boolean } = {},
 ): Promise<TestHome> {
   options = { pool: defaultPool, ...options };
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-live-" }));
@@ -155,7 +195,9 @@ export async function tempHome(
       }\nwarm = ${options.pool}\n`;
     await Deno.writeTextFile(`${home}/waffle.toml`, sandboxToml(config ?? {}) + pool);
   }
-  if (options.pool !== undefined) {
+  if (options.pool !== undefined && (options.forked ?? defaultForked)) {
+    await fillWithForks(docker, home, options.pool);
+  } else if (options.pool !== undefined) {
     // Every sandbox this home opens is then taken from the pool while it lasts.
     const report = await fillPool(home, {
       template: TEST_POOL,

@@ -1,0 +1,27 @@
+/**
+ * The hostile suites again, on forked sandboxes: every test home of this
+ * module fills a warm pool of two with forks of one seed sandbox
+ * (`poolEveryHome(2, { forked: true })`), so the first two sandboxes each
+ * test opens are forks (a copied volume image, a fresh queue and
+ * `outbound/`) taken by their users. Every attack, as a command and as a
+ * compromised runner, must hold as it does on cold sandboxes. The names
+ * carry " [forked]".
+ *
+ * @module
+ */
+import { poolEveryHome } from "./_sandbox_helpers.ts";
+
+poolEveryHome(2, { forked: true });
+const register = Deno.test;
+// Named apart from the cold runs in the report.
+Object.defineProperty(Deno, "test", {
+  value: ((first: unknown, ...rest: unknown[]) => {
+    if (typeof first === "string") {
+      return (register as (...a: unknown[]) => void)(`${first} [forked]`, ...rest);
+    }
+    const options = first as Deno.TestDefinition;
+    return register({ ...options, name: `${options.name} [forked]` });
+  }) as typeof Deno.test,
+});
+await import("./hostile_runner_test.ts");
+await import("./hostile_files_test.ts");
