@@ -207,3 +207,23 @@ export function runCliProcess(
   const self = selfCommand();
   return runProcess(self.executable, [...self.prefix, ...args], options);
 }
+
+/**
+ * Makes every test this module registers from now on carry `suffix` in its
+ * name: a suite imported again under another setting (`hostile_pooled_test`)
+ * is told apart from its first run in the report.
+ *
+ * @param suffix Appended to each name, e.g. " [pooled]".
+ */
+export function suffixTestNames(suffix: string): void {
+  const register = Deno.test;
+  Object.defineProperty(Deno, "test", {
+    value: ((first: unknown, ...rest: unknown[]) => {
+      if (typeof first === "string") {
+        return (register as (...a: unknown[]) => void)(`${first}${suffix}`, ...rest);
+      }
+      const options = first as Deno.TestDefinition;
+      return register({ ...options, name: `${options.name}${suffix}` });
+    }) as typeof Deno.test,
+  });
+}

@@ -9,19 +9,10 @@
  *
  * @module
  */
+import { suffixTestNames } from "./_helpers.ts";
 import { poolEveryHome } from "./_sandbox_helpers.ts";
 
 poolEveryHome(2, { forked: true });
-const register = Deno.test;
-// Named apart from the cold runs in the report.
-Object.defineProperty(Deno, "test", {
-  value: ((first: unknown, ...rest: unknown[]) => {
-    if (typeof first === "string") {
-      return (register as (...a: unknown[]) => void)(`${first} [forked]`, ...rest);
-    }
-    const options = first as Deno.TestDefinition;
-    return register({ ...options, name: `${options.name} [forked]` });
-  }) as typeof Deno.test,
-});
+suffixTestNames(" [forked]");
 await import("./hostile_runner_test.ts");
 await import("./hostile_files_test.ts");

@@ -7,19 +7,10 @@
  *
  * @module
  */
+import { suffixTestNames } from "./_helpers.ts";
 import { poolEveryHome } from "./_sandbox_helpers.ts";
 
 poolEveryHome(2);
-const register = Deno.test;
-// Named apart from the cold runs in the report.
-Object.defineProperty(Deno, "test", {
-  value: ((first: unknown, ...rest: unknown[]) => {
-    if (typeof first === "string") {
-      return (register as (...a: unknown[]) => void)(`${first} [pooled]`, ...rest);
-    }
-    const options = first as Deno.TestDefinition;
-    return register({ ...options, name: `${options.name} [pooled]` });
-  }) as typeof Deno.test,
-});
+suffixTestNames(" [pooled]");
 await import("./hostile_runner_test.ts");
 await import("./hostile_files_test.ts");

@@ -82,7 +82,8 @@ export async function forkCommand(args: string[], io: CliIo): Promise<number> {
     }
   }
   const { forkSandbox } = await import("../lifecycle/fork.ts");
-  const source = openSandbox(user, { tenant, config, docker });
+  // A source that does not exist is refused, never taken from a pool.
+  const source = openSandbox(user, { tenant, config, docker, fromPool: false });
   const targets: Sandbox[] = [];
   try {
     for (const name of names) {

@@ -131,6 +131,8 @@ function openFor(parsed: Parsed): Sandbox {
   return openSandbox(user, {
     tenant: stringFlag(parsed, "tenant") ?? "default",
     config: configPath === undefined ? {} : { configPath: absoluteConfigPath(configPath) },
+    // Snapshots are of a sandbox that exists: none is taken from a pool for them.
+    fromPool: false,
   });
 }
 
