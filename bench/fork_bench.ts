@@ -8,7 +8,11 @@
  *   reflinked where the host's filesystem can), the target's volume mounted
  *   and its state made (its container starts on its first command);
  * - `cp_reflink_1g`: the baseline, `cp --reflink=auto` of a 1 GiB file on
- *   the same host filesystem (the file the workspace holds, copied there once).
+ *   the same host filesystem (the file the workspace holds, copied there once);
+ * - `fork_floor_1g`: what any fork that copies the volume must do where the
+ *   filesystem has no reflink: `cp --sparse=always --reflink=auto` of the
+ *   source's volume image, then `sync` of the copy (a volume's loop device
+ *   does direct I/O, so the copy must reach the disk before it is mounted).
  *
  * Each fork's target is removed after its sample (not timed).
  *
@@ -26,7 +30,7 @@ import type { BenchContext, Section } from "./section.ts";
 import { type BenchReport, type BenchResult, now, ratioOf, summarize } from "./stats.ts";
 
 /** Case names of this section. */
-export const FORK_CASES = ["fork_1g", "cp_reflink_1g"] as const;
+export const FORK_CASES = ["fork_1g", "cp_reflink_1g", "fork_floor_1g"] as const;
 
 /** The fork section. */
 export const forkSection: Section = {
@@ -76,8 +80,13 @@ export async function runForkSection(context: BenchContext): Promise<BenchReport
       if (list.length > 0) results.push(summarize(name, list, { note }));
     }
     const byName = (name: string): BenchResult | undefined => results.find((r) => r.name === name);
-    const ratio = ratioOf("fork_1g / cp_reflink_1g", byName("fork_1g"), byName("cp_reflink_1g"));
-    return { results, ratios: ratio === undefined ? [] : [ratio] };
+    const ratios = [
+      ratioOf("fork_1g / cp_reflink_1g", byName("fork_1g"), byName("cp_reflink_1g")),
+      // The target's floor here: above 2, the target is out of reach on this filesystem.
+      ratioOf("fork_floor_1g / cp_reflink_1g", byName("fork_floor_1g"), byName("cp_reflink_1g")),
+      ratioOf("fork_1g / fork_floor_1g", byName("fork_1g"), byName("fork_floor_1g")),
+    ].filter((ratio) => ratio !== undefined);
+    return { results, ratios };
   } finally {
     await release();
   }
@@ -114,7 +123,15 @@ async function measure(
       samples.get("cp_reflink_1g")!.push(now() - t0);
       await Deno.remove(copy).catch(() => {});
     }
-    context.progress.step("fork + cp baseline", i + 1, runs);
+    if (context.wants("fork_floor_1g")) {
+      const image = join(Deno.realPathSync(source.paths.root), "volume.img");
+      const t0 = now();
+      await run("cp", ["--sparse=always", "--reflink=auto", image, copy]);
+      await run("sync", [copy]);
+      samples.get("fork_floor_1g")!.push(now() - t0);
+      await Deno.remove(copy).catch(() => {});
+    }
+    context.progress.step("fork + cp baseline + floor", i + 1, runs);
   }
   await Deno.remove(file).catch(() => {});
   return samples;

@@ -254,8 +254,8 @@ function identityFree(
 ): unknown {
   const { Image: _image, Hostname: _hostname, Labels: _labels, ...posture } = body;
   const own: [string, string][] = [
-    [Deno.realPathSync(paths.root), "<state>"],
-    [Deno.realPathSync(paths.channel), "<channel>"],
+    [realOrAsIs(paths.root), "<state>"],
+    [realOrAsIs(paths.channel), "<channel>"],
   ];
   const relative = (source: string | undefined): string | undefined => {
     for (const [dir, name] of own) {
@@ -269,6 +269,16 @@ function identityFree(
     Source: relative(mount.Source),
   }));
   return { ...posture, HostConfig: { ...posture.HostConfig, Mounts: mounts } };
+}
+
+// A path by its real path, as the state's mounts are named; as it is while
+// it does not exist yet (a channel directory made at the first open).
+function realOrAsIs(path: string): string {
+  try {
+    return Deno.realPathSync(path);
+  } catch {
+    return path;
+  }
 }
 
 // A sandbox's own tmpfs mounts: /tmp, the runner's scratch, and a
@@ -610,7 +620,7 @@ function runnerLaunch(
     bind(config.mcpCache, SANDBOX_MCP_CACHE, true),
     // Read-only: the sandbox can connect to a host's socket there, never
     // replace one. Named by its real path, as the state's mounts are.
-    bind(Deno.realPathSync(paths.channel), SANDBOX_CHANNEL_DIR, true),
+    bind(realOrAsIs(paths.channel), SANDBOX_CHANNEL_DIR, true),
     ...program.mounts,
   ];
   return {
