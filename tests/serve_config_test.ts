@@ -212,7 +212,16 @@ Deno.test("bad [serve] values are one-line errors naming the key and the value",
     ['[templates.py]\nimage = ""', `'templates.py.image' must not be empty, found ""`],
     [
       '[templates.py]\nimage = "python:3"\ntag = "x"',
-      "'templates.py.tag' is not a known key (expected one of: image)",
+      "'templates.py.tag' is not a known key (expected one of: image, warm)",
+    ],
+    [
+      '[templates.py]\nimage = "python:3"\nwarm = 65',
+      "'templates.py.warm' must be <= 64, found 65",
+    ],
+    ['[templates.py]\nimage = "python:3"\nwarm = -1', "'templates.py.warm' must be >= 0, found -1"],
+    [
+      Array.from({ length: 5 }, (_, i) => `[templates.t${i}]\nimage = "x:1"\nwarm = 60`).join("\n"),
+      "'templates' the warm pools together must keep <= 256, found 300",
     ],
     ["[templates.py]", "'templates.py.image' must be a string, found nothing"],
   ];
