@@ -240,6 +240,8 @@ export interface TakeOptions {
  * @returns The member taken, or undefined when none fits (the caller makes a cold one).
  */
 export function takeMember(home: string, options: TakeOptions): TakenMember | undefined {
+  // Every open comes here: a user that has a sandbox costs one lstat.
+  if (exists(options.paths.root)) return undefined;
   const templates = poolTemplates(home);
   if (templates.length === 0) return undefined;
   Deno.mkdirSync(dirname(options.paths.lock), { recursive: true, mode: 0o700 });

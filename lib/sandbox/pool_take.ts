@@ -31,9 +31,14 @@ export function takeFromPool(
   paths: StatePaths,
 ): TakenMember | undefined {
   const { key, config } = resolved;
-  const egress = resolved.egress === undefined
-    ? undefined
-    : containerEgress(egressLaunch(config.home, resolved.egress));
+  // Worked out once, for the first member judged, never for a user that has a sandbox.
+  let egress: { launch: ReturnType<typeof containerEgress> | undefined } | undefined;
+  const egressOf = () =>
+    (egress ??= {
+      launch: resolved.egress === undefined
+        ? undefined
+        : containerEgress(egressLaunch(config.home, resolved.egress)),
+    }).launch;
   const taken = takeMember(config.home, {
     key,
     paths,
@@ -44,7 +49,7 @@ export function takeFromPool(
           config,
           image: found.record.image,
           paths: found.paths,
-          egress,
+          egress: egressOf(),
         });
         return spec.postureHash === found.record.postureHash;
       } catch {
