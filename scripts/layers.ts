@@ -44,6 +44,7 @@ const RANKS: readonly (readonly string[])[] = [
   ["lib/sandbox"],
   ["lib/mcp"],
   ["lib/certify"],
+  ["lib/k8s"],
   ["lib/serve"],
   ["lib/cli"],
   ["lib/mod.ts", "main.ts"],
