@@ -247,3 +247,26 @@ export class CertifyError extends WaffleError {
 export function oneLineOf(error: unknown): string {
   return (error instanceof Error ? error.message : String(error)).split("\n")[0]!.slice(0, 300);
 }
+
+/**
+ * The Kubernetes API server refused or failed a call (`[backend] kind =
+ * "kubernetes"`): its HTTP status and reason, as its `Status` said.
+ */
+export class KubeApiError extends WaffleError {
+  /** The HTTP status (0: no answer, e.g. the server unreachable). */
+  readonly status: number;
+  /** The `Status` reason (`NotFound`, `AlreadyExists`, `Conflict`, `Invalid`, …), or "". */
+  readonly reason: string;
+  /**
+   * Creates the error.
+   *
+   * @param message One line naming the call and what the API server said.
+   * @param options The status, reason and cause.
+   */
+  constructor(message: string, options: WaffleErrorOptions & { status: number; reason: string }) {
+    super(message, options);
+    this.name = "KubeApiError";
+    this.status = options.status;
+    this.reason = options.reason;
+  }
+}

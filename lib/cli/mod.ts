@@ -139,6 +139,10 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.CERTIFY_LOCK_HELP, run: m.certifyLockCommand }),
     ),
   }],
+  ["agent", {
+    summary: "(internal) a sandbox's host side inside its Kubernetes pod",
+    load: lazy(() => import("./agent.ts"), (m) => ({ help: m.AGENT_HELP, run: m.agentCommand })),
+  }],
   ["runner", {
     summary: "serve a queue (runs inside the sandbox)",
     load: lazy(

@@ -240,7 +240,18 @@ const fileSchema = z.strictObject({
 });
 
 const KNOWN_KEYS: Record<string, readonly string[]> = {
-  "": ["sandbox", "mcp", "groups", "cron", "users", "secrets", "egress", "serve", "templates"],
+  "": [
+    "sandbox",
+    "mcp",
+    "groups",
+    "cron",
+    "users",
+    "secrets",
+    "egress",
+    "serve",
+    "templates",
+    "backend",
+  ],
   sandbox: [...Object.keys(SANDBOX_KEYS), "home"],
   ...POLICY_TABLE_KEYS,
   ...EGRESS_TABLE_KEYS,

@@ -72,7 +72,32 @@ export interface ServeSettings {
    * warm pool (`warm` > 0): the ready sandboxes to keep (see `lib/lifecycle/pool.ts`).
    */
   warm: ReadonlyMap<string, number>;
+  /** `[backend]`: where the server's sandboxes run (default: this host's Docker). */
+  backend: BackendSettings;
 }
+
+/** `[backend] kind = "kubernetes"`: each sandbox an agent-sandbox `Sandbox` (see `lib/k8s`). */
+export interface KubernetesBackendSettings {
+  /** The kind. */
+  kind: "kubernetes";
+  /** `namespace_prefix`: a tenant's namespace is this and its DNS-1123 name (default `waffle-`). */
+  namespacePrefix: string;
+  /** `kubeconfig`: the kubeconfig file; absent: the pod's in-cluster credentials. */
+  kubeconfig: string | undefined;
+  /** `context`: the kubeconfig's context; absent: its current one. */
+  context: string | undefined;
+  /** `storage_class`: the workspace claims' class; absent: the cluster's default. */
+  storageClass: string | undefined;
+  /** `runtime_class`: the pods' `runtimeClassName` (gVisor, Kata); absent: the node's default. */
+  runtimeClass: string | undefined;
+  /** `waffle_image`: the image holding waffle's artefact (`waffle k8s image`). */
+  waffleImage: string;
+  /** `ready_timeout`: how long a create or resume waits for the pod, in seconds (default 120). */
+  readyTimeoutSeconds: number;
+}
+
+/** `[backend]`: Docker on this host (the default), or a Kubernetes cluster. */
+export type BackendSettings = { kind: "docker" } | KubernetesBackendSettings;
 
 /** The limits of a tenant `[serve.tenants]` does not list, and of what a listed one leaves out. */
 export const DEFAULT_TENANT_LIMITS: Readonly<TenantLimitSettings> = Object.freeze({
@@ -160,6 +185,29 @@ const serveSchema = z.strictObject({
   tenants: z.optional(z.record(z.string(), tenantSchema)),
 });
 
+const backendSchema = z.strictObject({
+  kind: z.enum(["docker", "kubernetes"]),
+  namespace_prefix: z.optional(
+    z.string().check(z.regex(/^[a-z][a-z0-9-]{0,19}$/, {
+      error: "must be 1-20 lower-case letters, digits or '-', starting with a letter",
+    })),
+  ),
+  kubeconfig: z.optional(z.string().check(z.minLength(1))),
+  context: z.optional(z.string().check(z.minLength(1))),
+  storage_class: z.optional(
+    z.string().check(z.regex(/^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/, {
+      error: "must be a DNS-1123 name",
+    })),
+  ),
+  runtime_class: z.optional(
+    z.string().check(z.regex(/^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/, {
+      error: "must be a DNS-1123 name",
+    })),
+  ),
+  waffle_image: z.optional(imageRefSchema),
+  ready_timeout: z.optional(z.int().check(z.minimum(1), z.maximum(3600))),
+});
+
 /** The most ready sandboxes one template's pool may keep. */
 export const MAX_WARM_PER_TEMPLATE = 64;
 /** The most ready sandboxes every pool of a home may keep together. */
@@ -174,12 +222,14 @@ const templateSchema = z.strictObject({
 export const serveShape = {
   serve: z.optional(serveSchema),
   templates: z.optional(z.record(z.string(), templateSchema)),
+  backend: z.optional(backendSchema),
 };
 
 /** The parsed `[serve]` and `[templates.*]` tables. */
 export type ServeTables = {
   serve?: z.infer<typeof serveSchema> | undefined;
   templates?: Record<string, z.infer<typeof templateSchema>> | undefined;
+  backend?: z.infer<typeof backendSchema> | undefined;
 };
 
 /**
@@ -195,6 +245,7 @@ export function serveTableKeys(path: readonly PropertyKey[]): string[] | undefin
     return Object.keys(tenantSchema.shape);
   }
   if (path[0] === "templates" && path.length === 2) return Object.keys(templateSchema.shape);
+  if (path[0] === "backend" && path.length === 1) return Object.keys(backendSchema.shape);
   return undefined;
 }
 
@@ -303,6 +354,8 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
     };
   }
   const domain = serve.domain === undefined ? undefined : checkEntry(serve.domain);
+  const backend = backendSettings(tables.backend);
+  if ("problem" in backend) return backend;
   return {
     settings: {
       // The schema has refused a listen that does not parse.
@@ -321,6 +374,43 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
       tenants,
       templates,
       warm,
+      backend: backend.backend,
+    },
+  };
+}
+
+// `[backend]`: Kubernetes needs the image that carries waffle into each pod,
+// and takes no warm pools (agent-sandbox's own `SandboxWarmPool` is theirs).
+function backendSettings(
+  table: ServeTables["backend"],
+): { backend: BackendSettings } | { problem: ConfigProblem } {
+  if (table === undefined || table.kind === "docker") {
+    const docker = Object.keys(table ?? {}).find((key) => key !== "kind");
+    if (docker !== undefined) {
+      return {
+        problem: { key: `backend.${docker}`, detail: 'is for kind = "kubernetes" only' },
+      };
+    }
+    return { backend: { kind: "docker" } };
+  }
+  if (table.waffle_image === undefined) {
+    return {
+      problem: {
+        key: "backend.waffle_image",
+        detail: "is required with kind = \"kubernetes\" (build one with 'waffle k8s image')",
+      },
+    };
+  }
+  return {
+    backend: {
+      kind: "kubernetes",
+      namespacePrefix: table.namespace_prefix ?? "waffle-",
+      kubeconfig: table.kubeconfig,
+      context: table.context,
+      storageClass: table.storage_class,
+      runtimeClass: table.runtime_class,
+      waffleImage: table.waffle_image,
+      readyTimeoutSeconds: table.ready_timeout ?? 120,
     },
   };
 }

@@ -5,9 +5,17 @@
  * @module
  */
 import { Code, ConnectError, type HandlerContext, type Interceptor } from "@connectrpc/connect";
-import type { Sandbox } from "../sandbox/mod.ts";
+import type { FilesTarget, SandboxFiles } from "../files/mod.ts";
+import type { SandboxProcesses } from "../lifecycle/run.ts";
 import type { ProcessTable } from "./processes.ts";
 import type { SandboxRecord } from "./state.ts";
+
+/**
+ * What envd uses of a sandbox: its processes, its files and how a command
+ * inside runs waffle. A sandbox of this host (`openSandbox`) is one; so is
+ * the sandbox `waffle agent` holds in a pod (`lib/k8s/pod_sandbox.ts`).
+ */
+export type EnvdSandbox = FilesTarget & SandboxProcesses & { readonly files: SandboxFiles };
 
 /** What the services of one sandbox need. */
 export interface EnvdContext {
@@ -20,7 +28,7 @@ export interface EnvdContext {
   /** Largest request body. */
   maxBodyBytes: number;
   /** The open waffle sandbox (the filesystem service runs its commands). */
-  sandbox: Sandbox;
+  sandbox: EnvdSandbox;
   /** Run around every call (the server's stream limit). */
   interceptors?: Interceptor[];
   /** Why the sandbox takes no call now (it is paused), read afresh on each call; else undefined. */

@@ -9,7 +9,7 @@
 import { sha256 } from "@noble/hashes/sha2";
 import { FilesError } from "../errors.ts";
 import { dirname, normalize } from "../path.ts";
-import type { Sandbox } from "../sandbox/mod.ts";
+import type { EnvdSandbox } from "./envd_context.ts";
 import { writeFile } from "../files/mod.ts";
 import { metadataProblem } from "../files/metadata.ts";
 import { sameSecret } from "./secret.ts";
@@ -104,7 +104,7 @@ export function signedFilesSandbox(
 /** What the envd routes need of the sandbox they serve. */
 export interface EnvdTarget {
   /** The open waffle sandbox. */
-  sandbox: Sandbox;
+  sandbox: EnvdSandbox;
   /** Its access token. */
   accessToken: string;
   /** Why it takes no call now (it is paused): `/health` answers 502, `/files` 409. */
@@ -177,7 +177,7 @@ function checkFileAuth(
   return sameSecret(signature, wanted) ? undefined : error(401, "Invalid signature");
 }
 
-async function readFile(sandbox: Sandbox, path: string | null): Promise<Response> {
+async function readFile(sandbox: EnvdSandbox, path: string | null): Promise<Response> {
   if (path === null || path === "") return error(400, "Missing 'path'");
   const reader = sandbox.files.read(sandboxPath(path)).getReader();
   // The first read says whether the file is there, before any header goes out.
@@ -207,7 +207,7 @@ async function readFile(sandbox: Sandbox, path: string | null): Promise<Response
 
 async function writeFiles(
   request: Request,
-  sandbox: Sandbox,
+  sandbox: EnvdSandbox,
   path: string | null,
 ): Promise<Response> {
   const type = request.headers.get("content-type") ?? "";
@@ -258,7 +258,7 @@ function absolutePath(path: string): string {
 // envd makes a file's missing parent directories: here `mkdir -p` inside the
 // sandbox, as its uid, before the write (which reports what still fails).
 async function writeOne(
-  sandbox: Sandbox,
+  sandbox: EnvdSandbox,
   path: string,
   data: ReadableStream<Uint8Array> | Uint8Array,
   metadata: Record<string, string>,

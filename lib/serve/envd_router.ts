@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { envdHttp } from "./envd_http.ts";
+import { envdHttp, type EnvdTarget } from "./envd_http.ts";
 import { envdServices } from "./envd_rpc.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
 import { streamLimiter } from "./limits.ts";
@@ -67,30 +67,14 @@ export class EnvdRouter {
    * @returns The response.
    */
   async respond(request: Request, record: SandboxRecord): Promise<Response> {
-    const id = record.id;
     const live = this.#options.sandboxes.live(record);
-    const target = {
+    return await answerEnvd(request, {
       sandbox: live.sandbox,
       accessToken: record.accessToken,
-      paused: record.state === "paused" ? pausedMessage(id) : undefined,
-    };
-    const plain = await envdHttp(request, target);
-    if (plain !== undefined) return plain;
-    const token = request.headers.get("x-access-token");
-    if (token === null || !sameSecret(token, record.accessToken)) {
-      return Response.json({ code: "unauthenticated", message: "Invalid access token" }, {
-        status: 401,
-      });
-    }
-    const answered = await this.#envdOf(record).services(request);
-    // A killed sandbox's streams are cut, not ended: the SDK then asks
-    // /health, which says the sandbox is gone.
-    if (
-      answered?.body && answered.headers.get("content-type")?.startsWith("application/connect+")
-    ) {
-      return new Response(droppedOnKill(answered.body, live.killed.signal), answered);
-    }
-    return answered ?? noRoute(new URL(request.url).pathname);
+      paused: record.state === "paused" ? pausedMessage(record.id) : undefined,
+      killed: live.killed.signal,
+      services: () => this.#envdOf(record).services,
+    });
   }
 
   // Made once per live sandbox; its processes are let go (never ended)
@@ -124,6 +108,42 @@ export class EnvdRouter {
     }, { once: true });
     return envd;
   }
+}
+
+/** One sandbox's envd, as {@linkcode answerEnvd} answers it. */
+export interface EnvdEndpoint extends EnvdTarget {
+  /** Aborted when the sandbox is killed: its streams are cut. */
+  killed: AbortSignal;
+  /** Its Connect services (made on first use). */
+  services: () => ConnectFetchHandler;
+}
+
+/**
+ * Answers one request for one sandbox's envd: its plain routes (their own
+ * auth), else, with its access token, its Connect services. A killed
+ * sandbox's streams are cut, not ended: the SDK then asks /health, which
+ * says the sandbox is gone.
+ *
+ * @param request The request.
+ * @param endpoint The sandbox, its token, its services.
+ * @returns The response.
+ */
+export async function answerEnvd(request: Request, endpoint: EnvdEndpoint): Promise<Response> {
+  const plain = await envdHttp(request, endpoint);
+  if (plain !== undefined) return plain;
+  const token = request.headers.get("x-access-token");
+  if (token === null || !sameSecret(token, endpoint.accessToken)) {
+    return Response.json({ code: "unauthenticated", message: "Invalid access token" }, {
+      status: 401,
+    });
+  }
+  const answered = await endpoint.services()(request);
+  if (
+    answered?.body && answered.headers.get("content-type")?.startsWith("application/connect+")
+  ) {
+    return new Response(droppedOnKill(answered.body, endpoint.killed), answered);
+  }
+  return answered ?? noRoute(new URL(request.url).pathname);
 }
 
 /**

@@ -10,7 +10,7 @@ import { UsageError } from "../errors.ts";
 import { normalize } from "../path.ts";
 import type { ProcessStatus, SandboxProcess } from "../lifecycle/run.ts";
 import type { TtySize } from "../queue/protocol.ts";
-import type { Sandbox } from "../sandbox/mod.ts";
+import type { EnvdSandbox } from "./envd_context.ts";
 import { SANDBOX_HOME } from "./envd_http.ts";
 
 /** A process's configuration, as `Start` gives it and `List` returns it. */
@@ -102,7 +102,7 @@ export interface ProcessJournal {
 
 /** The processes of one sandbox. */
 export class ProcessTable {
-  readonly #sandbox: Sandbox;
+  readonly #sandbox: EnvdSandbox;
   readonly #journal: ProcessJournal | undefined;
   readonly #entries = new Map<number, ProcessEntry>();
   readonly #onExit: ((seconds: number) => void) | undefined;
@@ -118,7 +118,7 @@ export class ProcessTable {
    * ran, start to exit, in seconds (one taken over from another server is not timed).
    */
   constructor(
-    sandbox: Sandbox,
+    sandbox: EnvdSandbox,
     journal?: ProcessJournal,
     options: { onExit?: (seconds: number) => void } = {},
   ) {
