@@ -412,6 +412,11 @@ Deno.test("waffle k8s render prints a List that validates, and fails cleanly on 
   assert.ok(Array.isArray(documents));
   assert.equal(documents.length, list.items.length);
 
+  const bare = await runCliProcess(["k8s", "render", "--no-crds", "--json"]);
+  assert.equal(bare.code, 0, bare.stderr);
+  const kinds = JSON.parse(bare.stdout).items.map((o: KubeObject) => o.kind);
+  assert.ok(kinds.includes("Deployment") && !kinds.includes("CustomResourceDefinition"));
+
   const cases: [string[], RegExp][] = [
     [["--replicas", "zero"], /^waffle: Invalid --replicas 'zero'/],
     [["--bogus"], /^waffle: Unknown option '--bogus'/],

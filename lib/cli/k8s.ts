@@ -28,7 +28,8 @@ Run 'waffle k8s <command> --help' for its options.
 /** Help of `waffle k8s render`. */
 export const RENDER_HELP =
   `Usage: waffle k8s render [--namespace NS] [--tenant NAME]... [--image REF]
-                         [--replicas N] [--storage-class C] [--runtime-class R] [--json]
+                         [--replicas N] [--storage-class C] [--runtime-class R]
+                         [--no-crds] [--json]
 
 Prints every object of a waffle install on Kubernetes, each validated first
 (Kubernetes' OpenAPI schema, agent-sandbox's CRD schema, DNS-1123 names):
@@ -45,6 +46,7 @@ Options:
   --replicas N         the server's replicas (default: 2)
   --storage-class C    the workspace claims' storage class (default: the cluster's)
   --runtime-class R    the sandbox pods' runtime class (gVisor, Kata)
+  --no-crds            leave out agent-sandbox's CRDs (its release installed them)
   --json               one JSON List instead of YAML documents
 `;
 
@@ -89,6 +91,7 @@ export async function renderCommand(args: string[], io: CliIo): Promise<number> 
     replicas: { type: "string" },
     "storage-class": { type: "string" },
     "runtime-class": { type: "string" },
+    "no-crds": { type: "boolean" },
     json: { type: "boolean" },
   });
   noPositionals(parsed.positionals);
@@ -113,6 +116,7 @@ export async function renderCommand(args: string[], io: CliIo): Promise<number> 
     replicas: numberFlag(parsed, "replicas", { integer: true, max: 100 }) ?? 2,
     storageClassName: className(parsed, "storage-class"),
     runtimeClassName: className(parsed, "runtime-class"),
+    noCrds: parsed.values["no-crds"] === true,
   });
   const problems = (await Promise.all(objects.map(validateObject))).flat();
   if (problems.length > 0) throw new InvalidObjectError(problems);

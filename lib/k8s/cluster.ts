@@ -9,6 +9,7 @@
  */
 import { SANDBOX_DEFAULTS } from "../config/config.ts";
 import { DEFAULT_TENANT_LIMITS } from "../config/serve_schema.ts";
+import { PROXY_UID } from "../egress/proxy_container.ts";
 import { sandboxCrds } from "./crds.ts";
 import { DEFAULT_NAMESPACE_PREFIX, dns1123Label, tenantNamespace } from "./names.ts";
 import {
@@ -34,6 +35,11 @@ export const EGRESS_PORT = 3128;
 export const SERVER_PORT = 3000;
 /** Where the server's pods see their config file. */
 export const SERVER_CONFIG_PATH = "/etc/waffle/config.toml";
+/**
+ * The uid the server's pods run as: neither the commands' (`SANDBOX_UID`, 10001)
+ * nor the egress proxy's ({@linkcode PROXY_UID}).
+ */
+export const SERVER_UID = 10003;
 /** The Secret the server's pods read their API keys from (made by the operator, not rendered). */
 export const SERVER_SECRET = "waffle-server-keys";
 
@@ -53,6 +59,8 @@ export interface ClusterOptions {
   runtimeClassName?: string | undefined;
   /** The tenants' namespaces' prefix (default `waffle-`). */
   namespacePrefix?: string | undefined;
+  /** Leave out the CRDs (agent-sandbox's release installed its own). */
+  noCrds?: boolean | undefined;
 }
 
 /** The managed-by label (and a component) every rendered object carries. */
@@ -83,7 +91,7 @@ export function clusterObjects(options: ClusterOptions): KubeObject[] {
   const system = options.namespace ?? SYSTEM_NAMESPACE;
   const prefix = options.namespacePrefix ?? DEFAULT_NAMESPACE_PREFIX;
   return [
-    ...sandboxCrds(labelsOf("crd")),
+    ...(options.noCrds ? [] : sandboxCrds(labelsOf("crd"))),
     {
       apiVersion: "v1",
       kind: "Namespace",
@@ -178,7 +186,7 @@ function serverConfig(
 // read-only root; the pod's own service-account token only where it is used.
 function ownContainer(
   name: string,
-  options: { image: string; args: string[]; port: number },
+  options: { image: string; args: string[]; port: number; uid: number },
 ): Record<string, unknown> {
   const probe = { tcpSocket: { port: options.port }, periodSeconds: 5 };
   return {
@@ -192,8 +200,8 @@ function ownContainer(
     ],
     ports: [{ name: "http", containerPort: options.port, protocol: "TCP" }],
     securityContext: {
-      runAsUser: 10001,
-      runAsGroup: 10001,
+      runAsUser: options.uid,
+      runAsGroup: options.uid,
       runAsNonRoot: true,
       privileged: false,
       allowPrivilegeEscalation: false,
@@ -211,14 +219,14 @@ function ownContainer(
 
 function podTemplate(
   name: string,
-  spec: Record<string, unknown>,
+  options: { uid: number; spec: Record<string, unknown> },
 ): Record<string, unknown> {
   return {
     metadata: { labels: labelsOf(name === SERVER_NAME ? "server" : "egress", name) },
     spec: {
       enableServiceLinks: false,
-      securityContext: { seccompProfile: { type: "RuntimeDefault" }, fsGroup: 10001 },
-      ...spec,
+      securityContext: { seccompProfile: { type: "RuntimeDefault" }, fsGroup: options.uid },
+      ...options.spec,
     },
   };
 }
@@ -229,6 +237,7 @@ function serverDeployment(system: string, options: ClusterOptions): KubeObject {
     // TLS ends at the cluster's ingress or mesh, in front of the Service.
     args: ["serve", "--config", SERVER_CONFIG_PATH, "--insecure-http"],
     port: SERVER_PORT,
+    uid: SERVER_UID,
   });
   container.volumeMounts = [
     {
@@ -249,15 +258,18 @@ function serverDeployment(system: string, options: ClusterOptions): KubeObject {
       replicas: options.replicas ?? 2,
       selector: { matchLabels: { [K8S_LABELS.name]: SERVER_NAME } },
       template: podTemplate(SERVER_NAME, {
-        serviceAccountName: SERVER_NAME,
-        automountServiceAccountToken: true,
-        containers: [container],
-        volumes: [
-          { name: "config", configMap: { name: `${SERVER_NAME}-config` } },
-          { name: "keys", secret: { secretName: SERVER_SECRET, defaultMode: 0o440 } },
-          { name: "home", emptyDir: {} },
-          { name: "tmp", emptyDir: { medium: "Memory", sizeLimit: "256Mi" } },
-        ],
+        uid: SERVER_UID,
+        spec: {
+          serviceAccountName: SERVER_NAME,
+          automountServiceAccountToken: true,
+          containers: [container],
+          volumes: [
+            { name: "config", configMap: { name: `${SERVER_NAME}-config` } },
+            { name: "keys", secret: { secretName: SERVER_SECRET, defaultMode: 0o440 } },
+            { name: "home", emptyDir: {} },
+            { name: "tmp", emptyDir: { medium: "Memory", sizeLimit: "256Mi" } },
+          ],
+        },
       }),
     },
   };
@@ -268,6 +280,7 @@ function egressDeployment(system: string, options: ClusterOptions): KubeObject {
     image: options.image,
     args: ["egress-proxy", "--dir", "/egress", "--audit", "/egress/audit.jsonl"],
     port: EGRESS_PORT,
+    uid: PROXY_UID,
   });
   // The proxy serves per-sandbox Unix sockets under --dir today; a TCP
   // listener on EGRESS_PORT is not there yet, so no probe may wait for it.
@@ -285,12 +298,15 @@ function egressDeployment(system: string, options: ClusterOptions): KubeObject {
       replicas: 1,
       selector: { matchLabels: { [K8S_LABELS.name]: EGRESS_NAME } },
       template: podTemplate(EGRESS_NAME, {
-        automountServiceAccountToken: false,
-        containers: [container],
-        volumes: [
-          { name: "egress", emptyDir: {} },
-          { name: "tmp", emptyDir: { medium: "Memory", sizeLimit: "64Mi" } },
-        ],
+        uid: PROXY_UID,
+        spec: {
+          automountServiceAccountToken: false,
+          containers: [container],
+          volumes: [
+            { name: "egress", emptyDir: {} },
+            { name: "tmp", emptyDir: { medium: "Memory", sizeLimit: "64Mi" } },
+          ],
+        },
       }),
     },
   };

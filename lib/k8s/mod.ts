@@ -57,6 +57,7 @@ export {
   SERVER_NAME,
   SERVER_PORT,
   SERVER_SECRET,
+  SERVER_UID,
   serverConfigToml,
   SYSTEM_NAMESPACE,
   tenantObjects,
