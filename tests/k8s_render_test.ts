@@ -322,6 +322,22 @@ Deno.test("sandboxObject() carries the container's posture into the pod", () => 
   assert.deepEqual((sandbox as Json).spec.podTemplate.metadata.labels, sandbox.metadata.labels);
 });
 
+Deno.test("runnerArguments() is the runner's flag list a Docker sandbox has always had", () => {
+  // Shared by the container (posture.ts) and the pod: a change here would recycle every container.
+  assert.deepEqual(runnerArguments({ idleSeconds: 1800 }), [
+    "runner",
+    "--queue",
+    "/queue",
+    "--workspace",
+    "/workspace",
+    "--idle-exit",
+    "1800",
+    "--command-user",
+    "10001:10001",
+    "--private-ptys",
+  ]);
+});
+
 Deno.test("readSandboxObject() reads back what was stored, never recomputing it, and names what is wrong", () => {
   const made = sandboxObject(input({ network: { allowOut: ["1.1.1.1"] } })) as Json;
   // Stored as it was: a namespace the tenant would not map to today is kept.
