@@ -125,6 +125,13 @@ const commands = new Map<string, Subcommand>([
       (m) => ({ help: m.SERVE_HELP, run: m.serveCommand, nested: true }),
     ),
   }],
+  ["k8s", {
+    summary: "render waffle's objects for Kubernetes",
+    load: lazy(
+      () => import("./k8s.ts"),
+      (m) => ({ help: m.K8S_HELP, run: m.k8sCommand, nested: true }),
+    ),
+  }],
   ["egress-proxy", {
     summary: "serve a home's egress proxy (runs in its own container)",
     load: lazy(

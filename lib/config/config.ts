@@ -265,7 +265,8 @@ function knownKeys(path: readonly PropertyKey[]): string[] {
   return [...(KNOWN_KEYS[path.length === 0 ? "" : String(path[0])] ?? [])];
 }
 
-const DEFAULTS: Omit<SandboxConfig, "home" | "mcpCache"> = {
+/** A sandbox's settings when neither the file nor the environment sets them. */
+export const SANDBOX_DEFAULTS: Readonly<Omit<SandboxConfig, "home" | "mcpCache">> = {
   mode: "docker",
   image: "waffle-runner:latest",
   idleSeconds: 1800,
@@ -501,7 +502,7 @@ export function loadWaffleConfig(options: LoadOptions = {}): WaffleConfig {
     }
   }
   const sandbox = {
-    ...DEFAULTS,
+    ...SANDBOX_DEFAULTS,
     mcpCache: join(home, "mcp-cache"),
     ...fromFile,
     ...fromEnv,

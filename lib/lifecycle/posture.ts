@@ -80,7 +80,7 @@ export const SANDBOX_DENO_ARGV: readonly string[] = [
   SANDBOX_DENO,
 ];
 /** The runner cache's mount point (read-only), the runner's `DENO_DIR` when there is one. */
-const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
+export const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
 /** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
 export const SANDBOX_MCP_CACHE = `${PROGRAM_DIR}/mcp-cache`;
 /** A restricted session's home: a tmpfs owned by the commands' uid. */
@@ -88,7 +88,7 @@ export const RESTRICTED_HOME = "/home/sandbox";
 /** How long a restricted container's runner outlives its session's host. */
 const RESTRICTED_IDLE_SECONDS = 60;
 /** The runner's private scratch (Deno's cache): a tmpfs no command can enter. */
-const RUNNER_DIR = "/run/waffle";
+export const RUNNER_DIR = "/run/waffle";
 
 /** Labels waffle puts on its containers. */
 export const LABELS = {
@@ -601,18 +601,6 @@ function runnerLaunch(
   options: { readOnlyWorkspace: boolean },
 ): { cmd: string[]; mounts: HostConfigMount[]; launchIdentity: string[]; denoDir?: string } {
   const program = programLaunch(config);
-  const runnerArgs = [
-    "runner",
-    "--queue",
-    "/queue",
-    "--workspace",
-    "/workspace",
-    "--idle-exit",
-    String(config.idleSeconds),
-    "--command-user",
-    `${SANDBOX_UID}:${SANDBOX_UID}`,
-    "--private-ptys",
-  ];
   const mounts: HostConfigMount[] = [
     bind(`${paths.queue}/inbound`, "/queue/inbound", true, paths.root),
     bind(paths.outbound, "/queue/outbound", false, paths.root),
@@ -624,11 +612,40 @@ function runnerLaunch(
     ...program.mounts,
   ];
   return {
-    cmd: [...program.argv, ...runnerArgs],
+    cmd: [...program.argv, ...runnerArguments(config)],
     mounts,
     launchIdentity: program.launchIdentity,
     ...(program.denoDir === undefined ? {} : { denoDir: program.denoDir }),
   };
+}
+
+/**
+ * The runner's subcommand and flags in a sandbox (after the program's
+ * argv): the queue at `/queue`, the workspace at `/workspace`, commands as
+ * {@linkcode SANDBOX_UID}, a private devpts. The one list a container and a
+ * Kubernetes pod (`lib/k8s/sandbox_object.ts`) both run.
+ *
+ * @param config `idleSeconds`: the runner's idle exit (0: never).
+ * @returns The arguments from `runner` on.
+ *
+ * @example
+ * ```ts
+ * runnerArguments({ idleSeconds: 0 }).slice(0, 3); // ["runner", "--queue", "/queue"]
+ * ```
+ */
+export function runnerArguments(config: Pick<SandboxConfig, "idleSeconds">): string[] {
+  return [
+    "runner",
+    "--queue",
+    "/queue",
+    "--workspace",
+    "/workspace",
+    "--idle-exit",
+    String(config.idleSeconds),
+    "--command-user",
+    `${SANDBOX_UID}:${SANDBOX_UID}`,
+    "--private-ptys",
+  ];
 }
 
 /** waffle's own program as a sandbox runs it: argv up to the subcommand, and its mounts. */

@@ -1,0 +1,66 @@
+/**
+ * waffle's sandboxes on Kubernetes: the names, the `Sandbox` object and its
+ * Secret, agent-sandbox's CRDs, the cluster objects `waffle k8s render`
+ * prints, and their validation.
+ *
+ * @module
+ */
+export {
+  DEFAULT_NAMESPACE_PREFIX,
+  DNS1123_LABEL_MAX,
+  DNS1123_SUBDOMAIN_MAX,
+  dns1123Label,
+  isDns1123Label,
+  isDns1123Subdomain,
+  isLabelKey,
+  isLabelValue,
+  LABEL_VALUE_MAX,
+  sandboxObjectName,
+  sandboxSecretName,
+  tenantNamespace,
+  workspaceClaimName,
+} from "./names.ts";
+export {
+  AGENT_PORT,
+  AGENT_SECRETS_DIR,
+  AGENT_TOKEN_HEADER,
+  K8S_ANNOTATIONS,
+  K8S_LABELS,
+  KIT_DIR,
+  type KubeObject,
+  MANAGED_BY,
+  POD_WAFFLE_ARGV,
+  readSandboxObject,
+  SANDBOX_API_VERSION,
+  SANDBOX_GROUP,
+  SANDBOX_KIND,
+  SANDBOX_PLURAL,
+  SANDBOX_VERSION,
+  sandboxLabels,
+  type SandboxLimits,
+  sandboxObject,
+  SandboxObjectError,
+  type SandboxObjectInput,
+  type SandboxRecord,
+  sandboxSecret,
+  type SandboxSecretInput,
+  SECRET_KEYS,
+  WORKSPACE_VOLUME,
+} from "./sandbox_object.ts";
+export { customResourceSchema, EXTENSIONS_GROUP, SANDBOX_SCHEMA, sandboxCrds } from "./crds.ts";
+export {
+  clusterObjects,
+  type ClusterOptions,
+  EGRESS_NAME,
+  EGRESS_PORT,
+  SERVER_CONFIG_PATH,
+  SERVER_NAME,
+  SERVER_PORT,
+  SERVER_SECRET,
+  SERVER_UID,
+  serverConfigToml,
+  SYSTEM_NAMESPACE,
+  tenantObjects,
+} from "./cluster.ts";
+export { InvalidObjectError, validateObject } from "./validate.ts";
+export { toYaml, toYamlDocuments } from "./yaml.ts";
