@@ -12,6 +12,7 @@ import { openJsonLines } from "../jsonl_log.ts";
 import { dirname, join } from "../path.ts";
 import { KeyStore } from "../serve/keys.ts";
 import { startServer } from "../serve/server.ts";
+import { KubeApi } from "../k8s/client.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
 import type { CliIo } from "./io.ts";
 import { serveKeyCommand } from "./serve_key.ts";
@@ -84,11 +85,32 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
     onError: (message) => void io.stderr(`waffle serve: ${message}\n`),
   });
   const stop = new AbortController();
+  const backend = settings.backend;
+  if (backend.kind === "kubernetes" && settings.warm.size > 0) {
+    throw new UsageError(
+      `Warm pools ([templates.${
+        [...settings.warm.keys()][0]
+      }] warm) are not available with [backend] kind = "kubernetes"`,
+    );
+  }
   const server = await startServer({
     home,
     db,
     journal,
-    docker: new DockerClient(),
+    ...(backend.kind === "kubernetes"
+      ? {
+        kubernetes: {
+          api: await KubeApi.open({ kubeconfig: backend.kubeconfig, context: backend.context }),
+          settings: backend,
+          limits: {
+            memoryBytes: config.sandbox.memoryBytes,
+            cpus: config.sandbox.cpus,
+            diskBytes: config.sandbox.quotaBytes,
+            tmpBytes: config.sandbox.tmpBytes,
+          },
+        },
+      }
+      : { docker: new DockerClient() }),
     hostname: listen.hostname,
     port: listen.port,
     domain: settings.domain,

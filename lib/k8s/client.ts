@@ -9,14 +9,15 @@
  * @module
  */
 import { KubeApiError } from "../errors.ts";
+import { SANDBOX_GROUP, SANDBOX_PLURAL, SANDBOX_VERSION } from "./sandbox_object.ts";
 
 type ClientNode = typeof import("@kubernetes/client-node");
 
-/** agent-sandbox's API group, version and resource. */
-export const SANDBOX_API = {
-  group: "agents.x-k8s.io",
-  version: "v1beta1",
-  plural: "sandboxes",
+// agent-sandbox's API group, version and resource, as the client names them.
+const SANDBOX_API = {
+  group: SANDBOX_GROUP,
+  version: SANDBOX_VERSION,
+  plural: SANDBOX_PLURAL,
 } as const;
 
 /** Where the API server is and who the server is to it. */
@@ -36,7 +37,7 @@ export interface WatchEvent {
 }
 
 /** A Kubernetes object as JSON. */
-export type KubeObject = Record<string, unknown>;
+type KubeObject = Record<string, unknown>;
 
 /** The calls waffle makes, over one client. */
 export class KubeApi {

@@ -41,10 +41,10 @@ export {
   sandboxObject,
   SandboxObjectError,
   type SandboxObjectInput,
-  type SandboxRecord,
   sandboxSecret,
   type SandboxSecretInput,
   SECRET_KEYS,
+  type StoredSandbox,
   WORKSPACE_VOLUME,
 } from "./sandbox_object.ts";
 export { customResourceSchema, EXTENSIONS_GROUP, SANDBOX_SCHEMA, sandboxCrds } from "./crds.ts";
@@ -64,3 +64,5 @@ export {
 } from "./cluster.ts";
 export { InvalidObjectError, validateObject } from "./validate.ts";
 export { toYaml, toYamlDocuments } from "./yaml.ts";
+export { KubeApi, type KubeApiOptions, type WatchEvent } from "./client.ts";
+export { openPodSandbox, type PodSandbox, type PodSandboxOptions } from "./pod_sandbox.ts";

@@ -87,6 +87,8 @@ export const SECRET_KEYS = {
 
 /** Where the agent sees the sandbox's Secret. */
 export const AGENT_SECRETS_DIR = "/var/run/waffle";
+/** The agent's own directory (its processes' journal): its tmp emptyDir, which outlives a restart of its container. */
+export const AGENT_STATE_DIR = "/tmp/agent";
 /** Where the init container copies the kit to (the `waffle-kit` volume). */
 export const KIT_DIR = "/kit";
 /** The name of the workspace's volume claim template (and so of the pod's volume). */
@@ -380,6 +382,8 @@ function agentContainer(input: SandboxObjectInput): Record<string, unknown> {
       `0.0.0.0:${AGENT_PORT}`,
       "--secrets",
       AGENT_SECRETS_DIR,
+      "--state",
+      AGENT_STATE_DIR,
     ],
     env: [{ name: "WAFFLE_SANDBOX_ID", value: input.id }],
     ports: [{ name: "envd", containerPort: AGENT_PORT, protocol: "TCP" }],
@@ -466,7 +470,7 @@ export function sandboxSecret(input: SandboxSecretInput): KubeObject {
 }
 
 /** A Sandbox read back from the API server. */
-export interface SandboxRecord {
+export interface StoredSandbox {
   id: string;
   namespace: string;
   name: string;
@@ -544,7 +548,7 @@ const stored = z.object({
  * readSandboxObject(sandboxObject(input)).suspended; // false
  * ```
  */
-export function readSandboxObject(object: unknown): SandboxRecord {
+export function readSandboxObject(object: unknown): StoredSandbox {
   const parsed = z.safeParse(stored, object);
   const where = describe(object);
   if (!parsed.success) {

@@ -15,6 +15,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
+import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import type { EnvdSandbox } from "./envd_context.ts";
 import { error } from "./envd_http.ts";
 import { answerEnvd } from "./envd_router.ts";
@@ -24,9 +25,6 @@ import { ProcessTable } from "./processes.ts";
 import { sameSecret } from "./secret.ts";
 import { ProcessStore, type SandboxRecord } from "./state.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
-
-/** The header that carries the agent token on every request to an agent. */
-export const AGENT_TOKEN_HEADER = "x-waffle-agent-token";
 
 /** What one agent serves. */
 export interface AgentOptions {

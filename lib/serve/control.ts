@@ -15,7 +15,7 @@ import { z } from "zod";
 import type { SandboxRecord } from "./state.ts";
 import type { SnapshotRecord } from "./snapshots.ts";
 import { UsageError } from "../errors.ts";
-import type { ServeSandboxes } from "./sandboxes.ts";
+import type { SandboxFleet } from "./sandboxes.ts";
 import type { Admission } from "./limits.ts";
 import { type EgressGrant, narrowEgress, type NetworkAsk } from "./network.ts";
 import type { MetricsRing } from "./metrics_ring.ts";
@@ -36,7 +36,7 @@ export interface Caller {
 /** What the control API needs from the rest of the server. */
 export interface ControlDeps {
   /** The server's sandboxes. */
-  sandboxes: ServeSandboxes;
+  sandboxes: SandboxFleet;
   /** Verifies an API key. */
   verifyKey: (key: string) => Caller | undefined;
   /** Admits a create, or says why not and when to retry. */
@@ -236,7 +236,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
         `Timeout '${body.data.timeout}' is over the maximum of ${deps.maxTimeoutS} s`,
       );
     }
-    deps.sandboxes.setTimeout(record.id, body.data.timeout, { shorten: true });
+    await deps.sandboxes.setTimeout(record.id, body.data.timeout, { shorten: true });
     return c.body(null, 204);
   });
   const connect = async (c: Context<{ Variables: { caller: Caller } }>): Promise<Response> => {
@@ -245,7 +245,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     const body = await c.req.json().catch(() => ({}));
     const timeout = TimeoutBody.safeParse(body);
     if (timeout.success) {
-      deps.sandboxes.setTimeout(
+      await deps.sandboxes.setTimeout(
         record.id,
         Math.min(timeout.data.timeout, deps.maxTimeoutS),
         { shorten: false },
@@ -253,7 +253,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     }
     // A paused sandbox goes on where it was (201); a running one is ensured (200).
     const resumed = await deps.sandboxes.resume(record);
-    await deps.sandboxes.live(record).sandbox.ensure();
+    await deps.sandboxes.ready(record);
     return c.json(sandboxJson(deps.sandboxes.store.get(record.id) ?? record), resumed ? 201 : 200);
   };
   app.post("/sandboxes/:id/connect", connect);

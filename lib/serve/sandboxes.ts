@@ -46,6 +46,53 @@ export type ForkOutcome =
   | { record: SandboxRecord }
   | { error: { code: number; message: string } };
 
+/** What the server reads of its sandboxes' records. */
+export interface SandboxView {
+  /** A sandbox by id (of this tenant, when given). */
+  get(id: string, tenant?: string): SandboxRecord | undefined;
+  /** Every sandbox (of this tenant, when given). */
+  list(tenant?: string): SandboxRecord[];
+  /** How many sandboxes a tenant has, creates under way included. */
+  count(tenant: string): number;
+}
+
+/**
+ * The sandboxes of a server, wherever they run: this host's Docker
+ * ({@linkcode ServeSandboxes}) or a Kubernetes cluster (`KubeSandboxes`).
+ * E2B's control API is written against this.
+ */
+export interface SandboxFleet {
+  /** The records. */
+  readonly store: SandboxView;
+  /** The server's snapshots, when it keeps them. */
+  readonly snapshots: ServeSnapshots | undefined;
+  /** Makes a sandbox; returns once it serves. */
+  create(request: CreateRequest): Promise<SandboxRecord>;
+  /** Forks a sandbox (see {@linkcode ServeSandboxes.fork}). */
+  fork(
+    source: SandboxRecord,
+    request: { keyId: string; timeoutS: number; count: number; admit: () => Admission },
+  ): Promise<ForkOutcome[]>;
+  /** Takes a snapshot of a sandbox. */
+  snapshot(record: SandboxRecord, name: string | undefined): Promise<SnapshotRecord>;
+  /** Waits until a sandbox serves (a connect's answer). */
+  ready(record: SandboxRecord): Promise<void>;
+  /** Removes a sandbox; false when there was none. */
+  remove(id: string): Promise<boolean>;
+  /** Whether a sandbox is being removed. */
+  removing(id: string): boolean;
+  /** Pauses a sandbox; false when it was paused already. */
+  pause(record: SandboxRecord): Promise<boolean>;
+  /** Resumes a paused sandbox; true when it was paused. */
+  resume(record: SandboxRecord): Promise<boolean>;
+  /** Extends (or with `shorten`, sets) a sandbox's end time. */
+  setTimeout(id: string, timeoutS: number, options: { shorten: boolean }): void | Promise<void>;
+  /** Removes every sandbox past its end time, from now on. */
+  startReaper(intervalMs?: number): void;
+  /** Stops the reaper and lets go of every sandbox (they keep running). */
+  close(): void;
+}
+
 /** Options of {@linkcode ServeSandboxes}. */
 export interface ServeSandboxesOptions {
   /** The waffle home sandboxes live in. */
@@ -100,7 +147,7 @@ export function pausedMessage(id: string): string {
 }
 
 /** The sandboxes of one server. */
-export class ServeSandboxes {
+export class ServeSandboxes implements SandboxFleet {
   readonly #store: SandboxStore;
   readonly #options: ServeSandboxesOptions;
   readonly #live = new Map<string, Live>();
@@ -255,6 +302,15 @@ export class ServeSandboxes {
   /** The server's snapshots, when it keeps them. */
   get snapshots(): ServeSnapshots | undefined {
     return this.#options.snapshots;
+  }
+
+  /**
+   * Waits until a sandbox's runner serves (its container made or started as needed).
+   *
+   * @param record The sandbox.
+   */
+  async ready(record: SandboxRecord): Promise<void> {
+    await this.live(record).sandbox.ensure();
   }
 
   /**

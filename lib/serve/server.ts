@@ -12,14 +12,18 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import type { DockerClient } from "../docker/mod.ts";
-import { type AuditEntry, type Caller, controlApp } from "./control.ts";
+import { type AuditEntry, type Caller, controlApp, type ControlDeps } from "./control.ts";
+import { UsageError } from "../errors.ts";
+import type { KubeApi } from "../k8s/client.ts";
+import type { SandboxLimits } from "../k8s/sandbox_object.ts";
+import type { KubernetesBackendSettings } from "../config/serve_schema.ts";
 import { error, signedFilesSandbox } from "./envd_http.ts";
 import { EnvdRouter } from "./envd_router.ts";
 import { ServeSnapshots } from "./snapshots.ts";
-import { ServeSandboxes } from "./sandboxes.ts";
+import { type SandboxFleet, ServeSandboxes } from "./sandboxes.ts";
 import { keepPools, type PoolTarget } from "../sandbox/pool_fill.ts";
 import { readyMembers } from "../lifecycle/pool.ts";
-import { ProcessStore, SandboxStore } from "./state.ts";
+import { ProcessStore, type SandboxRecord, SandboxStore } from "./state.ts";
 import { TenantLimits } from "./limits.ts";
 import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
@@ -34,8 +38,10 @@ export interface ServerOptions {
   db: DatabaseSync;
   /** Another connection to it, opened with `survives: "process-death"`: the processes' journal. */
   journal: DatabaseSync;
-  /** The Docker client. */
-  docker: DockerClient;
+  /** The Docker client (not with `kubernetes`). */
+  docker?: DockerClient | undefined;
+  /** Sandboxes on a Kubernetes cluster instead of this host's Docker. */
+  kubernetes?: KubeServerOptions | undefined;
   /** Address and port to listen on (port 0: any free one). */
   hostname: string;
   /** The port. */
@@ -78,32 +84,25 @@ export interface ServerOptions {
   metricsIntervalMs?: number | undefined;
 }
 
-/** A running server. */
-export interface RunningServer {
-  /** Where it listens. */
-  address: { hostname: string; port: number };
-  /** The sandboxes it serves. */
-  sandboxes: ServeSandboxes;
-  /** Resolves when it has stopped. */
-  finished: Promise<void>;
-  /** Stops it (sandboxes keep running; a restarted server serves them). */
-  shutdown(): Promise<void>;
+/** The sandboxes of a server and what serves them, by backend. */
+interface Fleet {
+  sandboxes: SandboxFleet;
+  envd: { respond(request: Request, record: SandboxRecord): Promise<Response>; restore(): void };
+  /** What the control API reports of costs (Docker only). */
+  observed: Pick<ControlDeps, "metrics" | "prometheus">;
+  start(): void;
+  stop(): Promise<void>;
 }
 
-/**
- * Starts the server.
- *
- * @param options Where, who may call, and the limits.
- * @returns The running server, listening.
- * @throws {WaffleError} When it cannot listen (or the TLS certificate or key is not valid).
- */
-export async function startServer(options: ServerOptions): Promise<RunningServer> {
-  const store = new SandboxStore(options.db);
+// This host's Docker: sandboxes recorded in serve.db, warm pools, costs.
+function dockerFleet(options: ServerOptions): Fleet {
+  const docker = options.docker;
+  if (docker === undefined) throw new UsageError("A Docker server needs a Docker client");
   const pools = options.pools === undefined || options.pools.length === 0
     ? undefined
     : keepPools(options.home, options.pools, {
       configPath: options.configPath,
-      docker: options.docker,
+      docker,
       onError: options.onEvent,
     });
   const metrics = new ServerMetrics({
@@ -118,9 +117,9 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       })),
     intervalMs: options.metricsIntervalMs,
   });
-  const sandboxes = new ServeSandboxes(store, {
+  const sandboxes = new ServeSandboxes(new SandboxStore(options.db), {
     home: options.home,
-    docker: options.docker,
+    docker,
     configPath: options.configPath,
     // A take is refilled at once, not at the next round.
     ...(pools === undefined ? {} : { onTaken: () => pools.poke() }),
@@ -135,6 +134,73 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     onCommandExit: (tenant, seconds) => metrics.command.observe(tenant, seconds),
   });
   const ring = metrics.attach(sandboxes);
+  return {
+    sandboxes,
+    envd,
+    observed: { metrics: ring, prometheus: (tenant) => metrics.prometheus(tenant) },
+    start: () => metrics.start(),
+    stop: async () => {
+      metrics.stop();
+      await pools?.stop();
+    },
+  };
+}
+
+// A Kubernetes cluster: sandboxes are its objects, envd their agents'.
+async function kubeFleet(options: ServerOptions, kube: KubeServerOptions): Promise<Fleet> {
+  const { KubeSandboxes } = await import("./kube_sandboxes.ts");
+  const { KubeEnvd } = await import("./kube_envd.ts");
+  const sandboxes = new KubeSandboxes({
+    api: kube.api,
+    settings: kube.settings,
+    limits: kube.limits,
+    ...(options.onEvent === undefined ? {} : { onEvent: options.onEvent }),
+  });
+  await sandboxes.start();
+  return {
+    sandboxes,
+    envd: new KubeEnvd(sandboxes),
+    observed: {},
+    start: () => {},
+    stop: () => Promise.resolve(),
+  };
+}
+
+/** A server whose sandboxes are a Kubernetes cluster's (`[backend] kind = "kubernetes"`). */
+export interface KubeServerOptions {
+  /** The API. */
+  api: KubeApi;
+  /** `[backend]`. */
+  settings: KubernetesBackendSettings;
+  /** Every sandbox's limits. */
+  limits: SandboxLimits;
+}
+
+/** A running server. */
+export interface RunningServer {
+  /** Where it listens. */
+  address: { hostname: string; port: number };
+  /** The sandboxes it serves. */
+  sandboxes: SandboxFleet;
+  /** Resolves when it has stopped. */
+  finished: Promise<void>;
+  /** Stops it (sandboxes keep running; a restarted server serves them). */
+  shutdown(): Promise<void>;
+}
+
+/**
+ * Starts the server.
+ *
+ * @param options Where, who may call, and the limits.
+ * @returns The running server, listening.
+ * @throws {WaffleError} When it cannot listen (or the TLS certificate or key is not valid).
+ */
+export async function startServer(options: ServerOptions): Promise<RunningServer> {
+  const fleet = options.kubernetes === undefined
+    ? dockerFleet(options)
+    : await kubeFleet(options, options.kubernetes);
+  const { sandboxes, envd } = fleet;
+  const store = sandboxes.store;
   // Counted from the record, creates under way included: two creates at once
   // cannot both take a tenant's last place.
   const limits = new TenantLimits({
@@ -152,8 +218,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     maxBodyBytes: options.maxBodyBytes,
     grant: options.grant,
     ...(options.audit === undefined ? {} : { audit: options.audit }),
-    metrics: ring,
-    prometheus: (tenant) => metrics.prometheus(tenant),
+    ...fleet.observed,
   });
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
@@ -205,15 +270,14 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   });
   port = server.addr.port;
   sandboxes.startReaper();
-  metrics.start();
+  fleet.start();
   // Processes a previous server left running go on under this one.
   envd.restore();
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= server.shutdown().finally(async () => {
-      metrics.stop();
       sandboxes.close();
-      await pools?.stop();
+      await fleet.stop();
     });
     return stopping;
   };

@@ -1,0 +1,88 @@
+/**
+ * envd for a server on Kubernetes: each request for a sandbox is passed to
+ * its pod's agent (`waffle agent`), streamed both ways, with the agent token
+ * added. The agent checks the sandbox's access token itself, as envd would,
+ * so the server adds no authority a caller lacks. A removed or paused
+ * sandbox's streams are cut.
+ *
+ * @module
+ */
+import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
+import { error } from "./envd_http.ts";
+import type { KubeSandboxes } from "./kube_sandboxes.ts";
+import { pausedMessage } from "./sandboxes.ts";
+import type { SandboxRecord } from "./state.ts";
+
+// Headers of one hop, never passed on (RFC 9110 §7.6.1), and what names
+// the server rather than the agent.
+const HOP_HEADERS = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+  "host",
+  "content-length",
+  AGENT_TOKEN_HEADER,
+]);
+
+/** Routes envd requests to the sandboxes' agents. */
+export class KubeEnvd {
+  readonly #sandboxes: KubeSandboxes;
+
+  /** @param sandboxes The server's sandboxes on Kubernetes. */
+  constructor(sandboxes: KubeSandboxes) {
+    this.#sandboxes = sandboxes;
+  }
+
+  /** Nothing to take over: each agent keeps its own processes. */
+  restore(): void {}
+
+  /**
+   * Passes one request to its sandbox's agent.
+   *
+   * @param request The request (its `Host` already checked).
+   * @param record The sandbox it names.
+   * @returns The agent's response, streamed.
+   */
+  async respond(request: Request, record: SandboxRecord): Promise<Response> {
+    if (record.state === "paused") {
+      const path = new URL(request.url).pathname;
+      return error(path === "/health" ? 502 : 409, pausedMessage(record.id));
+    }
+    let route;
+    try {
+      route = await this.#sandboxes.route(record);
+    } catch (cause) {
+      return error(502, cause instanceof Error ? cause.message : String(cause));
+    }
+    const url = new URL(request.url);
+    const headers = new Headers();
+    for (const [name, value] of request.headers) {
+      if (!HOP_HEADERS.has(name.toLowerCase())) headers.set(name, value);
+    }
+    headers.set(AGENT_TOKEN_HEADER, route.agentToken);
+    const signal = AbortSignal.any([route.killed, request.signal]);
+    try {
+      const answered = await fetch(`http://${route.authority}${url.pathname}${url.search}`, {
+        method: request.method,
+        headers,
+        body: request.body,
+        redirect: "manual",
+        signal,
+        // A request body (an upload) streams as it comes.
+        ...(request.body === null ? {} : { duplex: "half" }),
+      } as RequestInit);
+      const out = new Headers();
+      for (const [name, value] of answered.headers) {
+        if (!HOP_HEADERS.has(name.toLowerCase())) out.set(name, value);
+      }
+      return new Response(answered.body, { status: answered.status, headers: out });
+    } catch (cause) {
+      if (route.killed.aborted) return error(502, `Sandbox '${record.id}' was killed`);
+      return error(502, `Sandbox '${record.id}' did not answer: ${(cause as Error).message}`);
+    }
+  }
+}
