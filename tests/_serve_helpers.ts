@@ -13,6 +13,10 @@ import { selfCommand } from "../lib/config/self.ts";
 import { dockerGate } from "./_docker_gate.ts";
 import type { DockerClient } from "../lib/docker/client.ts";
 import { runCliProcess } from "./_helpers.ts";
+import { type KubeRig, startKubeRig } from "./_k8s_rig.ts";
+import { RESOURCES } from "./_k8s_api.ts";
+
+const SANDBOXES = RESOURCES.find((resource) => resource.plural === "sandboxes")!;
 
 /** The image of the `base` template. */
 export const BASE = "waffle-base:bookworm";
@@ -22,6 +26,30 @@ const missing = !gate.ok
   : await gate.client!.inspectImage(BASE) === null
   ? `image '${BASE}' is missing: run 'bash scripts/build_images.sh base'`
   : undefined;
+
+/**
+ * Where `serve()` runs its sandboxes: this host's Docker, unless a test file
+ * said Kubernetes ({@linkcode serveOnKubernetes}).
+ */
+let onKubernetes: { rig: () => Promise<KubeRig>; skip: ReadonlyMap<string, string> } | undefined;
+
+/**
+ * Makes every `sdkTest` this module registers from now on run against a
+ * server with `[backend] kind = "kubernetes"` on the stand-in (started once,
+ * on first use), except the tests named in `skip`, which are registered
+ * ignored with their reason.
+ *
+ * @param skip Test name (before any suffix) → why it does not apply on Kubernetes.
+ * @returns Stops the rig, once the file's tests are done.
+ */
+export function serveOnKubernetes(skip: Record<string, string>): () => Promise<void> {
+  let rig: Promise<KubeRig> | undefined;
+  onKubernetes = {
+    rig: () => rig ??= startKubeRig(gate.client!),
+    skip: new Map(Object.entries(skip)),
+  };
+  return async () => await (await rig)?.stop();
+}
 
 /** A running `waffle serve` with one key per tenant. */
 export interface Served {
@@ -35,12 +63,17 @@ export interface Served {
   /** Stops the server with SIGTERM and starts another on the same home (`url` and `pid` change). */
   restart(): Promise<void>;
   stop(): Promise<void>;
+  /** The sandboxes still there: this home's containers, or the stand-in's Sandbox objects. */
+  leftovers(): Promise<string[]>;
+  /** The stand-in, when the server's sandboxes are on Kubernetes. */
+  kube?: KubeRig | undefined;
 }
 
 /** Starts `waffle serve` on 127.0.0.1:0 in a fresh home, with keys of tenants `a` and `b`. */
-export async function serve(options: { toml?: string } = {}): Promise<Served> {
+export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Promise<Served> {
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-serve-" }));
-  if (options.toml !== undefined) await Deno.writeTextFile(`${home}/waffle.toml`, options.toml);
+  const toml = `${options.toml ?? ""}\n${options.kube?.backendToml ?? ""}`;
+  await Deno.writeTextFile(`${home}/waffle.toml`, toml);
   const env = { WAFFLE_HOME: home };
   const key = async (tenant: string): Promise<string> => {
     const made = await runCliProcess(["serve", "key", "create", "--tenant", tenant], { env });
@@ -58,7 +91,16 @@ export async function serve(options: { toml?: string } = {}): Promise<Served> {
     served.url = url;
     served.pid = child.pid;
   };
+  const leftovers = async (): Promise<string[]> => {
+    if (options.kube !== undefined) {
+      return options.kube.standIn.objects.list(SANDBOXES, undefined).map((o) => String(o.metadata.name));
+    }
+    const listed = await runCliProcess(["ps", "--json"], { env });
+    return (JSON.parse(listed.stdout).sandboxes as { user: string }[]).map((row) => row.user);
+  };
   const served: Served = {
+    kube: options.kube,
+    leftovers,
     url,
     home,
     pid: child.pid,
@@ -69,6 +111,19 @@ export async function serve(options: { toml?: string } = {}): Promise<Served> {
       child.kill("SIGTERM");
       await child.status;
       await child.stdout.cancel().catch(() => {});
+      if (options.kube !== undefined) {
+        // What the server left on the stand-in: deleted as a user would.
+        for (const object of options.kube.standIn.objects.list(SANDBOXES, undefined)) {
+          options.kube.standIn.objects.delete(
+            SANDBOXES,
+            object.metadata.namespace,
+            object.metadata.name,
+          );
+        }
+        await options.kube.standIn.settled();
+        await Deno.remove(home, { recursive: true }).catch(() => {});
+        return;
+      }
       // What the server left running: its pools' ready members, then each
       // sandbox of this home, removed by the CLI.
       await runCliProcess(["pool", "drain"], { env });
@@ -137,6 +192,18 @@ export function sdk(
 }
 
 /**
+ * Starts `waffle serve` as `sdkTest` does: on the stand-in when this file
+ * said Kubernetes ({@linkcode serveOnKubernetes}), else on this host's Docker.
+ *
+ * @param options A `waffle.toml`, and the rig to use (default: the file's).
+ * @returns The server.
+ */
+export async function serveForFile(options: { toml?: string; kube?: KubeRig } = {}): Promise<Served> {
+  const kube = options.kube ?? await onKubernetes?.rig();
+  return await serve({ ...options, ...(kube === undefined ? {} : { kube }) });
+}
+
+/**
  * Registers a live test that gets a fresh `waffle serve`, stopped after it.
  *
  * @param name The test's name.
@@ -148,9 +215,14 @@ export function sdkTest(
   fn: (served: Served) => Promise<void>,
   options: { toml?: string } = {},
 ): void {
+  const skipped = onKubernetes?.skip.get(name);
+  if (skipped !== undefined) {
+    Deno.test({ name: `${name} [ignored: ${skipped}]`, ignore: true, fn: () => {} });
+    return;
+  }
   // The SDK keeps its HTTP connections for reuse: not a leak of the test's.
   baseTest(name, async () => {
-    const served = await serve(options);
+    const served = await serveForFile(options);
     try {
       await fn(served);
     } finally {

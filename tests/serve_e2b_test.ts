@@ -10,7 +10,7 @@
  */
 import assert from "node:assert/strict";
 import { CommandExitError, NotFoundError, Sandbox, SandboxError, TimeoutError } from "e2b";
-import { delay, runCliProcess } from "./_helpers.ts";
+import { delay } from "./_helpers.ts";
 import { sandboxKey } from "../lib/config/sandbox_key.ts";
 import { statePaths } from "../lib/lifecycle/identity.ts";
 import { STALE_AFTER_MS } from "../lib/queue/liveness.ts";
@@ -586,8 +586,7 @@ sdkTest("e2b SDK: a paused sandbox is removed at its end time", async (served) =
     gone = !(await Sandbox.list(opts).nextItems()).some((s) => s.sandboxId === sandbox.sandboxId);
   }
   assert.ok(gone, "the reaper removed the paused sandbox");
-  const containers = await runCliProcess(["ps", "--json"], { env: { WAFFLE_HOME: served.home } });
-  assert.deepEqual(JSON.parse(containers.stdout).sandboxes, []);
+  assert.deepEqual(await served.leftovers(), []);
 });
 
 sdkTest(
