@@ -80,7 +80,7 @@ export const SANDBOX_DENO_ARGV: readonly string[] = [
   SANDBOX_DENO,
 ];
 /** The runner cache's mount point (read-only), the runner's `DENO_DIR` when there is one. */
-const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
+export const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
 /** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
 export const SANDBOX_MCP_CACHE = `${PROGRAM_DIR}/mcp-cache`;
 /** A restricted session's home: a tmpfs owned by the commands' uid. */
@@ -88,7 +88,18 @@ export const RESTRICTED_HOME = "/home/sandbox";
 /** How long a restricted container's runner outlives its session's host. */
 const RESTRICTED_IDLE_SECONDS = 60;
 /** The runner's private scratch (Deno's cache): a tmpfs no command can enter. */
-const RUNNER_DIR = "/run/waffle";
+export const RUNNER_DIR = "/run/waffle";
+/**
+ * How a sandbox starts the bundled artefact, up to its subcommand: the
+ * artefact mounted (or copied, on Kubernetes) at `SANDBOX_ARTEFACT_DIR`, run
+ * by {@linkcode SANDBOX_DENO_ARGV} with the runner's own flags.
+ */
+export const SANDBOX_ARTEFACT_ARGV: readonly string[] = [
+  ...SANDBOX_DENO_ARGV,
+  ...ARTEFACT_FLAGS,
+  RUNNER_V8_FLAGS,
+  `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`,
+];
 
 /** Labels waffle puts on its containers. */
 export const LABELS = {
@@ -678,10 +689,9 @@ export function programLaunch(config: SandboxConfig): ProgramLaunch {
     mounts.push(bind(Deno.realPathSync(build), SANDBOX_ARTEFACT_DIR, true));
     const cache = runnerCacheOf(self.artefact);
     if (cache !== undefined) mounts.push(bind(Deno.realPathSync(cache), RUNNER_CACHE, true));
-    const entry = `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`;
     return {
       ...(cache === undefined ? {} : { denoDir: RUNNER_CACHE }),
-      argv: [...SANDBOX_DENO_ARGV, ...ARTEFACT_FLAGS, RUNNER_V8_FLAGS, entry],
+      argv: [...SANDBOX_ARTEFACT_ARGV],
       mounts,
       launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`, kitIdentity],
     };

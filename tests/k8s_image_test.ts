@@ -1,0 +1,172 @@
+/**
+ * `waffle k8s image` and `waffle k8s kit`: the waffle image made from a real
+ * install (`scripts/install.sh --no-docker` into a temporary prefix) runs
+ * waffle from /opt/waffle, and its kit copies into a volume as the pod's init
+ * container copies it. Live where Docker is (see tests/_docker_gate.ts).
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { fileURLToPath } from "node:url";
+import { liveTest } from "./_docker_gate.ts";
+import { runProcess } from "./_helpers.ts";
+import { artefactCommand, selfCommand } from "../lib/config/self.ts";
+import { SANDBOX_ARTEFACT_ARGV, SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
+import { UsageError } from "../lib/errors.ts";
+import { buildWaffleImage, copyKit, KIT_ENTRIES } from "../lib/k8s/mod.ts";
+import type { DockerClient } from "../lib/docker/mod.ts";
+
+const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
+const PREFIX = "waffle-h2img";
+
+Deno.test("buildWaffleImage() from a source checkout is a one-line error naming scripts/install.sh", async () => {
+  const docker = {} as DockerClient; // never reached
+  await assert.rejects(
+    () => buildWaffleImage(docker, { self: selfCommand() }),
+    (error: Error) =>
+      error instanceof UsageError && error.message.includes("run scripts/install.sh") &&
+      !error.message.includes("\n"),
+  );
+});
+
+Deno.test("copyKit() copies the kit with its modes and links, and again over its own copy", async () => {
+  await using dir = await tempDir();
+  const from = `${dir.path}/opt`;
+  await Deno.mkdir(`${from}/rt`, { recursive: true });
+  await Deno.mkdir(`${from}/app/chunks`, { recursive: true });
+  await Deno.mkdir(`${from}/cache`);
+  await Deno.writeTextFile(`${from}/deno`, "binary", { mode: 0o755 });
+  await Deno.writeTextFile(`${from}/rt/ld.so`, "loader", { mode: 0o755 });
+  await Deno.symlink("ld.so", `${from}/rt/ld-linux.so`);
+  await Deno.writeTextFile(`${from}/app/waffle.js`, "entry", { mode: 0o644 });
+  await Deno.writeTextFile(`${from}/app/chunks/a.js`, "chunk", { mode: 0o600 });
+  await Deno.writeFile(`${from}/empty`, new Uint8Array());
+  const to = `${dir.path}/kit`;
+  for (let round = 0; round < 2; round++) {
+    assert.deepEqual(await copyKit(to, { from }), [...KIT_ENTRIES]);
+    assert.deepEqual((await Deno.stat(`${to}/deno`)).mode! & 0o777, 0o755);
+    assert.deepEqual((await Deno.stat(`${to}/app/chunks/a.js`)).mode! & 0o777, 0o600);
+    assert.deepEqual(await Deno.readLink(`${to}/rt/ld-linux.so`), "ld.so");
+    assert.deepEqual(await Deno.readTextFile(`${to}/app/chunks/a.js`), "chunk");
+    assert.deepEqual((await Deno.stat(`${to}/empty`)).size, 0);
+  }
+  const names = [];
+  for await (const entry of Deno.readDir(to)) names.push(entry.name);
+  assert.deepEqual(names.sort(), [...KIT_ENTRIES].sort(), "no temporary names left");
+});
+
+Deno.test("copyKit() from a directory without the kit is a one-line error, nothing copied", async () => {
+  await using dir = await tempDir();
+  await Deno.writeTextFile(`${dir.path}/deno`, "binary");
+  await assert.rejects(
+    () => copyKit(`${dir.path}/kit`, { from: dir.path }),
+    (error: Error) =>
+      error instanceof UsageError && error.message.includes(`'${dir.path}/rt'`) &&
+      !error.message.includes("\n"),
+  );
+  const names = [];
+  for await (const entry of Deno.readDir(`${dir.path}/kit`)) names.push(entry.name);
+  assert.deepEqual(names, []);
+});
+
+liveTest(
+  "waffle k8s image: an installed artefact's image runs waffle, and its kit copies out",
+  async (docker) => {
+    await using dir = await tempDir();
+    const install = await runProcess("bash", [
+      `${REPO}/scripts/install.sh`,
+      "--prefix",
+      dir.path,
+      "--no-docker",
+    ]);
+    assert.deepEqual(install.code, 0, install.stderr);
+    const self = artefactCommand(`${dir.path}/lib/waffle/waffle.js`);
+    const tag = `${PREFIX}:${crypto.randomUUID().slice(0, 8)}`;
+    const image = await buildWaffleImage(docker, { self, tag });
+    try {
+      assert(image.built);
+      assert.deepEqual(image.entrypoint, [...SANDBOX_ARTEFACT_ARGV]);
+      const again = await buildWaffleImage(docker, { self, tag });
+      assert.deepEqual({ built: again.built, id: again.id }, { built: false, id: image.id });
+      const inspected = await docker.inspectImage(tag);
+      assert(inspected?.env.includes("DENO_DIR=/opt/waffle/cache"), String(inspected?.env));
+      // The image runs waffle: `help` exits 0, an unknown command does not.
+      assert.deepEqual(await runIn(docker, tag, { cmd: ["help"] }), 0);
+      assert((await runIn(docker, tag, { cmd: ["no-such-command"] })) !== 0);
+      // The kit, copied by the image's own Deno from its /opt/waffle into a volume.
+      const kit = `${dir.path}/kit`;
+      await Deno.mkdir(kit);
+      await Deno.writeTextFile(`${dir.path}/kit_main.ts`, KIT_MAIN);
+      const code = await runIn(docker, tag, {
+        entrypoint: [
+          ...SANDBOX_DENO_ARGV,
+          "run",
+          "--allow-all",
+          "--quiet",
+          "--cached-only",
+          "--node-modules-dir=manual",
+          "--config",
+          "/src/deno.json",
+          "/probe/kit_main.ts",
+        ],
+        cmd: ["--to", "/kit"],
+        binds: [`${REPO}:/src:ro`, `${dir.path}/kit_main.ts:/probe/kit_main.ts:ro`, `${kit}:/kit`],
+        env: ["DENO_DIR=/tmp/deno"],
+      });
+      assert.deepEqual(code, 0);
+      const build = self.artefact!.slice(0, self.artefact!.lastIndexOf("/"));
+      assert.deepEqual(
+        await Deno.readTextFile(`${kit}/app/waffle.js`),
+        await Deno.readTextFile(`${build}/waffle.js`),
+      );
+      assert.deepEqual((await Deno.stat(`${kit}/deno`)).mode! & 0o777, 0o755);
+      assert.deepEqual((await Deno.stat(`${kit}/rt/ld.so`)).isFile, true);
+      assert.deepEqual((await Deno.stat(`${kit}/empty`)).size, 0);
+    } finally {
+      await docker.removeImage(tag, { force: true });
+    }
+  },
+  { sanitizeResources: false, sanitizeOps: false },
+);
+
+// Runs `waffle k8s kit` from this checkout's sources (the dispatcher that
+// names it is wired elsewhere).
+const KIT_MAIN = `import { k8sKitCommand } from "/src/lib/cli/k8s_image.ts";
+Deno.exit(await k8sKitCommand(Deno.args));
+`;
+
+// Runs a container of `image` to its end (read-only root, no network) and removes it.
+async function runIn(
+  docker: DockerClient,
+  image: string,
+  options: { cmd: string[]; entrypoint?: string[]; binds?: string[]; env?: string[] },
+): Promise<number> {
+  const name = `${PREFIX}-${crypto.randomUUID().slice(0, 8)}`;
+  const id = await docker.createContainer(name, {
+    Image: image,
+    Cmd: options.cmd,
+    ...(options.entrypoint === undefined ? {} : { Entrypoint: options.entrypoint }),
+    ...(options.env === undefined ? {} : { Env: options.env }),
+    Labels: { [PREFIX]: "1" },
+    HostConfig: {
+      NetworkMode: "none",
+      ReadonlyRootfs: true,
+      Tmpfs: { "/tmp": "rw,size=256m" },
+      Binds: options.binds ?? [],
+    },
+  });
+  try {
+    await docker.startContainer(id);
+    return await docker.waitContainer(id, { timeoutMs: 120_000 });
+  } finally {
+    await docker.removeContainer(id, { force: true });
+  }
+}
+
+async function tempDir(): Promise<{ path: string } & AsyncDisposable> {
+  const path = await Deno.makeTempDir({ prefix: `${PREFIX}-` });
+  return {
+    path,
+    [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }).catch(() => {}),
+  };
+}
