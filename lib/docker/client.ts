@@ -555,12 +555,21 @@ export class DockerClient {
   /** Creates a named volume of the `local` driver (`POST /volumes/create`). */
   async createVolume(
     name: string,
-    options: RequestOptions & { labels?: Record<string, string> } = {},
+    options: RequestOptions & {
+      labels?: Record<string, string>;
+      /** The local driver's options, e.g. `{ type: "tmpfs", device: "tmpfs", o: "size=64m" }`. */
+      driverOpts?: Record<string, string>;
+    } = {},
   ): Promise<DockerVolume> {
     const data = await this.#request({
       method: "POST",
       path: "/volumes/create",
-      body: { Name: name, Driver: "local", Labels: options.labels ?? {} },
+      body: {
+        Name: name,
+        Driver: "local",
+        Labels: options.labels ?? {},
+        DriverOpts: options.driverOpts ?? {},
+      },
       ok: [201],
       timeoutMs: options.timeoutMs,
     });
@@ -721,6 +730,38 @@ export class DockerClient {
       timeoutMs: options.timeoutMs,
     });
     return this.#parse(createResponseSchema, data, "POST /networks/create").Id;
+  }
+
+  /**
+   * A network's name and the IPv4 address of each container on it, or
+   * `null` when it does not exist (`GET /networks/{id}`).
+   */
+  async inspectNetwork(
+    idOrName: string,
+    options: RequestOptions = {},
+  ): Promise<{ id: string; name: string; containers: Record<string, string> } | null> {
+    let data: unknown;
+    try {
+      data = await this.#request({
+        method: "GET",
+        path: `/networks/${encodeURIComponent(idOrName)}`,
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return null;
+      throw err;
+    }
+    const network = data as { Id?: unknown; Name?: unknown; Containers?: unknown };
+    if (typeof network.Id !== "string" || typeof network.Name !== "string") {
+      throw new DockerError("Docker GET /networks/{id} returned an unexpected response");
+    }
+    const containers: Record<string, string> = {};
+    for (const [id, entry] of Object.entries(network.Containers ?? {})) {
+      const address = (entry as { IPv4Address?: unknown }).IPv4Address;
+      if (typeof address === "string" && address !== "") containers[id] = address.split("/")[0]!;
+    }
+    return { id: network.Id, name: network.Name, containers };
   }
 
   /** Removes a network. Resolves `false` when it did not exist (404). */
