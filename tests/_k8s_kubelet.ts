@@ -296,11 +296,12 @@ export class Kubelet {
         };
       }
       const source = sub === "" ? volume.dir! : `${volume.dir}/${sub}`;
-      // As the kubelet does: a missing subPath is made a directory.
+      // As the kubelet does: a missing subPath is made a directory (0777 here, as an emptyDir).
       try {
         Deno.statSync(source);
       } catch {
-        Deno.mkdirSync(source, { recursive: true, mode: 0o777 });
+        Deno.mkdirSync(source, { recursive: true });
+        Deno.chmodSync(source, 0o777);
       }
       return { Type: "bind", Source: source, Target: mount.mountPath, ReadOnly: readOnly };
     });

@@ -615,16 +615,21 @@ class Controller {
     }
   }
 
-  /** Resolves once no Running Sandbox lacks a ready pod and no Suspended one has a pod. */
+  /** Resolves once the status of each Sandbox's generation says its pod is ready (Running) or gone (Suspended). */
   async settled(timeoutMs: number): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (true) {
       const sandboxes = this.#objects.list(SANDBOXES, undefined);
       const done = sandboxes.every((s) => {
-        const ready = s.status?.conditions?.find((c: KubeObject) => c.type === "Ready")?.status;
+        const conditions: KubeObject[] = s.status?.conditions ?? [];
+        const status = (type: string): string | undefined =>
+          conditions.find((c) => c.type === type && c.observedGeneration === s.metadata.generation)
+            ?.status;
         const running = (s.spec.operatingMode ?? "Running") === "Running";
         const hasPod = this.#pods.has(`${s.metadata.namespace}/${s.metadata.name}`);
-        return running ? ready === "True" && hasPod : !hasPod;
+        return running
+          ? status("Ready") === "True" && hasPod
+          : status("Suspended") === "True" && !hasPod;
       });
       if (done) return;
       if (Date.now() > deadline) {

@@ -480,8 +480,8 @@ liveTest(
       assert.equal(kept.stdout, "kept\n");
       assert.equal(
         (await shell(docker, resumed.client!, "ls /shared")).stdout,
-        "init-done\n",
-        "a new pod's emptyDir is new",
+        "init-done\nnested\n",
+        "a new pod's emptyDir is new (only the init container's file and the subPath made at mount)",
       );
       // Delete: the pod, its containers and the claim go.
       await custom.deleteNamespacedCustomObject({ ...ref, name });
@@ -510,6 +510,7 @@ async function assertSharedLocks(
 ): Promise<void> {
   const holder = "import sqlite3,os,time\n" +
     "c=sqlite3.connect('/shared/db',isolation_level=None)\nc.execute('create table if not exists t(x)')\n" +
+    "os.chmod('/shared/db',0o666)\n" +
     "c.execute('begin immediate')\nc.execute('insert into t values(1)')\nopen('/shared/held','w').close()\n" +
     "for _ in range(600):\n if os.path.exists('/shared/release'): break\n time.sleep(0.05)\nc.execute('commit')\n" +
     "open('/shared/committed','w').close()\n";
@@ -523,7 +524,7 @@ async function assertSharedLocks(
   const write =
     `python3 -c "import sqlite3;c=sqlite3.connect('/shared/db',timeout=0,isolation_level=None);c.execute('begin immediate');print(c.execute('select count(*) from t').fetchone()[0]);c.execute('commit')"`;
   const refused = await inClient(write);
-  assert.notEqual(refused.exitCode, 0);
+  assert.notEqual(refused.exitCode, 0, `${refused.stdout} ${refused.stderr}`);
   assert.match(refused.stderr, /database is locked/);
   await inClient("touch /shared/release");
   await waitUntil(
