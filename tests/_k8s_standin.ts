@@ -307,7 +307,7 @@ function watchResponse(
   let unsubscribe = (): void => {};
   let timers: ReturnType<typeof setTimeout>[] = [];
   const body = new ReadableStream<Uint8Array>({
-    start(controller) {
+    start(controller): void {
       const send = (event: WatchEvent | { type: "BOOKMARK"; object: KubeObject }): void => {
         try {
           controller.enqueue(encoder.encode(`${JSON.stringify(event)}\n`));
@@ -339,7 +339,7 @@ function watchResponse(
         }, seconds * 1000));
       }
     },
-    cancel() {
+    cancel(): void {
       unsubscribe();
       timers.forEach(clearInterval);
       timers = [];
