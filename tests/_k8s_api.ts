@@ -19,6 +19,7 @@
  *
  * @module
  */
+import { PersistentVolumeClaim, Pod, Secret } from "kubernetes-models/v1";
 
 /** A Kubernetes object as JSON. */
 // deno-lint-ignore no-explicit-any
@@ -217,6 +218,7 @@ function validate(resource: Resource, object: KubeObject): Cause[] {
     }
   }
   if (resource.plural === "sandboxes") causes.push(...validateSandbox(object));
+  if (resource.plural === "secrets") causes.push(...schemaCauses(Secret, object, ""));
   if (resource.plural === "secrets") {
     for (const [key, value] of Object.entries(object.data ?? {})) {
       if (typeof value !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(value)) {
@@ -262,6 +264,26 @@ function validateSandbox(object: KubeObject): Cause[] {
       }
     }
   }
+  // The embedded PodSpec and claim specs against Kubernetes' OpenAPI schema,
+  // as the CRD's schema has the API server check them.
+  if (causes.length === 0) {
+    causes.push(
+      ...schemaCauses(
+        Pod,
+        { metadata: { name: "x" }, spec: spec.podTemplate.spec },
+        "spec.podTemplate",
+      ),
+    );
+  }
+  for (const [i, template] of (spec?.volumeClaimTemplates ?? []).entries()) {
+    causes.push(
+      ...schemaCauses(
+        PersistentVolumeClaim,
+        { metadata: { name: "x" }, spec: template?.spec ?? {} },
+        `spec.volumeClaimTemplates[${i}]`,
+      ),
+    );
+  }
   const mode = spec?.operatingMode;
   if (mode !== undefined && mode !== "Running" && mode !== "Suspended") {
     causes.push({
@@ -281,6 +303,31 @@ function validateSandbox(object: KubeObject): Cause[] {
     }
   }
   return causes;
+}
+
+// A kubernetes-models class's schema errors as causes, their paths under `base`.
+function schemaCauses(
+  Model: new (data: never) => { validate(): void },
+  data: KubeObject,
+  base: string,
+): Cause[] {
+  try {
+    new Model(data as never).validate();
+    return [];
+  } catch (err) {
+    const errors: { instancePath: string; message?: string }[] = (err as KubeObject).errors ?? [];
+    if (errors.length === 0) throw err;
+    return errors.map((error) => {
+      const path = error.instancePath.split("/").filter((p) => p !== "")
+        .map((p) => /^\d+$/.test(p) ? `[${p}]` : `.${p}`).join("");
+      const field = `${base}${path}`.replace(/^\./, "");
+      return {
+        reason: "FieldValueInvalid",
+        message: `Invalid value: ${error.message ?? "invalid"}`,
+        field,
+      };
+    });
+  }
 }
 
 /** `a=b,c!=d,e,!f` of a label selector, or a field selector's `metadata.name=x`. */

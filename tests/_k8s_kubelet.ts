@@ -288,11 +288,13 @@ export class Kubelet {
         if (sub !== "") {
           throw new Error(`subPath into the Memory emptyDir '${mount.name}' is not modelled`);
         }
+        // NoCopy: Kubernetes never fills a volume with what the image has at its path.
         return {
           Type: "volume",
           Source: volume.dockerVolume,
           Target: mount.mountPath,
           ReadOnly: readOnly,
+          VolumeOptions: { NoCopy: true },
         };
       }
       const source = sub === "" ? volume.dir! : `${volume.dir}/${sub}`;
@@ -321,7 +323,8 @@ export class Kubelet {
           : `,size=${Math.floor(quantity(volume.emptyDir.sizeLimit))}`;
         await this.#docker().createVolume(name, {
           labels: this.#labels(desc, volume.name),
-          driverOpts: { type: "tmpfs", device: "tmpfs", o: `mode=1777${size}` },
+          // 0777, as the kubelet makes an emptyDir of either medium.
+          driverOpts: { type: "tmpfs", device: "tmpfs", o: `mode=0777${size}` },
         });
         pod.volumes.push(name);
         volumes.set(volume.name, { dockerVolume: name, readOnly: false });
@@ -377,28 +380,42 @@ export class Kubelet {
   }
 
   /**
-   * Whether every container runs and every readiness probe passes.
+   * Whether every container runs and every readiness probe passes, and each
+   * container's status as a Pod's `status.containerStatuses` has it.
    *
-   * @returns Ready, restarts, and why not.
+   * @returns Ready, why not, and the containers' statuses.
    */
-  async observe(pod: RunningPod): Promise<{ ready: boolean; restarts: number; message: string }> {
-    let restarts = 0;
+  async observe(
+    pod: RunningPod,
+  ): Promise<{ ready: boolean; message: string; statuses: KubeObject[] }> {
+    const statuses: KubeObject[] = [];
+    let message = "";
     for (const container of pod.desc.spec.containers) {
       const id = pod.containers.get(container.name);
       const info = id === undefined ? null : await this.#docker().inspectContainer(id);
-      if (info === null) {
-        return { ready: false, restarts, message: `container ${container.name} is gone` };
-      }
-      restarts += info.RestartCount;
-      if (!info.State.Running || info.State.Restarting) {
-        return { ready: false, restarts, message: `container ${container.name} is not running` };
-      }
+      const running = info !== null && info.State.Running && !info.State.Restarting;
       const probe = container.readinessProbe;
-      if (probe !== undefined && !(await this.#probe(pod, container, id!, probe))) {
-        return { ready: false, restarts, message: `container ${container.name} is not ready` };
+      const ready = running &&
+        (probe === undefined || await this.#probe(pod, container, id!, probe));
+      statuses.push({
+        name: container.name,
+        image: container.image,
+        containerID: id === undefined ? "" : `docker://${id}`,
+        ready,
+        started: running,
+        restartCount: info?.RestartCount ?? 0,
+        state: running
+          ? { running: { startedAt: info!.State.StartedAt.replace(/\.\d+Z$/, "Z") } }
+          : { waiting: { reason: info === null ? "ContainerCreating" : "CrashLoopBackOff" } },
+        ...(info !== null && info.State.ExitCode !== 0
+          ? { lastState: { terminated: { exitCode: info.State.ExitCode } } }
+          : {}),
+      });
+      if (message === "" && !ready) {
+        message = `container ${container.name} is ${running ? "not ready" : "not running"}`;
       }
     }
-    return { ready: true, restarts, message: "" };
+    return { ready: message === "", message, statuses };
   }
 
   async #probe(

@@ -610,6 +610,7 @@ class Controller {
           podIPs: [{ ip: pod.ip }],
           hostIP: "127.0.0.1",
           conditions: [{ type: "Ready", status: ready ? "True" : "False" }],
+          containerStatuses: observed?.statuses ?? [],
         },
       }, { status: true });
     }

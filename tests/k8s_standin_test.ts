@@ -151,6 +151,21 @@ liveTest(
           noContainers.status.details.causes[0].field,
           "spec.podTemplate.spec.containers",
         );
+        const badPort = await failure(() =>
+          custom.createNamespacedCustomObject({
+            ...ref,
+            body: sandbox("five", {
+              podTemplate: {
+                spec: { containers: [{ ...SLEEPER, ports: [{ containerPort: "80" }] }] },
+              },
+            }),
+          })
+        );
+        assert.equal(badPort.code, 422);
+        assert.equal(
+          badPort.status.details.causes[0].field,
+          "spec.podTemplate.spec.containers[0].ports[0].containerPort",
+        );
         const wrongKind = await failure(() =>
           custom.createNamespacedCustomObject({
             ...ref,
@@ -301,7 +316,12 @@ liveTest(
 // claim `workspace` is the client's.
 function podSandbox(name: string): KubeObject {
   const server =
-    "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n" +
+    // It exits (3) when /shared/crash appears: its restartPolicy brings it back.
+    "import os,socket,threading,time\n" +
+    "def watch():\n while not os.path.exists('/shared/crash'): time.sleep(0.05)\n" +
+    " os.remove('/shared/crash'); os._exit(3)\n" +
+    "threading.Thread(target=watch,daemon=True).start()\n" +
+    "s=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n" +
     "s.bind(('0.0.0.0',7000))\ns.listen(8)\nwhile True:\n c,_=s.accept()\n c.sendall(b'hello-from-server')\n c.close()\n";
   return sandbox(name, {
     volumeClaimTemplates: [{
@@ -441,6 +461,15 @@ liveTest(
       assert.equal(client?.HostConfig.Memory, 64 * 2 ** 20);
       assert.equal(client?.HostConfig.PidsLimit, POD_PIDS_LIMIT);
       assert.equal(client?.HostConfig.NanoCpus, 0.5e9);
+      // A container that exits is restarted (restartPolicy Always), the Pod's status says so.
+      await inClient("touch /shared/crash");
+      await waitUntil(async () => {
+        const podObject = await core.readNamespacedPod({ namespace: ns, name });
+        const server = podObject.status?.containerStatuses?.find((c) => c.name === "server");
+        return (server?.restartCount ?? 0) >= 1 && server?.ready === true;
+      }, "the server's restart");
+      assert.equal(await readSocket(ip, 7000), "hello-from-server");
+      assert.equal((await inClient("test -e /shared/crash; echo $?")).stdout, "1\n");
       // The claim outlives Suspended, comes back on Running.
       await inClient("echo kept > /workspace/keep.txt");
       const merge = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
