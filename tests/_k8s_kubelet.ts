@@ -24,7 +24,8 @@
  * shared by the pod's containers; no subPath into it), persistentVolumeClaim
  * (a host directory per claim, `pvcs/<ns>/<claim>`, that outlives the pod;
  * its size is NOT enforced), secret (files written with defaultMode or an
- * item's mode, mounted read-only). volumeMounts' subPath binds the host
+ * item's mode, mounted read-only), hostPath (an existing path, bound as
+ * it is). volumeMounts' subPath binds the host
  * subdirectory (Docker API 1.41 has no volume subpath).
  *
  * Not modelled: the pod's pids limit is per container (`PidsLimit` =
@@ -345,12 +346,18 @@ export class Kubelet {
           dir: claim,
           readOnly: volume.persistentVolumeClaim.readOnly === true,
         });
+      } else if (volume.hostPath !== undefined) {
+        // Tests mount files of this machine (a checkout) with it.
+        await Deno.stat(volume.hostPath.path).catch(() => {
+          throw new Error(`hostPath '${volume.hostPath.path}' does not exist`);
+        });
+        volumes.set(volume.name, { dir: volume.hostPath.path, readOnly: false });
       } else if (volume.secret !== undefined) {
         await this.#secretVolume(desc, volume.secret, dir);
         volumes.set(volume.name, { dir, readOnly: true });
       } else {
         throw new Error(
-          `Volume '${volume.name}': only emptyDir, persistentVolumeClaim and secret are modelled`,
+          `Volume '${volume.name}': only emptyDir, persistentVolumeClaim, secret and hostPath are modelled`,
         );
       }
     }

@@ -11,13 +11,33 @@ import { fileURLToPath } from "node:url";
 import { liveTest } from "./_docker_gate.ts";
 import { runProcess } from "./_helpers.ts";
 import { artefactCommand, selfCommand } from "../lib/config/self.ts";
-import { SANDBOX_ARTEFACT_ARGV, SANDBOX_DENO_ARGV } from "../lib/lifecycle/posture.ts";
+import {
+  RUNNER_CACHE,
+  RUNNER_CAPS,
+  SANDBOX_ARTEFACT_ARGV,
+  SANDBOX_DENO_ARGV,
+} from "../lib/lifecycle/posture.ts";
+import { type KubeObject, startStandIn } from "./_k8s_standin.ts";
+import { RESOURCES } from "./_k8s_api.ts";
 import { UsageError } from "../lib/errors.ts";
 import { buildWaffleImage, copyKit, KIT_ENTRIES } from "../lib/k8s/mod.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const PREFIX = "waffle-h2img";
+const SANDBOXES = RESOURCES.find((resource) => resource.plural === "sandboxes")!;
+// What the pod's check runs (H2_CHECK_COMMAND: a failing one shows the check can fail).
+const CHECK_COMMAND = Deno.env.get("H2_CHECK_COMMAND") ?? "help";
+// How the image's Deno runs this checkout's sources mounted at /src.
+const FROM_SOURCE = [
+  "run",
+  "--allow-all",
+  "--quiet",
+  "--cached-only",
+  "--node-modules-dir=manual",
+  "--config",
+  "/src/deno.json",
+];
 
 Deno.test("buildWaffleImage() from a source checkout is a one-line error naming scripts/install.sh", async () => {
   const docker = {} as DockerClient; // never reached
@@ -98,17 +118,7 @@ liveTest(
       await Deno.mkdir(kit);
       await Deno.writeTextFile(`${dir.path}/kit_main.ts`, KIT_MAIN);
       const code = await runIn(docker, tag, {
-        entrypoint: [
-          ...SANDBOX_DENO_ARGV,
-          "run",
-          "--allow-all",
-          "--quiet",
-          "--cached-only",
-          "--node-modules-dir=manual",
-          "--config",
-          "/src/deno.json",
-          "/probe/kit_main.ts",
-        ],
+        entrypoint: [...SANDBOX_DENO_ARGV, ...FROM_SOURCE, "/probe/kit_main.ts"],
         cmd: ["--to", "/kit"],
         binds: [`${REPO}:/src:ro`, `${dir.path}/kit_main.ts:/probe/kit_main.ts:ro`, `${kit}:/kit`],
         env: ["DENO_DIR=/tmp/deno"],
@@ -122,12 +132,94 @@ liveTest(
       assert.deepEqual((await Deno.stat(`${kit}/deno`)).mode! & 0o777, 0o755);
       assert.deepEqual((await Deno.stat(`${kit}/rt/ld.so`)).isFile, true);
       assert.deepEqual((await Deno.stat(`${kit}/empty`)).size, 0);
+      // In a pod (the stand-in, a mock of Kubernetes): the image's init
+      // container copies the kit into an emptyDir, and waffle runs from it,
+      // mounted by subPath, in an image without glibc, root read-only.
+      const standIn = await startStandIn(docker, { prefix: "wfl-h2img" });
+      try {
+        standIn.objects.create(SANDBOXES, "default", kitSandbox(tag, dir.path));
+        await standIn.settled(180_000);
+      } finally {
+        await standIn.stop();
+      }
     } finally {
       await docker.removeImage(tag, { force: true });
     }
   },
   { sanitizeResources: false, sanitizeOps: false },
 );
+
+// A Sandbox whose pod copies the kit (init container `waffle-kit`, the
+// waffle image) and runs `waffle help` from it in waffle-musl:latest with the
+// runner's posture (init container `check`: the pod is ready only when it
+// exited 0).
+function kitSandbox(tag: string, probeDir: string): KubeObject {
+  const kitMounts = [
+    { name: "waffle-kit", mountPath: "/opt/waffle/deno", subPath: "deno", readOnly: true },
+    { name: "waffle-kit", mountPath: "/opt/waffle/rt", subPath: "rt", readOnly: true },
+    { name: "waffle-kit", mountPath: "/opt/waffle/app", subPath: "app", readOnly: true },
+    { name: "waffle-kit", mountPath: RUNNER_CACHE, subPath: "cache", readOnly: true },
+    { name: "waffle-kit", mountPath: "/etc/ld.so.preload", subPath: "empty", readOnly: true },
+    { name: "waffle-tmp", mountPath: "/tmp" },
+  ];
+  const locked = {
+    runAsUser: 0,
+    runAsGroup: 0,
+    readOnlyRootFilesystem: true,
+    allowPrivilegeEscalation: false,
+    privileged: false,
+  };
+  return {
+    apiVersion: "agents.x-k8s.io/v1beta1",
+    kind: "Sandbox",
+    metadata: { name: "kit-check" },
+    spec: {
+      podTemplate: {
+        spec: {
+          terminationGracePeriodSeconds: 1,
+          initContainers: [
+            {
+              name: "waffle-kit",
+              image: tag,
+              command: [...SANDBOX_DENO_ARGV, ...FROM_SOURCE, "/probe/kit_main.ts"],
+              args: ["--to", "/kit"],
+              env: [{ name: "DENO_DIR", value: "/tmp/deno" }],
+              securityContext: { ...locked, capabilities: { drop: ["ALL"] } },
+              volumeMounts: [
+                { name: "waffle-kit", mountPath: "/kit" },
+                { name: "src", mountPath: "/src", readOnly: true },
+                { name: "probe", mountPath: "/probe", readOnly: true },
+                { name: "waffle-tmp", mountPath: "/tmp" },
+              ],
+            },
+            {
+              name: "check",
+              image: "waffle-musl:latest",
+              command: [...SANDBOX_ARTEFACT_ARGV, CHECK_COMMAND],
+              env: [{ name: "DENO_DIR", value: RUNNER_CACHE }, { name: "HOME", value: "/tmp" }],
+              securityContext: {
+                ...locked,
+                capabilities: { drop: ["ALL"], add: [...RUNNER_CAPS] },
+              },
+              volumeMounts: kitMounts,
+            },
+          ],
+          containers: [{
+            name: "main",
+            image: "waffle-runner:latest",
+            command: ["sleep", "infinity"],
+          }],
+          volumes: [
+            { name: "waffle-kit", emptyDir: {} },
+            { name: "waffle-tmp", emptyDir: { medium: "Memory", sizeLimit: "256Mi" } },
+            { name: "src", hostPath: { path: REPO } },
+            { name: "probe", hostPath: { path: probeDir } },
+          ],
+        },
+      },
+    },
+  };
+}
 
 // Runs `waffle k8s kit` from this checkout's sources (the dispatcher that
 // names it is wired elsewhere).
