@@ -93,7 +93,9 @@ export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Pr
   };
   const leftovers = async (): Promise<string[]> => {
     if (options.kube !== undefined) {
-      return options.kube.standIn.objects.list(SANDBOXES, undefined).map((o) => String(o.metadata.name));
+      return options.kube.standIn.objects.list(SANDBOXES, undefined).map((o) =>
+        String(o.metadata.name)
+      );
     }
     const listed = await runCliProcess(["ps", "--json"], { env });
     return (JSON.parse(listed.stdout).sandboxes as { user: string }[]).map((row) => row.user);
@@ -198,7 +200,9 @@ export function sdk(
  * @param options A `waffle.toml`, and the rig to use (default: the file's).
  * @returns The server.
  */
-export async function serveForFile(options: { toml?: string; kube?: KubeRig } = {}): Promise<Served> {
+export async function serveForFile(
+  options: { toml?: string; kube?: KubeRig } = {},
+): Promise<Served> {
   const kube = options.kube ?? await onKubernetes?.rig();
   return await serve({ ...options, ...(kube === undefined ? {} : { kube }) });
 }

@@ -14,7 +14,7 @@
 import assert from "node:assert/strict";
 import { Sandbox } from "e2b";
 import { delay, suffixTestNames } from "./_helpers.ts";
-import { baseTest, sdk, serveForFile, serveOnKubernetes, type Served } from "./_serve_helpers.ts";
+import { baseTest, sdk, type Served, serveForFile, serveOnKubernetes } from "./_serve_helpers.ts";
 import { RESOURCES } from "./_k8s_api.ts";
 import { K8S_ANNOTATIONS } from "../lib/k8s/sandbox_object.ts";
 
@@ -36,69 +36,83 @@ function objectOf(served: Served, id: string): Record<string, any> {
   return found;
 }
 
-baseTest("kubernetes: a sandbox is its objects: a second server, sharing nothing but the cluster, serves it", async () => {
-  const first = await serveForFile();
-  let second: Served | undefined;
-  try {
-    const sandbox = await Sandbox.create("base", { ...sdk(first, first.keys.a), timeoutMs: 120_000 });
-    await sandbox.files.write("/home/user/note.txt", "kept in the claim");
-    const object = objectOf(first, sandbox.sandboxId);
-    assert.equal(object.metadata.namespace, "waffle-a");
-    assert.equal(object.metadata.annotations[K8S_ANNOTATIONS.tenant], "a");
-    assert.equal(object.spec.operatingMode, "Running");
-    const secret = first.kube!.standIn.objects.find(
-      SECRETS,
-      "waffle-a",
-      object.metadata.annotations[K8S_ANNOTATIONS.secret],
-    );
-    assert.ok(secret !== undefined, "its Secret is beside it");
-    // Another server: its own home and keys, the same cluster.
-    second = await serveForFile({ kube: first.kube! });
-    const listed = await Sandbox.list(sdk(second, second.keys.a)).nextItems();
-    assert.ok(listed.some((s) => s.sandboxId === sandbox.sandboxId), "listed by the second");
-    const other = await Sandbox.list(sdk(second, second.keys.b)).nextItems();
-    assert.ok(!other.some((s) => s.sandboxId === sandbox.sandboxId), "not by another tenant");
-    const same = await Sandbox.connect(sandbox.sandboxId, sdk(second, second.keys.a));
-    assert.equal((await same.commands.run("cat note.txt")).stdout, "kept in the claim");
-    await same.kill();
-    for (let i = 0; i < 100 && (await first.leftovers()).length > 0; i++) await delay(100);
-    assert.deepEqual(await first.leftovers(), []);
-  } finally {
-    await second?.stop();
-    await first.stop();
-  }
-}, { sanitize: false });
+baseTest(
+  "kubernetes: a sandbox is its objects: a second server, sharing nothing but the cluster, serves it",
+  async () => {
+    const first = await serveForFile();
+    let second: Served | undefined;
+    try {
+      const sandbox = await Sandbox.create("base", {
+        ...sdk(first, first.keys.a),
+        timeoutMs: 120_000,
+      });
+      await sandbox.files.write("/home/user/note.txt", "kept in the claim");
+      const object = objectOf(first, sandbox.sandboxId);
+      assert.equal(object.metadata.namespace, "waffle-a");
+      assert.equal(object.metadata.annotations[K8S_ANNOTATIONS.tenant], "a");
+      assert.equal(object.spec.operatingMode, "Running");
+      const secret = first.kube!.standIn.objects.find(
+        SECRETS,
+        "waffle-a",
+        object.metadata.annotations[K8S_ANNOTATIONS.secret],
+      );
+      assert.ok(secret !== undefined, "its Secret is beside it");
+      // Another server: its own home and keys, the same cluster.
+      second = await serveForFile({ kube: first.kube! });
+      const listed = await Sandbox.list(sdk(second, second.keys.a)).nextItems();
+      assert.ok(listed.some((s) => s.sandboxId === sandbox.sandboxId), "listed by the second");
+      const other = await Sandbox.list(sdk(second, second.keys.b)).nextItems();
+      assert.ok(!other.some((s) => s.sandboxId === sandbox.sandboxId), "not by another tenant");
+      const same = await Sandbox.connect(sandbox.sandboxId, sdk(second, second.keys.a));
+      assert.equal((await same.commands.run("cat note.txt")).stdout, "kept in the claim");
+      await same.kill();
+      for (let i = 0; i < 100 && (await first.leftovers()).length > 0; i++) await delay(100);
+      assert.deepEqual(await first.leftovers(), []);
+    } finally {
+      await second?.stop();
+      await first.stop();
+    }
+  },
+  { sanitize: false },
+);
 
-baseTest("kubernetes: pause suspends (the pod goes, the claim stays), connect resumes with the files", async () => {
-  const served = await serveForFile();
-  try {
-    const opts = sdk(served, served.keys.a);
-    const sandbox = await Sandbox.create("base", { ...opts, timeoutMs: 120_000 });
-    await sandbox.files.write("/home/user/kept.txt", "before the pause");
-    const object = objectOf(served, sandbox.sandboxId);
-    const { namespace, name } = object.metadata;
-    assert.ok(served.kube!.standIn.podContainers(namespace, name) !== undefined, "a pod runs");
-    assert.equal(await sandbox.pause(), true);
-    assert.equal(objectOf(served, sandbox.sandboxId).spec.operatingMode, "Suspended");
-    await served.kube!.standIn.settled();
-    assert.equal(served.kube!.standIn.podContainers(namespace, name), undefined, "no pod");
-    assert.equal((await sandbox.getInfo()).state, "paused");
-    assert.equal(await Sandbox.pause(sandbox.sandboxId, opts), false, "already paused: 409");
-    await assert.rejects(
-      sandbox.commands.run("true"),
-      new RegExp(`Sandbox '${sandbox.sandboxId}' is paused`),
-    );
-    const resumed = await Sandbox.connect(sandbox.sandboxId, opts);
-    assert.equal((await resumed.getInfo()).state, "running");
-    assert.equal((await resumed.commands.run("cat kept.txt")).stdout, "before the pause");
-    await resumed.kill();
-  } finally {
-    await served.stop();
-  }
-}, { sanitize: false });
+baseTest(
+  "kubernetes: pause suspends (the pod goes, the claim stays), connect resumes with the files",
+  async () => {
+    const served = await serveForFile();
+    try {
+      const opts = sdk(served, served.keys.a);
+      const sandbox = await Sandbox.create("base", { ...opts, timeoutMs: 120_000 });
+      await sandbox.files.write("/home/user/kept.txt", "before the pause");
+      const object = objectOf(served, sandbox.sandboxId);
+      const { namespace, name } = object.metadata;
+      assert.ok(served.kube!.standIn.podContainers(namespace, name) !== undefined, "a pod runs");
+      assert.equal(await sandbox.pause(), true);
+      assert.equal(objectOf(served, sandbox.sandboxId).spec.operatingMode, "Suspended");
+      await served.kube!.standIn.settled();
+      assert.equal(served.kube!.standIn.podContainers(namespace, name), undefined, "no pod");
+      assert.equal((await sandbox.getInfo()).state, "paused");
+      assert.equal(await Sandbox.pause(sandbox.sandboxId, opts), false, "already paused: 409");
+      await assert.rejects(
+        sandbox.commands.run("true"),
+        new RegExp(`Sandbox '${sandbox.sandboxId}' is paused`),
+      );
+      const resumed = await Sandbox.connect(sandbox.sandboxId, opts);
+      assert.equal((await resumed.getInfo()).state, "running");
+      assert.equal((await resumed.commands.run("cat kept.txt")).stdout, "before the pause");
+      await resumed.kill();
+    } finally {
+      await served.stop();
+    }
+  },
+  { sanitize: false },
+);
 
-baseTest("kubernetes stand-in: stops, leaving no container or network of its own", async (docker) => {
-  await stopRig();
-  const left = await docker.listContainers({ all: true, labels: ["waffle.k8s-standin"] });
-  assert.deepEqual(left.map((container) => container.Names), []);
-});
+baseTest(
+  "kubernetes stand-in: stops, leaving no container or network of its own",
+  async (docker) => {
+    await stopRig();
+    const left = await docker.listContainers({ all: true, labels: ["waffle.k8s-standin"] });
+    assert.deepEqual(left.map((container) => container.Names), []);
+  },
+);

@@ -21,6 +21,8 @@ export const K8S_HELP = `Usage: waffle k8s <command> [options]
 
 Commands:
   render   print every object of a waffle install on Kubernetes
+  image    make the waffle image (the installed artefact) for the pods
+  kit      (internal) copy the image's kit into a pod's volume
 
 Run 'waffle k8s <command> --help' for its options.
 `;
@@ -63,6 +65,10 @@ export async function k8sCommand(args: string[], io: CliIo): Promise<number> {
   if (command === undefined || command === "--help" || command === "-h") {
     await io.stdout(K8S_HELP);
     return command === undefined ? EXIT_WAFFLE : 0;
+  }
+  if (command === "image" || command === "kit") {
+    const { k8sImageCommand, k8sKitCommand } = await import("./k8s_image.ts");
+    return await (command === "image" ? k8sImageCommand : k8sKitCommand)(rest, io);
   }
   if (command !== "render") {
     throw new UsageError(`Unknown command 'k8s ${command}'; run 'waffle k8s --help'`);

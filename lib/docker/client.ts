@@ -148,6 +148,8 @@ interface ModemLike {
 
 interface DialOptions {
   path: string;
+  /** A file (path) sent as the request body (`application/tar`). */
+  file?: string;
   method: "GET" | "POST" | "DELETE";
   statusCodes: Record<number, boolean | string>;
   options?: Record<string, unknown>;
@@ -553,12 +555,21 @@ export class DockerClient {
   /** Creates a named volume of the `local` driver (`POST /volumes/create`). */
   async createVolume(
     name: string,
-    options: RequestOptions & { labels?: Record<string, string> } = {},
+    options: RequestOptions & {
+      labels?: Record<string, string>;
+      /** The local driver's options, e.g. `{ type: "tmpfs", device: "tmpfs", o: "size=64m" }`. */
+      driverOpts?: Record<string, string>;
+    } = {},
   ): Promise<DockerVolume> {
     const data = await this.#request({
       method: "POST",
       path: "/volumes/create",
-      body: { Name: name, Driver: "local", Labels: options.labels ?? {} },
+      body: {
+        Name: name,
+        Driver: "local",
+        Labels: options.labels ?? {},
+        DriverOpts: options.driverOpts ?? {},
+      },
       ok: [201],
       timeoutMs: options.timeoutMs,
     });
@@ -606,6 +617,159 @@ export class DockerClient {
       await this.#request({
         method: "DELETE",
         path: `/volumes/${encodeURIComponent(name)}`,
+        ok: [204],
+        timeoutMs: options.timeoutMs,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Creates an image from a tar of its root file system, as `docker import`
+   * does (`POST /images/create?fromSrc=-`): no registry, no base image.
+   *
+   * @param tarFile The tar on this machine (sent as the request's body).
+   * @param options Its `repo:tag` and Dockerfile `changes` (`ENTRYPOINT [...]`, `ENV K=V`, `LABEL k=v`).
+   * @returns The new image's id.
+   * @throws {DockerError} When the daemon refuses it, mid-stream included.
+   */
+  async importImage(
+    tarFile: string,
+    options: RequestOptions & { repo: string; tag: string; changes?: string[] },
+  ): Promise<string> {
+    const spec: RequestSpec = {
+      method: "POST",
+      path: "/images/create",
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    };
+    // docker-modem repeats an array's values (`changes=…&changes=…`), as the API expects.
+    const query = {
+      fromSrc: "-",
+      repo: options.repo,
+      tag: options.tag,
+      changes: options.changes ?? [],
+    };
+    const stream = await this.#dial(
+      {
+        path: `${spec.path}?`,
+        method: "POST",
+        file: tarFile,
+        options: { _query: query },
+        statusCodes: { 200: true },
+        isStream: true,
+      },
+      spec,
+      options.timeoutMs ?? this.timeoutMs,
+    );
+    const reply = await readAll(stream as NodeReadable);
+    // One JSON object a line: `{"status":"sha256:…"}`, or `{"error":…}` when it failed midway.
+    let id: string | undefined;
+    for (const line of new TextDecoder().decode(reply).split("\n")) {
+      if (line.trim() === "") continue;
+      const event = JSON.parse(line) as { status?: string; error?: string };
+      if (typeof event.error === "string") {
+        throw new DockerError(
+          `Docker image import of '${options.repo}:${options.tag}' failed: ${oneLine(event.error)}`,
+        );
+      }
+      if (typeof event.status === "string" && /^sha256:[0-9a-f]{64}$/.test(event.status)) {
+        id = event.status;
+      }
+    }
+    if (id === undefined) {
+      throw new DockerError(`Docker image import of '${options.repo}:${options.tag}' gave no id`);
+    }
+    return id;
+  }
+
+  /** Removes an image by id or reference. Resolves `false` when it did not exist (404). */
+  async removeImage(
+    ref: string,
+    options: RequestOptions & { force?: boolean } = {},
+  ): Promise<boolean> {
+    try {
+      await this.#request({
+        method: "DELETE",
+        path: `/images/${encodeURIComponent(ref)}`,
+        query: { force: options.force ?? false },
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+      return true;
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Creates a bridge network (`POST /networks/create`) and returns its id.
+   *
+   * @param name The network's name.
+   * @param options Its labels; `internal`: no route off the machine.
+   */
+  async createNetwork(
+    name: string,
+    options: RequestOptions & { labels?: Record<string, string>; internal?: boolean } = {},
+  ): Promise<string> {
+    const data = await this.#request({
+      method: "POST",
+      path: "/networks/create",
+      body: {
+        Name: name,
+        Driver: "bridge",
+        CheckDuplicate: true,
+        Internal: options.internal ?? false,
+        Labels: options.labels ?? {},
+      },
+      ok: [201],
+      timeoutMs: options.timeoutMs,
+    });
+    return this.#parse(createResponseSchema, data, "POST /networks/create").Id;
+  }
+
+  /**
+   * A network's name and the IPv4 address of each container on it, or
+   * `null` when it does not exist (`GET /networks/{id}`).
+   */
+  async inspectNetwork(
+    idOrName: string,
+    options: RequestOptions = {},
+  ): Promise<{ id: string; name: string; containers: Record<string, string> } | null> {
+    let data: unknown;
+    try {
+      data = await this.#request({
+        method: "GET",
+        path: `/networks/${encodeURIComponent(idOrName)}`,
+        ok: [200],
+        timeoutMs: options.timeoutMs,
+      });
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return null;
+      throw err;
+    }
+    const network = data as { Id?: unknown; Name?: unknown; Containers?: unknown };
+    if (typeof network.Id !== "string" || typeof network.Name !== "string") {
+      throw new DockerError("Docker GET /networks/{id} returned an unexpected response");
+    }
+    const containers: Record<string, string> = {};
+    for (const [id, entry] of Object.entries(network.Containers ?? {})) {
+      const address = (entry as { IPv4Address?: unknown }).IPv4Address;
+      if (typeof address === "string" && address !== "") containers[id] = address.split("/")[0]!;
+    }
+    return { id: network.Id, name: network.Name, containers };
+  }
+
+  /** Removes a network. Resolves `false` when it did not exist (404). */
+  async removeNetwork(idOrName: string, options: RequestOptions = {}): Promise<boolean> {
+    try {
+      await this.#request({
+        method: "DELETE",
+        path: `/networks/${encodeURIComponent(idOrName)}`,
         ok: [204],
         timeoutMs: options.timeoutMs,
       });
@@ -867,6 +1031,16 @@ function daemonMessage(err: ModemError): string {
 
 function oneLine(text: string): string {
   return text.replace(/\s+/g, " ").trim().replace(/\.$/, "");
+}
+
+// A docker-modem stream read to its end.
+function readAll(stream: NodeReadable): Promise<Uint8Array> {
+  return new Promise((resolve, reject) => {
+    const chunks: Uint8Array[] = [];
+    stream.on("data", (chunk) => chunks.push(new Uint8Array(chunk)));
+    stream.on("end", () => resolve(concat(chunks)));
+    stream.on("error", reject);
+  });
 }
 
 function remaining(deadline: number): number {

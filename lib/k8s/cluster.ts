@@ -10,6 +10,7 @@
 import { SANDBOX_DEFAULTS } from "../config/config.ts";
 import { DEFAULT_TENANT_LIMITS } from "../config/serve_schema.ts";
 import { PROXY_UID } from "../egress/proxy_container.ts";
+import { SANDBOX_ARTEFACT_ARGV } from "../lifecycle/posture.ts";
 import { sandboxCrds } from "./crds.ts";
 import { DEFAULT_NAMESPACE_PREFIX, dns1123Label, tenantNamespace } from "./names.ts";
 import {
@@ -18,7 +19,6 @@ import {
   K8S_LABELS,
   type KubeObject,
   MANAGED_BY,
-  POD_WAFFLE_ARGV,
   SANDBOX_GROUP,
   SANDBOX_PLURAL,
 } from "./sandbox_object.ts";
@@ -192,7 +192,7 @@ function ownContainer(
   return {
     name,
     image: options.image,
-    command: [...POD_WAFFLE_ARGV, ...options.args],
+    command: [...SANDBOX_ARTEFACT_ARGV, ...options.args],
     env: [
       { name: "WAFFLE_HOME", value: "/var/lib/waffle" },
       { name: "DENO_DIR", value: "/tmp/.waffle-deno" },

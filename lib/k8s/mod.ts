@@ -1,7 +1,8 @@
 /**
  * waffle's sandboxes on Kubernetes: the names, the `Sandbox` object and its
  * Secret, agent-sandbox's CRDs, the cluster objects `waffle k8s render`
- * prints, and their validation.
+ * prints and their validation, the API client, the pod's own sandbox (the
+ * agent's), and the waffle image that carries waffle into each pod.
  *
  * @module
  */
@@ -29,7 +30,6 @@ export {
   KIT_DIR,
   type KubeObject,
   MANAGED_BY,
-  POD_WAFFLE_ARGV,
   readSandboxObject,
   SANDBOX_API_VERSION,
   SANDBOX_GROUP,
@@ -66,3 +66,12 @@ export { InvalidObjectError, validateObject } from "./validate.ts";
 export { toYaml, toYamlDocuments } from "./yaml.ts";
 export { KubeApi, type KubeApiOptions, type WatchEvent } from "./client.ts";
 export { openPodSandbox, type PodSandbox, type PodSandboxOptions } from "./pod_sandbox.ts";
+export {
+  type BuildImageOptions,
+  buildWaffleImage,
+  copyKit,
+  KIT_ENTRIES,
+  WAFFLE_IMAGE_ARTEFACT_LABEL,
+  WAFFLE_IMAGE_REPO,
+  type WaffleImage,
+} from "./image.ts";

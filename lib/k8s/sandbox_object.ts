@@ -16,10 +16,9 @@ import {
   RUNNER_CAPS,
   RUNNER_DIR,
   runnerArguments,
-  SANDBOX_DENO_ARGV,
+  SANDBOX_ARTEFACT_ARGV,
 } from "../lifecycle/posture.ts";
-import { ARTEFACT_FLAGS, RUNNER_V8_FLAGS } from "../config/self.ts";
-import { ARTEFACT_ENTRY } from "../config/artefact_dir.ts";
+import { RUNNER_V8_FLAGS } from "../config/self.ts";
 import {
   IMAGE_ENV_VARIABLE,
   IMAGE_WORKDIR_VARIABLE,
@@ -93,19 +92,6 @@ export const AGENT_STATE_DIR = "/tmp/agent";
 export const KIT_DIR = "/kit";
 /** The name of the workspace's volume claim template (and so of the pod's volume). */
 export const WORKSPACE_VOLUME = "workspace";
-
-/**
- * How any container of a sandbox's pod starts waffle, up to the subcommand:
- * the runtime kit's loader running the kit's Deno on the artefact. The
- * waffle image has these paths itself; the runner's container gets them
- * from the kit, mounted at the same places.
- */
-export const POD_WAFFLE_ARGV: readonly string[] = [
-  ...SANDBOX_DENO_ARGV,
-  ...ARTEFACT_FLAGS,
-  RUNNER_V8_FLAGS,
-  `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`,
-];
 
 /** A sandbox's limits, as the config resolves them. */
 export interface SandboxLimits {
@@ -282,13 +268,20 @@ function kitContainer(input: SandboxObjectInput): Record<string, unknown> {
   return {
     name: "waffle-kit",
     image: input.waffleImage,
-    command: [...POD_WAFFLE_ARGV, "k8s", "kit", "--to", KIT_DIR],
-    securityContext: ownSecurityContext(),
+    command: [...SANDBOX_ARTEFACT_ARGV, "k8s", "kit", "--to", KIT_DIR, "--workspace", "/workspace"],
+    securityContext: {
+      ...ownSecurityContext(),
+      // Only to give a fresh claim's root to the commands' uid.
+      capabilities: { drop: ["ALL"], add: ["CHOWN"] },
+    },
     resources: {
       requests: { memory: "256Mi", cpu: "100m" },
       limits: { memory: "256Mi", cpu: "1" },
     },
-    volumeMounts: [{ name: "waffle-kit", mountPath: KIT_DIR }],
+    volumeMounts: [
+      { name: "waffle-kit", mountPath: KIT_DIR },
+      { name: WORKSPACE_VOLUME, mountPath: "/workspace" },
+    ],
   };
 }
 
@@ -347,7 +340,7 @@ function runnerContainer(input: SandboxObjectInput): Record<string, unknown> {
   return {
     name: "runner",
     image: input.image,
-    command: [...POD_WAFFLE_ARGV, ...runnerArguments({ idleSeconds: 0 })],
+    command: [...SANDBOX_ARTEFACT_ARGV, ...runnerArguments({ idleSeconds: 0 })],
     workingDir: "/workspace",
     env: env.map(([name, value]) => ({ name, value })),
     securityContext: {
@@ -372,7 +365,7 @@ function agentContainer(input: SandboxObjectInput): Record<string, unknown> {
     name: "waffle-agent",
     image: input.waffleImage,
     command: [
-      ...POD_WAFFLE_ARGV,
+      ...SANDBOX_ARTEFACT_ARGV,
       "agent",
       "--queue",
       "/queue",

@@ -89,6 +89,17 @@ export const RESTRICTED_HOME = "/home/sandbox";
 const RESTRICTED_IDLE_SECONDS = 60;
 /** The runner's private scratch (Deno's cache): a tmpfs no command can enter. */
 export const RUNNER_DIR = "/run/waffle";
+/**
+ * How a sandbox starts the bundled artefact, up to its subcommand: the
+ * artefact mounted (or copied, on Kubernetes) at `SANDBOX_ARTEFACT_DIR`, run
+ * by {@linkcode SANDBOX_DENO_ARGV} with the runner's own flags.
+ */
+export const SANDBOX_ARTEFACT_ARGV: readonly string[] = [
+  ...SANDBOX_DENO_ARGV,
+  ...ARTEFACT_FLAGS,
+  RUNNER_V8_FLAGS,
+  `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`,
+];
 
 /** Labels waffle puts on its containers. */
 export const LABELS = {
@@ -695,10 +706,9 @@ export function programLaunch(config: SandboxConfig): ProgramLaunch {
     mounts.push(bind(Deno.realPathSync(build), SANDBOX_ARTEFACT_DIR, true));
     const cache = runnerCacheOf(self.artefact);
     if (cache !== undefined) mounts.push(bind(Deno.realPathSync(cache), RUNNER_CACHE, true));
-    const entry = `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`;
     return {
       ...(cache === undefined ? {} : { denoDir: RUNNER_CACHE }),
-      argv: [...SANDBOX_DENO_ARGV, ...ARTEFACT_FLAGS, RUNNER_V8_FLAGS, entry],
+      argv: [...SANDBOX_ARTEFACT_ARGV],
       mounts,
       launchIdentity: [`WAFFLE_ARTEFACT_SHA256=${artefactDigest(self.artefact)}`, kitIdentity],
     };
