@@ -15,7 +15,7 @@ import assert from "node:assert/strict";
 import { Sandbox } from "e2b";
 import { delay, suffixTestNames } from "./_helpers.ts";
 import { baseTest, sdk, type Served, serveForFile, serveOnKubernetes } from "./_serve_helpers.ts";
-import { RESOURCES } from "./_k8s_api.ts";
+import { type KubeObject, RESOURCES } from "./_k8s_api.ts";
 import { K8S_ANNOTATIONS } from "../lib/k8s/sandbox_object.ts";
 
 const SANDBOXES = RESOURCES.find((resource) => resource.plural === "sandboxes")!;
@@ -29,7 +29,7 @@ const stopRig = serveOnKubernetes({
 await import("./serve_e2b_test.ts");
 
 // A sandbox's object as the stand-in holds it.
-function objectOf(served: Served, id: string): Record<string, any> {
+function objectOf(served: Served, id: string): KubeObject {
   const found = served.kube!.standIn.objects.list(SANDBOXES, undefined)
     .find((object) => object.metadata.labels?.["waffle.dev/id"] === id);
   assert.ok(found !== undefined, `no Sandbox object for '${id}'`);
