@@ -79,7 +79,9 @@ async function buildDirectory(dir: string): Promise<void> {
       imports++;
       return `import(new URL(${JSON.stringify(chunk)}, import.meta.url).href)`;
     });
-    if (/\bimport\(\s*["'`]/.test(rewritten)) fail(`'${name}' keeps a literal dynamic import`);
+    // JSDoc types (`{import('net').Socket}`, undici's) are not imports.
+    const code = rewritten.replace(/\/\*[\s\S]*?\*\//g, "");
+    if (/\bimport\(\s*["'`]/.test(code)) fail(`'${name}' keeps a literal dynamic import`);
     files[name] = rewritten;
   }
   if (imports === 0) fail("the bundle has no dynamic chunk imports; update this script");
@@ -179,8 +181,10 @@ function patchRequires(files: Record<string, string>): number {
   }
   if (ssh2 === 0) fail("the bundle no longer requires 'ssh2'; update this script");
   // Anything else left to a runtime require would fail where the artefact runs
-  // (`debug` tries `supports-color` inside a try, and does without).
-  const OPTIONAL = ["supports-color"];
+  // (`debug` tries `supports-color` inside a try, and does without; so does
+  // `ws`, the Kubernetes client's, with its native `bufferutil` and
+  // `utf-8-validate`).
+  const OPTIONAL = ["supports-color", "bufferutil", "utf-8-validate"];
   const left = Object.values(files).flatMap((text) =>
     [...text.matchAll(/__require\d*\("([^"]+)"\)/g)].map((m) => m[1]!)
   ).filter((name) => !name.startsWith("node:") && !isNodeBuiltin(name) && !OPTIONAL.includes(name));

@@ -223,6 +223,13 @@ export function suffixTestNames(suffix: string): void {
         return (register as (...a: unknown[]) => void)(`${first}${suffix}`, ...rest);
       }
       const options = first as Deno.TestDefinition;
+      // `Deno.test(options, fn)`: the name in the options, the function apart.
+      if (typeof rest[0] === "function") {
+        return (register as (...a: unknown[]) => void)(
+          { ...options, name: `${options.name}${suffix}` },
+          rest[0],
+        );
+      }
       return register({ ...options, name: `${options.name}${suffix}` });
     }) as typeof Deno.test,
   });

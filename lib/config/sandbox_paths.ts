@@ -13,6 +13,8 @@ export const PROGRAM_DIR = "/opt/waffle";
 export const SANDBOX_ARTEFACT_DIR = `${PROGRAM_DIR}/app`;
 /** The runtime kit's mount point (read-only): glibc's loader and libraries, the spawn helper. */
 export const SANDBOX_RUNTIME = `${PROGRAM_DIR}/rt`;
+/** The runner cache's mount point (read-only): the warm Deno cache an install made. */
+export const SANDBOX_RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
 /** The spawn helper the runtime kit brings (`image/spawn_helper.c`), whatever the image has. */
 export const SANDBOX_SPAWN_HELPER = `${SANDBOX_RUNTIME}/spawn`;
 /** The runtime kit's file-metadata reader (`image/metadata_helper.c`), when the kit has one. */

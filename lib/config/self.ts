@@ -13,6 +13,7 @@ import {
   isBuildDir,
   writeBuildStamp,
 } from "./artefact_dir.ts";
+import { SANDBOX_ARTEFACT_DIR, SANDBOX_RUNNER_CACHE, SANDBOX_RUNTIME } from "./sandbox_paths.ts";
 
 /** The program to execute and the arguments that precede `runner …`. */
 export interface SelfCommand {
@@ -57,12 +58,20 @@ export const RUNNER_V8_FLAGS = "--v8-flags=--max-semi-space-size=1";
  * @returns The cache directory, or undefined when there is none.
  */
 export function runnerCacheOf(artefact: string): string | undefined {
-  const cache = `${installDirOf(artefact)}/runner-cache`;
+  const cache = inProgramDir(artefact)
+    ? SANDBOX_RUNNER_CACHE
+    : `${installDirOf(artefact)}/runner-cache`;
   try {
     return Deno.statSync(cache).isDirectory ? cache : undefined;
   } catch {
     return undefined;
   }
+}
+
+// waffle running from its own image (a Kubernetes pod's agent): the program
+// is laid out as every sandbox sees it, under PROGRAM_DIR.
+function inProgramDir(artefact: string): boolean {
+  return artefact === `${SANDBOX_ARTEFACT_DIR}/${ARTEFACT_ENTRY}`;
 }
 
 /**
@@ -76,9 +85,11 @@ export function runnerCacheOf(artefact: string): string | undefined {
  * @throws {UsageError} When it is missing.
  */
 export function runtimeKitOf(self: SelfCommand): string {
-  const kit = self.artefact !== undefined
-    ? `${installDirOf(self.artefact)}/runtime`
-    : `${self.sourceRoot}/.tools/runtime`;
+  const kit = self.artefact === undefined
+    ? `${self.sourceRoot}/.tools/runtime`
+    : inProgramDir(self.artefact)
+    ? SANDBOX_RUNTIME
+    : `${installDirOf(self.artefact)}/runtime`;
   try {
     if (Deno.statSync(`${kit}/ld.so`).isFile) return kit;
   } catch {

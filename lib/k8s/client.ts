@@ -8,6 +8,7 @@
  *
  * @module
  */
+import process from "node:process";
 import { KubeApiError } from "../errors.ts";
 import { SANDBOX_GROUP, SANDBOX_PLURAL, SANDBOX_VERSION } from "./sandbox_object.ts";
 
@@ -62,7 +63,6 @@ export class KubeApi {
    */
   static async open(options: KubeApiOptions = {}): Promise<KubeApi> {
     // node's punycode deprecation is the client's own, not the user's concern.
-    const process = (await import("node:process")).default;
     process.noDeprecation = true;
     const k8s = await import("@kubernetes/client-node");
     const config = new k8s.KubeConfig();

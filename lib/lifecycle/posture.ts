@@ -38,6 +38,7 @@ import {
   PROXY_EGRESS_DIR,
   SANDBOX_ARTEFACT_DIR,
   SANDBOX_CHANNEL_DIR,
+  SANDBOX_RUNNER_CACHE,
   SANDBOX_RUNTIME,
 } from "../config/sandbox_paths.ts";
 import { ARTEFACT_ENTRY } from "../config/artefact_dir.ts";
@@ -80,7 +81,7 @@ export const SANDBOX_DENO_ARGV: readonly string[] = [
   SANDBOX_DENO,
 ];
 /** The runner cache's mount point (read-only), the runner's `DENO_DIR` when there is one. */
-export const RUNNER_CACHE = `${PROGRAM_DIR}/cache`;
+export const RUNNER_CACHE = SANDBOX_RUNNER_CACHE;
 /** The host's npm package cache for MCP servers, read-only inside (`DENO_DIR` of a server). */
 export const SANDBOX_MCP_CACHE = `${PROGRAM_DIR}/mcp-cache`;
 /** A restricted session's home: a tmpfs owned by the commands' uid. */
