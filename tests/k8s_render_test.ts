@@ -27,11 +27,13 @@ import {
   SandboxObjectError,
   type SandboxObjectInput,
   sandboxSecret,
+  serverConfigToml,
   tenantNamespace,
   toYamlDocuments,
   validateObject,
 } from "../lib/k8s/mod.ts";
 import { runCliProcess } from "./_helpers.ts";
+import { loadWaffleConfig } from "../lib/config/config.ts";
 
 const ID = "i1a2b3c4d5e6f7g8h9j0";
 
@@ -305,12 +307,10 @@ Deno.test("sandboxObject() carries the container's posture into the pod", () => 
   assert.deepEqual(agent.env, [{ name: "WAFFLE_SANDBOX_ID", value: ID }]);
   const secrets = pod.volumes.find((v: Json) => v.name === "waffle-secrets");
   assert.deepEqual(secrets.secret, { secretName: `wfl-${ID}-waffle`, defaultMode: 0o400 });
-  assert.deepEqual(containerOf(sandbox, "waffle-kit").command.slice(-4), [
-    "k8s",
-    "kit",
-    "--to",
-    "/kit",
-  ]);
+  const kit = containerOf(sandbox, "waffle-kit");
+  assert.deepEqual(kit.command.slice(-6), ["k8s", "kit", "--to", "/kit", "--workspace", "/workspace"]);
+  // Only to give a fresh claim's root to the commands' uid.
+  assert.deepEqual(kit.securityContext.capabilities, { drop: ["ALL"], add: ["CHOWN"] });
 
   const claim = (sandbox as Json).spec.volumeClaimTemplates[0];
   assert.deepEqual(claim.spec, {
@@ -450,4 +450,55 @@ Deno.test("waffle k8s render prints a List that validates, and fails cleanly on 
   const other = await runCliProcess(["k8s", "nope"]);
   assert.equal(other.code, EXIT_WAFFLE);
   assert.match(other.stderr, /^waffle: Unknown command 'k8s nope'; run 'waffle k8s --help'/);
+});
+
+Deno.test("render: the server's config.toml is one waffle loads: the Kubernetes backend and the shared keys file", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "waffle-k8s-config-" });
+  try {
+    const path = `${dir}/waffle.toml`;
+    await Deno.writeTextFile(
+      path,
+      serverConfigToml({
+        image: "registry.example/waffle:1",
+        prefix: "t-",
+        storageClassName: "fast",
+      }),
+    );
+    const { serve } = loadWaffleConfig({ configPath: path });
+    assert.equal(serve.backend.kind, "kubernetes");
+    assert.ok(serve.backend.kind === "kubernetes");
+    assert.equal(serve.backend.waffleImage, "registry.example/waffle:1");
+    assert.equal(serve.backend.namespacePrefix, "t-");
+    assert.equal(serve.backend.storageClass, "fast");
+    assert.equal(serve.keysFile, "/etc/waffle/keys/keys.json");
+    assert.deepEqual(serve.listen, { hostname: "0.0.0.0", port: 3000 });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test('config: [backend] kind = "kubernetes" without waffle_image, or a Kubernetes key on Docker, is one line naming it', async () => {
+  const dir = await Deno.makeTempDir({ prefix: "waffle-k8s-config-" });
+  try {
+    const path = `${dir}/waffle.toml`;
+    const refused = async (toml: string, pattern: RegExp): Promise<void> => {
+      await Deno.writeTextFile(path, toml);
+      assert.throws(
+        () => loadWaffleConfig({ configPath: path }),
+        (error: Error) => pattern.test(error.message) && !error.message.includes("\n"),
+      );
+    };
+    await refused('[backend]\nkind = "kubernetes"\n', /'backend\.waffle_image' is required/);
+    await refused(
+      '[backend]\nkind = "docker"\nstorage_class = "x"\n',
+      /'backend\.storage_class' is for kind = "kubernetes" only/,
+    );
+    await refused('[backend]\nkind = "nomad"\n', /'backend\.kind'/);
+    await refused(
+      '[backend]\nkind = "kubernetes"\nwaffle_image = "w:1"\nnamespace_prefix = "Bad_"\n',
+      /'backend\.namespace_prefix'/,
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

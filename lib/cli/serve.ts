@@ -10,7 +10,7 @@ import { UsageError } from "../errors.ts";
 import { openServeDb, serveDbPath } from "../serve/db.ts";
 import { openJsonLines } from "../jsonl_log.ts";
 import { dirname, join } from "../path.ts";
-import { KeyStore } from "../serve/keys.ts";
+import { keysFile, KeyStore } from "../serve/keys.ts";
 import { startServer } from "../serve/server.ts";
 import { KubeApi } from "../k8s/client.ts";
 import { noPositionals, parse, stringFlag } from "./args.ts";
@@ -79,7 +79,10 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   const home = config.sandbox.home;
   const db = openServeDb(home);
   const journal = openServeDb(home, { survives: "process-death" });
-  const keys = new KeyStore(db);
+  // The home's keys, or a keys file several servers share (a mounted Secret).
+  const keys = settings.keysFile === undefined
+    ? new KeyStore(db)
+    : keysFile(settings.keysFile, { onError: (line) => void io.stderr(`waffle serve: ${line}\n`) });
   // Every API call, one line each (key name or id, tenant, sandbox, method, status).
   const audit = openJsonLines(join(dirname(serveDbPath(home)), "audit.jsonl"), {
     onError: (message) => void io.stderr(`waffle serve: ${message}\n`),

@@ -21,11 +21,23 @@ Commands:
   create --tenant T [--name N]  make a key for tenant T and print it
   ls [--tenant T]               list the keys (never the keys themselves)
   rm ID|NAME [--tenant T]       remove a key
+  export                        print every key's owner and hash, for a keys file
 
 A key ('e2b_' and 40 hex digits) is what E2B's SDKs send as E2B_API_KEY; a
 request that carries it acts as its tenant. Keys are kept hashed in
 $WAFFLE_HOME/serve/serve.db: a key is shown only when it is made.
 Run 'waffle serve key <command> --help' for its options.
+`;
+
+/** Help of `waffle serve key export`. */
+export const SERVE_KEY_EXPORT_HELP = `Usage: waffle serve key export [--config FILE]
+
+Prints every key's id, name, tenant and SHA-256 (never a key) as one JSON
+object: the keys file several servers share ([serve] keys_file), e.g. a
+Kubernetes Secret mounted into each replica of the server:
+
+  waffle serve key export > keys.json
+  kubectl -n waffle-system create secret generic waffle-server-keys --from-file=keys.json
 `;
 
 const COMMON = `  --config FILE      the config file (default: $WAFFLE_HOME/waffle.toml)`;
@@ -72,6 +84,7 @@ const SUBCOMMANDS: Record<string, { help: string; run: Run }> = {
   create: { help: SERVE_KEY_CREATE_HELP, run: createCommand },
   ls: { help: SERVE_KEY_LS_HELP, run: lsCommand },
   rm: { help: SERVE_KEY_RM_HELP, run: rmCommand },
+  export: { help: SERVE_KEY_EXPORT_HELP, run: exportCommand },
 };
 
 /**
@@ -155,6 +168,14 @@ async function rmCommand(args: string[], io: CliIo): Promise<number> {
     );
   }
   await io.stdout(`removed key '${which}'\n`);
+  return 0;
+}
+
+async function exportCommand(args: string[], io: CliIo): Promise<number> {
+  const parsed = parse(args, { config: OPTIONS.config });
+  noPositionals(parsed.positionals);
+  const keys = withStore(parsed, (store) => store.export());
+  await io.stdout(`${JSON.stringify({ keys })}\n`);
   return 0;
 }
 

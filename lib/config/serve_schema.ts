@@ -72,6 +72,11 @@ export interface ServeSettings {
    * warm pool (`warm` > 0): the ready sandboxes to keep (see `lib/lifecycle/pool.ts`).
    */
   warm: ReadonlyMap<string, number>;
+  /**
+   * `[serve] keys_file`: the API keys from this file (`waffle serve key
+   * export`), shared by several servers, instead of the home's `serve.db`.
+   */
+  keysFile: string | undefined;
   /** `[backend]`: where the server's sandboxes run (default: this host's Docker). */
   backend: BackendSettings;
 }
@@ -183,6 +188,7 @@ const serveSchema = z.strictObject({
   header_timeout: z.optional(z.int().check(z.minimum(1), z.maximum(3600))),
   request_timeout: z.optional(z.int().check(z.minimum(1), z.maximum(24 * 3600))),
   tenants: z.optional(z.record(z.string(), tenantSchema)),
+  keys_file: z.optional(z.string().check(z.regex(/^\//, { error: "must be an absolute path" }))),
 });
 
 const backendSchema = z.strictObject({
@@ -375,6 +381,7 @@ export function serveSettings(tables: ServeTables): { settings: ServeSettings } 
       templates,
       warm,
       backend: backend.backend,
+      keysFile: serve.keys_file,
     },
   };
 }

@@ -40,6 +40,8 @@ export const SERVER_CONFIG_PATH = "/etc/waffle/config.toml";
  * nor the egress proxy's ({@linkcode PROXY_UID}).
  */
 export const SERVER_UID = 10003;
+/** Where the server's pods see that Secret (its `keys.json`). */
+export const SERVER_KEYS_DIR = "/etc/waffle/keys";
 /** The Secret the server's pods read their API keys from (made by the operator, not rendered). */
 export const SERVER_SECRET = "waffle-server-keys";
 
@@ -166,6 +168,8 @@ export function serverConfigToml(
     "",
     "[serve]",
     `listen = "0.0.0.0:${SERVER_PORT}"`,
+    // Every replica reads the same keys: 'waffle serve key export', in the Secret.
+    `keys_file = "${SERVER_KEYS_DIR}/keys.json"`,
     "",
   ].join("\n");
 }
@@ -246,7 +250,7 @@ function serverDeployment(system: string, options: ClusterOptions): KubeObject {
       subPath: "config.toml",
       readOnly: true,
     },
-    { name: "keys", mountPath: "/etc/waffle/keys", readOnly: true },
+    { name: "keys", mountPath: SERVER_KEYS_DIR, readOnly: true },
     { name: "home", mountPath: "/var/lib/waffle" },
     { name: "tmp", mountPath: "/tmp" },
   ];

@@ -13,6 +13,7 @@ import { UsageError } from "../errors.ts";
 import { checkId } from "../config/sandbox_key.ts";
 import { isBusyError, statement, transaction } from "../queue/connection.ts";
 import { timingSafeEqual } from "../bytes.ts";
+import * as z from "../schema.ts";
 
 /** A key as listed: never the key nor its hash. */
 export interface KeyInfo {
@@ -184,6 +185,17 @@ export class KeyStore {
   }
 
   /**
+   * Every key as a keys file holds it (`waffle serve key export`): owners and hashes.
+   *
+   * @returns The keys.
+   */
+  export(): ExportedKey[] {
+    const rows = statement(this.#db, "SELECT * FROM keys ORDER BY tenant, created_at, id")
+      .all() as unknown as KeyRow[];
+    return rows.map((row) => ({ id: row.id, name: row.name, tenant: row.tenant, hash: row.hash }));
+  }
+
+  /**
    * Finds whose a key is. Anything not of the key's form is refused before
    * it is hashed; the stored hash is compared in time that does not depend
    * on where it differs. Marks the key used (at most once a minute).
@@ -209,6 +221,86 @@ export class KeyStore {
     }
     return { id: row.id, name: row.name, tenant: row.tenant };
   }
+}
+
+/** A key as exported for a keys file: its owner and its hash, never the key. */
+export interface ExportedKey {
+  /** The key's id. */
+  id: string;
+  /** Its name. */
+  name: string;
+  /** Its tenant. */
+  tenant: string;
+  /** SHA-256 of the key, hex. */
+  hash: string;
+}
+
+const exportedSchema = z.object({
+  keys: z.array(z.object({
+    id: z.string().check(z.regex(ID_PATTERN)),
+    name: z.string().check(z.minLength(1), z.maxLength(64)),
+    tenant: z.string().check(z.minLength(1), z.maxLength(64)),
+    hash: z.string().check(z.regex(/^[0-9a-f]{64}$/)),
+  })).check(z.maxLength(100_000)),
+});
+
+/** The largest keys file read: 100 000 keys fit well under it. */
+const KEYS_FILE_BYTES = 32 << 20;
+
+/**
+ * The keys of a keys file (`waffle serve key export`, `[serve] keys_file`):
+ * what several servers share, a Kubernetes Secret mounted into each. The
+ * file is read again when it changes (a Secret's update), at most once a
+ * second; a file that does not read keeps the keys read before, and says why.
+ *
+ * @param path The file.
+ * @param options `onError`: told one line when the file cannot be read.
+ * @returns `verify`, as {@linkcode KeyStore.verify} (no last-used time).
+ * @throws {UsageError} When the file cannot be read at start.
+ */
+export function keysFile(
+  path: string,
+  options: { onError?: (line: string) => void } = {},
+): { verify(key: string): KeyOwner | undefined } {
+  const read = (): { byHash: Map<string, ExportedKey>; mtime: number } => {
+    const info = Deno.statSync(path);
+    if (!info.isFile || info.size > KEYS_FILE_BYTES) {
+      throw new UsageError(`Keys file '${path}' is not a regular file of at most 32 MiB`);
+    }
+    const parsed = exportedSchema.safeParse(JSON.parse(Deno.readTextFileSync(path)));
+    if (!parsed.success) {
+      throw new UsageError(`Keys file '${path}' is not a 'waffle serve key export'`);
+    }
+    return {
+      byHash: new Map(parsed.data.keys.map((key) => [key.hash, key])),
+      mtime: info.mtime?.getTime() ?? 0,
+    };
+  };
+  let known: { byHash: Map<string, ExportedKey>; mtime: number };
+  try {
+    known = read();
+  } catch (cause) {
+    if (cause instanceof UsageError) throw cause;
+    throw new UsageError(`Cannot read keys file '${path}': ${(cause as Error).message}`, { cause });
+  }
+  let checkedAt = Date.now();
+  return {
+    verify(key: string): KeyOwner | undefined {
+      if (!KEY_PATTERN.test(key)) return undefined;
+      if (Date.now() - checkedAt >= 1000) {
+        checkedAt = Date.now();
+        try {
+          if ((Deno.statSync(path).mtime?.getTime() ?? 0) !== known.mtime) known = read();
+        } catch (error) {
+          options.onError?.(`keys file '${path}' kept as it was: ${(error as Error).message}`);
+        }
+      }
+      const hash = sha256Hex(key);
+      const row = known.byHash.get(hash);
+      if (row === undefined || !timingSafeEqual(encode(row.hash), encode(hash))) return undefined;
+      return { id: row.id, name: row.name, tenant: row.tenant };
+    },
+  };
 }
 
 function infoOf(row: KeyRow): KeyInfo {
