@@ -308,7 +308,14 @@ Deno.test("sandboxObject() carries the container's posture into the pod", () => 
   const secrets = pod.volumes.find((v: Json) => v.name === "waffle-secrets");
   assert.deepEqual(secrets.secret, { secretName: `wfl-${ID}-waffle`, defaultMode: 0o400 });
   const kit = containerOf(sandbox, "waffle-kit");
-  assert.deepEqual(kit.command.slice(-6), ["k8s", "kit", "--to", "/kit", "--workspace", "/workspace"]);
+  assert.deepEqual(kit.command.slice(-6), [
+    "k8s",
+    "kit",
+    "--to",
+    "/kit",
+    "--workspace",
+    "/workspace",
+  ]);
   // Only to give a fresh claim's root to the commands' uid.
   assert.deepEqual(kit.securityContext.capabilities, { drop: ["ALL"], add: ["CHOWN"] });
 

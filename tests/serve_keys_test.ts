@@ -10,6 +10,7 @@ import { QueueError, UsageError } from "../lib/errors.ts";
 import { EXIT_WAFFLE } from "../lib/exit_codes.ts";
 import {
   KEY_PATTERN,
+  keysFile,
   KeyStore,
   openServeDb,
   SERVE_MIGRATIONS,
@@ -448,5 +449,55 @@ Deno.test("waffle serve key refuses a missing tenant, an unknown command and a b
     } finally {
       db.close();
     }
+  });
+});
+
+Deno.test("a keys file (serve key export) verifies what the store made, never holds a key, and is read again when it changes", async () => {
+  await withHome(async (home) => {
+    const path = join(home, "keys.json");
+    const [a, b] = withStore(home, (keys) => [
+      keys.create({ tenant: "acme" }),
+      keys.create({ tenant: "beta" }),
+    ]);
+    // `waffle serve key export`, as an operator runs it into the Secret.
+    await Deno.writeTextFile(join(home, "waffle.toml"), `[sandbox]\nhome = "${home}"\n`);
+    const cli = await run(home, ["export"]);
+    assert.equal(cli.status, 0);
+    const exported = cli.out;
+    assert.ok(!exported.includes(a!.key) && !exported.includes(b!.key), "no key in the file");
+    await Deno.writeTextFile(path, exported);
+    const file = keysFile(path);
+    assert.deepEqual(file.verify(a!.key), { id: a!.id, name: a!.name, tenant: "acme" });
+    assert.deepEqual(file.verify(b!.key)?.tenant, "beta");
+    assert.equal(file.verify(`e2b_${"0".repeat(40)}`), undefined);
+    assert.equal(file.verify("not a key"), undefined);
+    // b removed and the file rewritten (a Secret updated): b stops within a second.
+    withStore(home, (keys) => keys.remove(b!.id));
+    await Deno.writeTextFile(path, (await run(home, ["export"])).out);
+    await Deno.utime(path, new Date(), new Date(Date.now() + 5000));
+    let refused = false;
+    for (let i = 0; i < 30 && !refused; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      refused = file.verify(b!.key) === undefined;
+    }
+    assert.ok(refused, "a removed key is refused once the file changes");
+    assert.equal(file.verify(a!.key)?.tenant, "acme");
+  });
+});
+
+Deno.test("a keys file that is not an export is one line naming it", async () => {
+  await withHome(async (home) => {
+    const path = join(home, "keys.json");
+    await Deno.writeTextFile(path, JSON.stringify({ keys: [{ id: "k_1", hash: "x" }] }));
+    assert.throws(
+      () => keysFile(path),
+      (error: Error) =>
+        error instanceof UsageError &&
+        error.message === `Keys file '${path}' is not a 'waffle serve key export'`,
+    );
+    assert.throws(
+      () => keysFile(join(home, "absent.json")),
+      /Cannot read keys file '.*absent\.json'/,
+    );
   });
 });

@@ -8,9 +8,11 @@
 export { openServeDb, SERVE_MIGRATIONS, type ServeDbOptions, serveDbPath } from "./db.ts";
 export {
   type CreatedKey,
+  type ExportedKey,
   KEY_PATTERN,
   type KeyInfo,
   type KeyOwner,
+  keysFile,
   KeyStore,
   type KeyStoreOptions,
 } from "./keys.ts";
@@ -22,3 +24,5 @@ export { type CreateRequest, newSandboxId, ServeSandboxes } from "./sandboxes.ts
 export { type AuditEntry, type Caller, ENVD_VERSION } from "./control.ts";
 export { type EgressGrant, narrowEgress, type Narrowing, type NetworkAsk } from "./network.ts";
 export { fileSignature, sandboxPath } from "./envd_http.ts";
+export { type AgentOptions, type RunningAgent, startAgent } from "./agent.ts";
+export { type SandboxFleet, type SandboxView } from "./sandboxes.ts";
