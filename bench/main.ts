@@ -35,6 +35,7 @@ import { imageSection } from "./image_bench.ts";
 import { mcpSection } from "./mcp_bench.ts";
 import { queueSection } from "./queue_bench.ts";
 import { serveSection } from "./serve_bench.ts";
+import { k8sSection } from "./k8s_bench.ts";
 import { poolSection } from "./pool_bench.ts";
 import { snapshotSection } from "./snapshot_bench.ts";
 import { applyTargets, checkExitCode, judge, loadBudgets, renderCheck } from "./budgets.ts";
@@ -55,6 +56,7 @@ export const SECTIONS: readonly Section[] = [
   imageSection,
   egressSection,
   serveSection,
+  k8sSection,
   poolSection,
 ];
 

@@ -214,8 +214,16 @@ async function untilReady(home: string, template: string, count: number): Promis
   }
 }
 
-// A `waffle serve` on a home with a key of tenant `bench`: the SDK's options.
-async function serveFor(
+/**
+ * Starts `waffle serve` (the installed CLI, as a process) on a home with a
+ * key of tenant `bench`; stopped by the context's cleanup.
+ *
+ * @param context The bench context.
+ * @param waffle The installed launcher.
+ * @param env Its environment (`WAFFLE_HOME`).
+ * @returns The SDK's options for the key.
+ */
+export async function serveFor(
   context: BenchContext,
   waffle: string,
   env: Record<string, string>,

@@ -30,6 +30,38 @@ export interface KubeRig {
   stop(): Promise<void>;
 }
 
+// Rigs not stopped by their file's last test (a run with --filter, a
+// failure): removed as the test process ends, with the Docker CLI (an
+// unload handler cannot wait for a promise).
+const running = new Set<{ network: string; dirs: string[] }>();
+globalThis.addEventListener("unload", () => {
+  for (const rig of running) {
+    const ids = new Deno.Command("docker", {
+      args: ["ps", "-aq", "--filter", `name=^/${rig.network}-`],
+      stdout: "piped",
+      stderr: "null",
+    }).outputSync();
+    const list = new TextDecoder().decode(ids.stdout).split("\n").filter((id) => id !== "");
+    if (list.length > 0) {
+      new Deno.Command("docker", { args: ["rm", "-f", ...list], stdout: "null", stderr: "null" })
+        .outputSync();
+    }
+    new Deno.Command("docker", {
+      args: ["network", "rm", rig.network],
+      stdout: "null",
+      stderr: "null",
+    })
+      .outputSync();
+    for (const dir of rig.dirs) {
+      try {
+        Deno.removeSync(dir, { recursive: true });
+      } catch {
+        // Gone already.
+      }
+    }
+  }
+});
+
 /**
  * Installs the artefact, makes its image, starts the stand-in.
  *
@@ -49,6 +81,8 @@ export async function startKubeRig(docker: DockerClient): Promise<KubeRig> {
     self: artefactCommand(`${prefix}/lib/waffle/waffle.js`),
   });
   const standIn = await startStandIn(docker);
+  const owned = { network: standIn.network, dirs: [standIn.root, prefix] };
+  running.add(owned);
   return {
     standIn,
     waffleImage: image.ref,
@@ -58,6 +92,7 @@ export async function startKubeRig(docker: DockerClient): Promise<KubeRig> {
     stop: async () => {
       await standIn.stop();
       await Deno.remove(prefix, { recursive: true }).catch(() => {});
+      running.delete(owned);
     },
   };
 }

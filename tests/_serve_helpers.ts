@@ -40,15 +40,22 @@ let onKubernetes: { rig: () => Promise<KubeRig>; skip: ReadonlyMap<string, strin
  * ignored with their reason.
  *
  * @param skip Test name (before any suffix) → why it does not apply on Kubernetes.
- * @returns Stops the rig, once the file's tests are done.
+ * @returns Stops the rig, once the file's tests are done; says the Docker
+ *   network (and the prefix of every container name) it had.
  */
-export function serveOnKubernetes(skip: Record<string, string>): () => Promise<void> {
+export function serveOnKubernetes(
+  skip: Record<string, string>,
+): () => Promise<string | undefined> {
   let rig: Promise<KubeRig> | undefined;
   onKubernetes = {
     rig: () => rig ??= startKubeRig(gate.client!),
     skip: new Map(Object.entries(skip)),
   };
-  return async () => await (await rig)?.stop();
+  return async () => {
+    const started = await rig;
+    await started?.stop();
+    return started?.standIn.network;
+  };
 }
 
 /** A running `waffle serve` with one key per tenant. */

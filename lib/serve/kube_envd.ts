@@ -7,6 +7,15 @@
  *
  * @module
  */
+import { Code, ConnectError } from "@connectrpc/connect";
+import { encodeEnvelope } from "@connectrpc/connect/protocol";
+import {
+  codeToHttpStatus,
+  contentTypeStreamRegExp,
+  endStreamFlag,
+  endStreamToJson,
+  errorToJson,
+} from "@connectrpc/connect/protocol-connect";
 import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import { error } from "./envd_http.ts";
 import type { KubeSandboxes } from "./kube_sandboxes.ts";
@@ -48,10 +57,7 @@ export class KubeEnvd {
    * @returns The agent's response, streamed.
    */
   async respond(request: Request, record: SandboxRecord): Promise<Response> {
-    if (record.state === "paused") {
-      const path = new URL(request.url).pathname;
-      return error(path === "/health" ? 502 : 409, pausedMessage(record.id));
-    }
+    if (record.state === "paused") return refusedPaused(request, pausedMessage(record.id));
     let route;
     try {
       route = await this.#sandboxes.route(record);
@@ -85,4 +91,24 @@ export class KubeEnvd {
       return error(502, `Sandbox '${record.id}' did not answer: ${(cause as Error).message}`);
     }
   }
+}
+
+// A paused sandbox has no pod to ask: answered here as its envd would
+// (`envd_rpc.ts`'s refusePaused): /health 502, /files 409, and every
+// Connect call `failed_precondition` in Connect's own framing (a stream's
+// end-stream message, a unary call's JSON error).
+function refusedPaused(request: Request, message: string): Response {
+  const path = new URL(request.url).pathname;
+  if (path === "/health") return error(502, message);
+  if (path === "/files") return error(409, message);
+  const failure = new ConnectError(message, Code.FailedPrecondition);
+  const type = request.headers.get("content-type") ?? "";
+  if (contentTypeStreamRegExp.test(type)) {
+    const json = endStreamToJson(new Headers(), failure, undefined);
+    const body = encodeEnvelope(endStreamFlag, new TextEncoder().encode(JSON.stringify(json)));
+    return new Response(body, { status: 200, headers: { "content-type": type } });
+  }
+  return Response.json(errorToJson(failure, undefined), {
+    status: codeToHttpStatus(failure.code),
+  });
 }
