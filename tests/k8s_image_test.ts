@@ -26,8 +26,6 @@ import type { DockerClient } from "../lib/docker/mod.ts";
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const PREFIX = "waffle-h2img";
 const SANDBOXES = RESOURCES.find((resource) => resource.plural === "sandboxes")!;
-// What the pod's check runs (H2_CHECK_COMMAND: a failing one shows the check can fail).
-const CHECK_COMMAND = Deno.env.get("H2_CHECK_COMMAND") ?? "help";
 // How the image's Deno runs this checkout's sources mounted at /src.
 const FROM_SOURCE = [
   "run",
@@ -195,7 +193,7 @@ function kitSandbox(tag: string, probeDir: string): KubeObject {
             {
               name: "check",
               image: "waffle-musl:latest",
-              command: [...SANDBOX_ARTEFACT_ARGV, CHECK_COMMAND],
+              command: [...SANDBOX_ARTEFACT_ARGV, "help"],
               env: [{ name: "DENO_DIR", value: RUNNER_CACHE }, { name: "HOME", value: "/tmp" }],
               securityContext: {
                 ...locked,
