@@ -16,7 +16,8 @@
  *   volumeClaimTemplates (`<template>-<sandbox>`, volumes of the same name
  *   added to the pod), its pod when `operatingMode` is Running (the
  *   default), no pod when Suspended (the PVCs kept), and on delete the pod
- *   and PVCs removed; the status as agent-sandbox writes it (conditions
+ *   and PVCs removed (owner references: the stand-in's garbage collector
+ *   removes whatever a deleted object owned, a Secret included); the status as agent-sandbox writes it (conditions
  *   Ready and Suspended, podIPs, nodeName `standin`, serviceFQDN, selector).
  *   A pod whose Pod object is deleted is made again.
  * - The kubelet (tests/_k8s_kubelet.ts): runs each pod with Docker.
@@ -377,9 +378,16 @@ class Controller {
     const b = objects.watch(PODS, undefined, { fromVersion: objects.resourceVersion }, (event) => {
       if (event.type === "DELETED") onSandbox(event);
     });
+    // A claim deleted (with its Sandbox, by the garbage collector, or through the API): its files go.
+    const c = objects.watch(PVCS, undefined, { fromVersion: objects.resourceVersion }, (event) => {
+      if (event.type !== "DELETED") return;
+      const { namespace, name } = event.object.metadata;
+      Deno.remove(claimDir(root, namespace, name), { recursive: true }).catch(() => {});
+    });
     this.#unsubscribe = () => {
       a();
       b();
+      c();
     };
     this.#timer = setInterval(() => {
       for (const sandbox of objects.list(SANDBOXES, undefined)) {
@@ -535,18 +543,22 @@ class Controller {
     return claims;
   }
 
-  // A deleted Sandbox's claims (those it owned) and their files go with it.
-  async #deleteClaims(namespace: string, sandboxName: string): Promise<void> {
+  // A deleted Sandbox's claims that the garbage collector left (none, unless
+  // their owner references were changed) go with it; a claim's files go
+  // when its object does.
+  #deleteClaims(namespace: string, sandboxName: string): Promise<void> {
     for (const claim of this.#objects.list(PVCS, namespace)) {
       const owned = (claim.metadata.ownerReferences ?? []).some((ref: KubeObject) =>
-        ref.kind === "Sandbox" && ref.name === sandboxName &&
-        this.#objects.find(SANDBOXES, namespace, sandboxName)?.metadata.uid !== ref.uid
+        ref.kind === "Sandbox" && ref.name === sandboxName
       );
       if (!owned) continue;
-      this.#objects.delete(PVCS, namespace, claim.metadata.name);
-      await Deno.remove(claimDir(this.#root, namespace, claim.metadata.name), { recursive: true })
-        .catch(() => {});
+      try {
+        this.#objects.delete(PVCS, namespace, claim.metadata.name);
+      } catch {
+        // already gone
+      }
     }
+    return Promise.resolve();
   }
 
   async #writeStatus(

@@ -401,11 +401,26 @@ liveTest(
       const ns = "tenant-b";
       const name = "wfl-pod1";
       const ref = { group: GROUP, version: VERSION, namespace: ns, plural: PLURAL };
+      // The Sandbox first: its pod waits (retried) for the Secret it names, owned by the Sandbox.
+      const created = await custom.createNamespacedCustomObject({
+        ...ref,
+        body: podSandbox(name),
+      }) as KubeObject;
       await core.createNamespacedSecret({
         namespace: ns,
-        body: { metadata: { name: `${name}-waffle` }, stringData: { "agent-token": "s3cret" } },
+        body: {
+          metadata: {
+            name: `${name}-waffle`,
+            ownerReferences: [{
+              apiVersion: `${GROUP}/${VERSION}`,
+              kind: "Sandbox",
+              name,
+              uid: created.metadata.uid,
+            }],
+          },
+          stringData: { "agent-token": "s3cret" },
+        },
       });
-      await custom.createNamespacedCustomObject({ ...ref, body: podSandbox(name) });
       await standIn.settled(120_000);
       let object = await custom.getNamespacedCustomObject({ ...ref, name }) as KubeObject;
       const ready = object.status.conditions.find((c: KubeObject) => c.type === "Ready");
@@ -526,6 +541,13 @@ liveTest(
       assert.deepEqual(claims.items, []);
       const pods = await core.listNamespacedPod({ namespace: ns });
       assert.deepEqual(pods.items, []);
+      const secrets = await core.listNamespacedSecret({ namespace: ns });
+      assert.deepEqual(secrets.items, [], "the garbage collector took the Secret it owned");
+      const claimFiles = [];
+      for await (const entry of Deno.readDir(`${standIn.root}/pvcs/${ns}`)) {
+        claimFiles.push(entry.name);
+      }
+      assert.deepEqual(claimFiles, [], "the claim's files went with it");
     });
   },
   LIVE,
