@@ -20,6 +20,7 @@ import {
   Watch,
 } from "@kubernetes/client-node";
 import { liveTest } from "./_docker_gate.ts";
+import { jsonPatch, mergePatch } from "./_k8s_api.ts";
 import {
   type KubeObject,
   POD_PIDS_LIMIT,
@@ -85,6 +86,51 @@ async function withStandIn(
     assert.equal(await docker.inspectNetwork(standIn.network), null, "network left");
   }
 }
+
+Deno.test("mergePatch() follows RFC 7386's examples", () => {
+  const cases: [unknown, unknown, unknown][] = [
+    [{ a: "b" }, { a: "c" }, { a: "c" }],
+    [{ a: "b" }, { b: "c" }, { a: "b", b: "c" }],
+    [{ a: "b" }, { a: null }, {}],
+    [{ a: "b", b: "c" }, { a: null }, { b: "c" }],
+    [{ a: ["b"] }, { a: "c" }, { a: "c" }],
+    [{ a: "c" }, { a: ["b"] }, { a: ["b"] }],
+    [{ a: { b: "c" } }, { a: { b: "d", c: null } }, { a: { b: "d" } }],
+    [{ a: [{ b: "c" }] }, { a: [1] }, { a: [1] }],
+    [["a", "b"], ["c", "d"], ["c", "d"]],
+    [{ a: "b" }, ["c"], ["c"]],
+    [{ a: "foo" }, null, null],
+    [{ e: null }, { a: 1 }, { e: null, a: 1 }],
+    [[1, 2], { a: "b", c: null }, { a: "b" }],
+    [{}, { a: { bb: { ccc: null } } }, { a: { bb: {} } }],
+  ];
+  for (const [target, patch, expected] of cases) {
+    assert.deepEqual(mergePatch(target, patch), expected);
+  }
+});
+
+Deno.test("jsonPatch() adds, removes, replaces, moves, copies and tests, and refuses a missing path", () => {
+  const doc = { metadata: { labels: { a: "b" } }, spec: { list: [1, 3] } };
+  const patched = jsonPatch(doc, [
+    { op: "add", path: "/spec/list/1", value: 2 },
+    { op: "add", path: "/spec/list/-", value: 4 },
+    { op: "replace", path: "/metadata/labels/a", value: "c" },
+    { op: "copy", from: "/metadata/labels/a", path: "/metadata/labels/d~1e" },
+    { op: "move", from: "/metadata/labels/a", path: "/metadata/name" },
+    { op: "test", path: "/metadata/name", value: "c" },
+    { op: "remove", path: "/spec/list/0" },
+  ]);
+  assert.deepEqual(patched, {
+    metadata: { labels: { "d/e": "c" }, name: "c" },
+    spec: { list: [2, 3, 4] },
+  });
+  assert.deepEqual(doc.spec.list, [1, 3], "the target is not changed");
+  assert.throws(() => jsonPatch(doc, [{ op: "remove", path: "/spec/nothing" }]), /missing path/);
+  assert.throws(
+    () => jsonPatch(doc, [{ op: "test", path: "/spec/list", value: [] }]),
+    /testing value/,
+  );
+});
 
 /** What a REST test works with: the clients, a namespace and its Sandboxes' coordinates. */
 interface Api {
