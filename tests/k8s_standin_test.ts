@@ -398,6 +398,14 @@ apiTest(
     )).map((e) => `${e.type} ${e.object.metadata.name} ${e.object.metadata.resourceVersion}`);
     const live = events.map((e) => `${e.type} ${e.name} ${e.version}`);
     assert.deepEqual(replay.slice(0, live.length - 1), live.slice(1));
+    // A watch still open when the stand-in stops is ended, not waited for.
+    const open = await fetch(`${standIn.url}/apis/${GROUP}/${VERSION}/${PLURAL}?watch=true`, {
+      headers: { authorization: `Bearer ${standIn.token}` },
+    });
+    const reading = open.text();
+    await standIn.stop();
+    const lines = (await reading).split("\n").filter((line) => line !== "");
+    assert.deepEqual(lines.map((line) => JSON.parse(line).object.metadata.name), ["two"]);
   },
 );
 
