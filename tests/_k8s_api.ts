@@ -10,7 +10,8 @@
  * spec change of a resource with a status subresource), status writable only
  * through `/status`, merge patch (RFC 7386; strategic merge patch taken as
  * one), JSON patch (RFC 6902), optimistic concurrency on a given
- * resourceVersion, finalizers and deletionTimestamp, label and field
+ * resourceVersion, finalizers and deletionTimestamp, garbage collection by
+ * ownerReferences (background, at once), label and field
  * selectors (equality and `!=`, `exists`), watches from a resourceVersion
  * (410 Expired never happens: every event is kept). Not modelled: admission,
  * defaulting beyond what is named, server-side apply (415), pagination
@@ -635,6 +636,7 @@ export class ObjectStore {
     ) {
       this.#objects.delete(id);
       this.#emit(resource, "DELETED", next);
+      this.#collect(next.metadata.uid);
       return next;
     }
     this.#objects.set(id, next);
@@ -711,7 +713,25 @@ export class ObjectStore {
     current.metadata.resourceVersion = String(++this.#counter);
     this.#objects.delete(this.#id({ resource, namespace, name }));
     this.#emit(resource, "DELETED", current);
+    this.#collect(current.metadata.uid);
     return current;
+  }
+
+  // The garbage collector's part (background propagation): what the
+  // removed object owned, and no living owner still holds, goes too.
+  #collect(uid: string): void {
+    const living = new Set([...this.#objects.values()].map((object) => object.metadata.uid));
+    for (const [id, object] of [...this.#objects]) {
+      const owners: KubeObject[] = object.metadata.ownerReferences ?? [];
+      if (!owners.some((owner) => owner.uid === uid)) continue;
+      if (owners.some((owner) => living.has(owner.uid))) continue;
+      const resource = RESOURCES.find((r) => id.startsWith(`${r.plural}/`))!;
+      try {
+        this.delete(resource, object.metadata.namespace ?? "", object.metadata.name);
+      } catch {
+        // already gone
+      }
+    }
   }
 
   /**

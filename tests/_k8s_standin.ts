@@ -16,7 +16,8 @@
  *   volumeClaimTemplates (`<template>-<sandbox>`, volumes of the same name
  *   added to the pod), its pod when `operatingMode` is Running (the
  *   default), no pod when Suspended (the PVCs kept), and on delete the pod
- *   and PVCs removed; the status as agent-sandbox writes it (conditions
+ *   and PVCs removed (owner references: the stand-in's garbage collector
+ *   removes whatever a deleted object owned, a Secret included); the status as agent-sandbox writes it (conditions
  *   Ready and Suspended, podIPs, nodeName `standin`, serviceFQDN, selector).
  *   A pod whose Pod object is deleted is made again.
  * - The kubelet (tests/_k8s_kubelet.ts): runs each pod with Docker.
@@ -124,9 +125,11 @@ export async function startStandIn(
     secret: (namespace, name) => objects.find(SECRETS, namespace, name),
   });
   const controller = new Controller(objects, kubelet, root, options.resyncMs ?? 250);
+  // Open watches: ended at stop, or the server's shutdown would wait for them.
+  const watches = new Set<() => void>();
   const server = Deno.serve(
     { hostname: "127.0.0.1", port: 0, onListen: () => {} },
-    (request) => serve(objects, token, request),
+    (request) => serve({ objects, token, watches }, request),
   );
   const url = `http://127.0.0.1:${server.addr.port}`;
   const kubeconfigPath = `${root}/kubeconfig`;
@@ -142,6 +145,7 @@ export async function startStandIn(
     podContainers: (namespace, name) => controller.podContainers(namespace, name),
     stop: async () => {
       await controller.stop();
+      for (const end of [...watches]) end();
       await server.shutdown().catch(() => {});
       const labels = [`${STANDIN_LABEL}=${instance}`];
       for (const container of await docker.listContainers({ all: true, labels })) {
@@ -180,8 +184,16 @@ function json(body: KubeObject, status = 200): Response {
   });
 }
 
-async function serve(objects: ObjectStore, token: string, request: Request): Promise<Response> {
-  if (request.headers.get("authorization") !== `Bearer ${token}`) {
+/** What the HTTP side serves from. */
+interface Served {
+  objects: ObjectStore;
+  token: string;
+  /** How to end each open watch. */
+  watches: Set<() => void>;
+}
+
+async function serve(served: Served, request: Request): Promise<Response> {
+  if (request.headers.get("authorization") !== `Bearer ${served.token}`) {
     return json(new StatusError(401, "Unauthorized", "Unauthorized").toStatus(), 401);
   }
   const url = new URL(request.url);
@@ -203,7 +215,7 @@ async function serve(objects: ObjectStore, token: string, request: Request): Pro
         {},
       );
     }
-    return await handle(objects, at, request, url);
+    return await handle(served, at, request, url);
   } catch (err) {
     const status = err instanceof StatusError ? err : err instanceof SyntaxError
       ? new StatusError(
@@ -217,11 +229,12 @@ async function serve(objects: ObjectStore, token: string, request: Request): Pro
 }
 
 async function handle(
-  objects: ObjectStore,
+  served: Served,
   at: NonNullable<ReturnType<typeof route>>,
   request: Request,
   url: URL,
 ): Promise<Response> {
+  const objects = served.objects;
   const { resource, name, status } = at;
   const namespace = at.namespace ?? "";
   const query = url.searchParams;
@@ -231,7 +244,7 @@ async function handle(
     const watch = query.get("watch");
     if (method === "GET" && (watch === "true" || watch === "1")) {
       return watchResponse(
-        objects,
+        served,
         at,
         { ...selectors, fromVersion: query.get("resourceVersion") },
         query,
@@ -298,16 +311,33 @@ function methodNotAllowed(): StatusError {
 
 // A watch: one JSON event a line, as long as the client reads (or timeoutSeconds).
 function watchResponse(
-  objects: ObjectStore,
+  served: Served,
   at: NonNullable<ReturnType<typeof route>>,
   selectors: { label: string | null; field: string | null; fromVersion: string | null },
   query: URLSearchParams,
 ): Response {
+  const { objects, watches } = served;
   const encoder = new TextEncoder();
   let unsubscribe = (): void => {};
   let timers: ReturnType<typeof setTimeout>[] = [];
+  const stop = (): void => {
+    unsubscribe();
+    timers.forEach(clearInterval);
+    timers = [];
+    watches.delete(end);
+  };
+  let end = (): void => stop();
   const body = new ReadableStream<Uint8Array>({
     start(controller): void {
+      end = (): void => {
+        stop();
+        try {
+          controller.close();
+        } catch {
+          // already closed
+        }
+      };
+      watches.add(end);
       const send = (event: WatchEvent | { type: "BOOKMARK"; object: KubeObject }): void => {
         try {
           controller.enqueue(encoder.encode(`${JSON.stringify(event)}\n`));
@@ -332,17 +362,11 @@ function watchResponse(
       }
       const seconds = Number(query.get("timeoutSeconds") ?? "0");
       if (seconds > 0) {
-        timers.push(setTimeout(() => {
-          unsubscribe();
-          timers.forEach(clearInterval);
-          controller.close();
-        }, seconds * 1000));
+        timers.push(setTimeout(() => end(), seconds * 1000));
       }
     },
     cancel(): void {
-      unsubscribe();
-      timers.forEach(clearInterval);
-      timers = [];
+      stop();
     },
   });
   return new Response(body, { headers: { "content-type": "application/json" } });
@@ -377,9 +401,16 @@ class Controller {
     const b = objects.watch(PODS, undefined, { fromVersion: objects.resourceVersion }, (event) => {
       if (event.type === "DELETED") onSandbox(event);
     });
+    // A claim deleted (with its Sandbox, by the garbage collector, or through the API): its files go.
+    const c = objects.watch(PVCS, undefined, { fromVersion: objects.resourceVersion }, (event) => {
+      if (event.type !== "DELETED") return;
+      const { namespace, name } = event.object.metadata;
+      Deno.remove(claimDir(root, namespace, name), { recursive: true }).catch(() => {});
+    });
     this.#unsubscribe = () => {
       a();
       b();
+      c();
     };
     this.#timer = setInterval(() => {
       for (const sandbox of objects.list(SANDBOXES, undefined)) {
@@ -535,18 +566,22 @@ class Controller {
     return claims;
   }
 
-  // A deleted Sandbox's claims (those it owned) and their files go with it.
-  async #deleteClaims(namespace: string, sandboxName: string): Promise<void> {
+  // A deleted Sandbox's claims that the garbage collector left (none, unless
+  // their owner references were changed) go with it; a claim's files go
+  // when its object does.
+  #deleteClaims(namespace: string, sandboxName: string): Promise<void> {
     for (const claim of this.#objects.list(PVCS, namespace)) {
       const owned = (claim.metadata.ownerReferences ?? []).some((ref: KubeObject) =>
-        ref.kind === "Sandbox" && ref.name === sandboxName &&
-        this.#objects.find(SANDBOXES, namespace, sandboxName)?.metadata.uid !== ref.uid
+        ref.kind === "Sandbox" && ref.name === sandboxName
       );
       if (!owned) continue;
-      this.#objects.delete(PVCS, namespace, claim.metadata.name);
-      await Deno.remove(claimDir(this.#root, namespace, claim.metadata.name), { recursive: true })
-        .catch(() => {});
+      try {
+        this.#objects.delete(PVCS, namespace, claim.metadata.name);
+      } catch {
+        // already gone
+      }
     }
+    return Promise.resolve();
   }
 
   async #writeStatus(

@@ -21,13 +21,13 @@ import { type KubeObject, startStandIn } from "./_k8s_standin.ts";
 import { RESOURCES } from "./_k8s_api.ts";
 import { UsageError } from "../lib/errors.ts";
 import { buildWaffleImage, copyKit, KIT_ENTRIES } from "../lib/k8s/mod.ts";
+import { K8S_IMAGE_HELP, k8sImageCommand, k8sKitCommand } from "../lib/cli/k8s_image.ts";
+import type { CliIo } from "../lib/cli/io.ts";
 import type { DockerClient } from "../lib/docker/mod.ts";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url)).replace(/\/$/, "");
 const PREFIX = "waffle-h2img";
 const SANDBOXES = RESOURCES.find((resource) => resource.plural === "sandboxes")!;
-// What the pod's check runs (H2_CHECK_COMMAND: a failing one shows the check can fail).
-const CHECK_COMMAND = Deno.env.get("H2_CHECK_COMMAND") ?? "help";
 // How the image's Deno runs this checkout's sources mounted at /src.
 const FROM_SOURCE = [
   "run",
@@ -46,6 +46,34 @@ Deno.test("buildWaffleImage() from a source checkout is a one-line error naming 
     (error: Error) =>
       error instanceof UsageError && error.message.includes("run scripts/install.sh") &&
       !error.message.includes("\n"),
+  );
+});
+
+Deno.test("k8sImageCommand() and k8sKitCommand(): help, and one-line errors for what is missing", async () => {
+  let out = "";
+  const io: CliIo = {
+    stdout: (d) => {
+      out += String(d);
+      return Promise.resolve();
+    },
+    stderr: () => Promise.resolve(),
+    stdin: null,
+  };
+  assert.equal(await k8sImageCommand(["--help"], io), 0);
+  assert.equal(out, K8S_IMAGE_HELP);
+  const oneLine = (text: string) => (error: Error) =>
+    error instanceof UsageError && error.message.includes(text) && !error.message.includes("\n");
+  await assert.rejects(() => k8sImageCommand([], io), oneLine("run scripts/install.sh"));
+  await assert.rejects(
+    () => k8sImageCommand(["extra"], io),
+    oneLine("Unexpected argument 'extra'"),
+  );
+  await assert.rejects(() => k8sKitCommand([], io), oneLine("Missing --to DIR"));
+  // Outside the waffle image there is no /opt/waffle kit to copy.
+  await using dir = await tempDir();
+  await assert.rejects(
+    () => k8sKitCommand(["--to", `${dir.path}/kit`], io),
+    oneLine("is missing: is this the waffle image?"),
   );
 });
 
@@ -195,7 +223,7 @@ function kitSandbox(tag: string, probeDir: string): KubeObject {
             {
               name: "check",
               image: "waffle-musl:latest",
-              command: [...SANDBOX_ARTEFACT_ARGV, CHECK_COMMAND],
+              command: [...SANDBOX_ARTEFACT_ARGV, "help"],
               env: [{ name: "DENO_DIR", value: RUNNER_CACHE }, { name: "HOME", value: "/tmp" }],
               securityContext: {
                 ...locked,
