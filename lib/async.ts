@@ -65,3 +65,43 @@ export async function settleAll<T extends readonly unknown[]>(
     (outcome as PromiseFulfilledResult<unknown>).value
   ) as unknown as T;
 }
+
+/**
+ * One call at a time per key: a second `run` of a key whose call is under
+ * way shares it (a removal asked twice, by a kill and by the reaper).
+ *
+ * @example
+ * ```ts
+ * const removals = new SingleFlight<string, boolean>();
+ * await Promise.all([removals.run("a", remove), removals.run("a", remove)]); // one remove
+ * ```
+ */
+export class SingleFlight<K, V> {
+  readonly #flights = new Map<K, Promise<V>>();
+
+  /**
+   * Runs `fn` for `key`, or joins the call under way.
+   *
+   * @param key What the call is for.
+   * @param fn The call.
+   * @returns Its result.
+   */
+  run(key: K, fn: () => Promise<V>): Promise<V> {
+    let flight = this.#flights.get(key);
+    if (flight === undefined) {
+      flight = fn().finally(() => this.#flights.delete(key));
+      this.#flights.set(key, flight);
+    }
+    return flight;
+  }
+
+  /**
+   * Whether a call for `key` is under way.
+   *
+   * @param key What the call is for.
+   * @returns True until it settles.
+   */
+  has(key: K): boolean {
+    return this.#flights.has(key);
+  }
+}

@@ -410,19 +410,13 @@ export class DockerClient {
    * Resolves `false` when it did not exist (404).
    */
   async removeContainer(id: string, options: RemoveOptions = {}): Promise<boolean> {
-    try {
-      await this.#request({
-        method: "DELETE",
-        path: `/containers/${encodeURIComponent(id)}`,
-        query: { force: options.force ?? false, v: options.volumes ?? true },
-        ok: [204],
-        timeoutMs: options.timeoutMs,
-      });
-      return true;
-    } catch (err) {
-      if (err instanceof DockerNotFoundError) return false;
-      throw err;
-    }
+    return await this.#deleted({
+      method: "DELETE",
+      path: `/containers/${encodeURIComponent(id)}`,
+      query: { force: options.force ?? false, v: options.volumes ?? true },
+      ok: [204],
+      timeoutMs: options.timeoutMs,
+    });
   }
 
   /** Freezes every process of a container (cgroup freezer). */
@@ -613,18 +607,12 @@ export class DockerClient {
    * @throws {DockerConflictError} When a container still uses it.
    */
   async removeVolume(name: string, options: RequestOptions = {}): Promise<boolean> {
-    try {
-      await this.#request({
-        method: "DELETE",
-        path: `/volumes/${encodeURIComponent(name)}`,
-        ok: [204],
-        timeoutMs: options.timeoutMs,
-      });
-      return true;
-    } catch (err) {
-      if (err instanceof DockerNotFoundError) return false;
-      throw err;
-    }
+    return await this.#deleted({
+      method: "DELETE",
+      path: `/volumes/${encodeURIComponent(name)}`,
+      ok: [204],
+      timeoutMs: options.timeoutMs,
+    });
   }
 
   /**
@@ -691,19 +679,13 @@ export class DockerClient {
     ref: string,
     options: RequestOptions & { force?: boolean } = {},
   ): Promise<boolean> {
-    try {
-      await this.#request({
-        method: "DELETE",
-        path: `/images/${encodeURIComponent(ref)}`,
-        query: { force: options.force ?? false },
-        ok: [200],
-        timeoutMs: options.timeoutMs,
-      });
-      return true;
-    } catch (err) {
-      if (err instanceof DockerNotFoundError) return false;
-      throw err;
-    }
+    return await this.#deleted({
+      method: "DELETE",
+      path: `/images/${encodeURIComponent(ref)}`,
+      query: { force: options.force ?? false },
+      ok: [200],
+      timeoutMs: options.timeoutMs,
+    });
   }
 
   /**
@@ -766,18 +748,12 @@ export class DockerClient {
 
   /** Removes a network. Resolves `false` when it did not exist (404). */
   async removeNetwork(idOrName: string, options: RequestOptions = {}): Promise<boolean> {
-    try {
-      await this.#request({
-        method: "DELETE",
-        path: `/networks/${encodeURIComponent(idOrName)}`,
-        ok: [204],
-        timeoutMs: options.timeoutMs,
-      });
-      return true;
-    } catch (err) {
-      if (err instanceof DockerNotFoundError) return false;
-      throw err;
-    }
+    return await this.#deleted({
+      method: "DELETE",
+      path: `/networks/${encodeURIComponent(idOrName)}`,
+      ok: [204],
+      timeoutMs: options.timeoutMs,
+    });
   }
 
   /** POST /containers/{id}/{action}; `false` on 304 (already in that state). */
@@ -826,6 +802,17 @@ export class DockerClient {
   }
 
   /** One request with a timeout; failures become DockerErrors. */
+  // A DELETE whose 404 is an answer: true when it removed something.
+  async #deleted(spec: RequestSpec): Promise<boolean> {
+    try {
+      await this.#request(spec);
+      return true;
+    } catch (err) {
+      if (err instanceof DockerNotFoundError) return false;
+      throw err;
+    }
+  }
+
   async #request(spec: RequestSpec): Promise<unknown> {
     const totalMs = spec.timeoutMs ?? this.timeoutMs;
     let timeoutMs = totalMs;

@@ -14,6 +14,7 @@
  *
  * @module
  */
+import { SingleFlight } from "../async.ts";
 import * as z from "../schema.ts";
 import { KubeApiError, UsageError, WaffleError } from "../errors.ts";
 import { newBearerToken } from "../mcp/bearer_token.ts";
@@ -96,7 +97,7 @@ export class KubeSandboxes implements SandboxFleet {
   readonly #known = new Map<string, Known>();
   // Creates of this server not ready yet: listed by nobody.
   readonly #creating = new Set<string>();
-  readonly #removing = new Map<string, Promise<boolean>>();
+  readonly #removing = new SingleFlight<string, boolean>();
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
   #stopWatch: (() => void) | undefined;
@@ -409,12 +410,7 @@ export class KubeSandboxes implements SandboxFleet {
    * @returns False when there was no such sandbox.
    */
   remove(id: string): Promise<boolean> {
-    let removing = this.#removing.get(id);
-    if (removing === undefined) {
-      removing = this.#removeNow(id).finally(() => this.#removing.delete(id));
-      this.#removing.set(id, removing);
-    }
-    return removing;
+    return this.#removing.run(id, () => this.#removeNow(id));
   }
 
   async #removeNow(id: string): Promise<boolean> {

@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { SingleFlight } from "../async.ts";
 import { newBearerToken } from "../mcp/bearer_token.ts";
 import type { DockerClient } from "../docker/mod.ts";
 import type { SandboxConfig } from "../config/config.ts";
@@ -151,7 +152,7 @@ export class ServeSandboxes implements SandboxFleet {
   readonly #store: SandboxStore;
   readonly #options: ServeSandboxesOptions;
   readonly #live = new Map<string, Live>();
-  readonly #removing = new Map<string, Promise<boolean>>();
+  readonly #removing = new SingleFlight<string, boolean>();
   #reaper: ReturnType<typeof setInterval> | undefined;
 
   /**
@@ -350,12 +351,7 @@ export class ServeSandboxes implements SandboxFleet {
    * @returns False when there was no such sandbox.
    */
   remove(id: string): Promise<boolean> {
-    let removing = this.#removing.get(id);
-    if (removing === undefined) {
-      removing = this.#removeNow(id).finally(() => this.#removing.delete(id));
-      this.#removing.set(id, removing);
-    }
-    return removing;
+    return this.#removing.run(id, () => this.#removeNow(id));
   }
 
   /**
