@@ -95,8 +95,9 @@ const networkSchema = z.object({
 export class KubeSandboxes implements SandboxFleet {
   readonly #options: KubeSandboxesOptions;
   readonly #known = new Map<string, Known>();
-  // Creates of this server not ready yet: listed by nobody.
-  readonly #creating = new Set<string>();
+  // Creates of this server not ready yet, by id to tenant: listed by nobody,
+  // counted against their tenant's limit.
+  readonly #creating = new Map<string, string>();
   readonly #removing = new SingleFlight<string, boolean>();
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
@@ -122,9 +123,14 @@ export class KubeSandboxes implements SandboxFleet {
       [...this.#known.values()]
         .filter((known) => tenant === undefined || known.stored.tenant === tenant)
         .map((known) => this.#record(known)),
-    count: (tenant) =>
-      [...this.#known.values()].filter((known) => known.stored.tenant === tenant).length +
-      this.#creating.size,
+    count: (tenant) => {
+      const ids = new Set<string>();
+      for (const known of this.#known.values()) {
+        if (known.stored.tenant === tenant) ids.add(known.stored.id);
+      }
+      for (const [id, owner] of this.#creating) if (owner === tenant) ids.add(id);
+      return ids.size;
+    },
   };
 
   /** No snapshots on Kubernetes (CSI snapshots are the cluster's). */
@@ -296,7 +302,7 @@ export class KubeSandboxes implements SandboxFleet {
       storageClassName: settings.storageClass,
     });
     withShutdown(object, endAt);
-    this.#creating.add(id);
+    this.#creating.set(id, request.tenant);
     try {
       const made = await api.createSandbox(namespace, object);
       await api.createSecret(
