@@ -109,6 +109,34 @@ baseTest(
 );
 
 baseTest(
+  "kubernetes: a tenant's max_sandboxes counts its own sandboxes, creates under way included",
+  async () => {
+    const served = await serveForFile({ toml: "[serve.tenants.a]\nmax_sandboxes = 1\n" });
+    try {
+      // Two at once: one is made, the other refused with 429.
+      const made = await Promise.allSettled([
+        Sandbox.create("base", { ...sdk(served, served.keys.a), timeoutMs: 60_000 }),
+        Sandbox.create("base", { ...sdk(served, served.keys.a), timeoutMs: 60_000 }),
+      ]);
+      const ok = made.filter((m) => m.status === "fulfilled");
+      const refused = made.filter((m) => m.status === "rejected");
+      assert.equal(ok.length, 1, JSON.stringify(made.map((m) => m.status)));
+      assert.match(String((refused[0] as PromiseRejectedResult).reason), /429|limit/i);
+      // Another tenant is not counted against it.
+      const other = await Sandbox.create("base", {
+        ...sdk(served, served.keys.b),
+        timeoutMs: 60_000,
+      });
+      await other.kill();
+      await (ok[0] as PromiseFulfilledResult<Sandbox>).value.kill();
+    } finally {
+      await served.stop();
+    }
+  },
+  { sanitize: false },
+);
+
+baseTest(
   "kubernetes stand-in: stops, leaving no container or network of its own",
   async (docker) => {
     await stopRig();
