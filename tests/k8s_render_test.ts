@@ -509,3 +509,34 @@ Deno.test('config: [backend] kind = "kubernetes" without waffle_image, or a Kube
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("serve on Kubernetes refuses what it cannot give (egress, warm pools) and an unreadable kubeconfig, in one line each", async () => {
+  const home = await Deno.makeTempDir({ prefix: "waffle-k8s-serve-" });
+  try {
+    const backend =
+      `[backend]\nkind = "kubernetes"\nwaffle_image = "w:1"\nkubeconfig = "${home}/absent"\n`;
+    const serveWith = async (toml: string): Promise<{ code: number; stderr: string }> => {
+      await Deno.writeTextFile(`${home}/waffle.toml`, toml);
+      return await runCliProcess(["serve", "--listen", "127.0.0.1:0"], {
+        env: { WAFFLE_HOME: home },
+      });
+    };
+    const egress = await serveWith(`[sandbox]\nnetwork = "bridge"\n${backend}`);
+    assert.notEqual(egress.code, 0);
+    assert.match(
+      egress.stderr,
+      /Egress \(\[sandbox\] network = "bridge", 0 egress entries\) is not available/,
+    );
+    const warm = await serveWith(`${backend}[templates.py]\nimage = "python:3"\nwarm = 2\n`);
+    assert.notEqual(warm.code, 0);
+    assert.match(warm.stderr, /Warm pools \(\[templates\.py\] warm\) are not available/);
+    const config = await serveWith(backend);
+    assert.notEqual(config.code, 0);
+    assert.match(config.stderr, /Cannot load Kubernetes credentials from kubeconfig '.*\/absent'/);
+    for (const run of [egress, warm, config]) {
+      assert.equal(run.stderr.trim().split("\n").length, 1, run.stderr);
+    }
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});

@@ -89,6 +89,17 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
   });
   const stop = new AbortController();
   const backend = settings.backend;
+  if (
+    backend.kind === "kubernetes" &&
+    (config.sandbox.network !== "none" || (config.sandbox.egress?.length ?? 0) > 0)
+  ) {
+    // A pod reaches nothing but DNS until the proxy takes TCP (docs/kubernetes.md).
+    throw new UsageError(
+      `Egress ([sandbox] network = "${config.sandbox.network}", ${
+        config.sandbox.egress?.length ?? 0
+      } egress entries) is not available with [backend] kind = "kubernetes"`,
+    );
+  }
   if (backend.kind === "kubernetes" && settings.warm.size > 0) {
     throw new UsageError(
       `Warm pools ([templates.${
