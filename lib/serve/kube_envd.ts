@@ -35,6 +35,9 @@ const HOP_HEADERS = new Set([
   "host",
   "content-length",
   AGENT_TOKEN_HEADER,
+  // The tenant's API key is the control API's, never the sandbox's: a pod
+  // (its runner shares the agent's network) is never shown it.
+  "x-api-key",
 ]);
 
 /** Routes envd requests to the sandboxes' agents. */
@@ -68,6 +71,11 @@ export class KubeEnvd {
     const headers = new Headers();
     for (const [name, value] of request.headers) {
       if (!HOP_HEADERS.has(name.toLowerCase())) headers.set(name, value);
+    }
+    // envd's Authorization is Basic (the user a command runs as); a bearer
+    // there is the API key again (`GET /metrics`'s form).
+    if (!/^basic\s/i.test(headers.get("authorization") ?? "basic ")) {
+      headers.delete("authorization");
     }
     headers.set(AGENT_TOKEN_HEADER, route.agentToken);
     const signal = AbortSignal.any([route.killed, request.signal]);
