@@ -18,7 +18,7 @@ import { type HttpLimits, serveHttp } from "../http/mod.ts";
 import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import type { EnvdSandbox } from "./envd_context.ts";
 import { error } from "./envd_http.ts";
-import { answerEnvd } from "./envd_router.ts";
+import { answerEnvd } from "./envd_answer.ts";
 import { envdServices } from "./envd_rpc.ts";
 import { streamLimiter } from "./limits.ts";
 import { ProcessTable } from "./processes.ts";
