@@ -13,7 +13,7 @@
  */
 import assert from "node:assert/strict";
 import { Sandbox } from "e2b";
-import { delay, suffixTestNames } from "./_helpers.ts";
+import { delay, runCliProcess, suffixTestNames } from "./_helpers.ts";
 import { baseTest, sdk, type Served, serveForFile, serveOnKubernetes } from "./_serve_helpers.ts";
 import { type KubeObject, RESOURCES } from "./_k8s_api.ts";
 import { K8S_ANNOTATIONS } from "../lib/k8s/sandbox_object.ts";
@@ -135,6 +135,22 @@ baseTest(
   },
   { sanitize: false },
 );
+
+baseTest("kubernetes: doctor reads the Sandbox objects through the kubeconfig", async () => {
+  const served = await serveForFile();
+  try {
+    const run = await runCliProcess(["doctor", "--no-docker", "--json"], {
+      env: { WAFFLE_HOME: served.home },
+    });
+    const rows = JSON.parse(run.stdout).checks as { name: string; ok: boolean; detail: string }[];
+    const sandboxes = rows.find((row) => row.name === "kubernetes sandboxes");
+    assert.ok(sandboxes?.ok === true, run.stdout);
+    assert.match(sandboxes.detail, /Sandbox objects readable: \d+ of waffle's/);
+    assert.ok(rows.find((row) => row.name === "kubernetes credentials")?.ok, run.stdout);
+  } finally {
+    await served.stop();
+  }
+}, { sanitize: false });
 
 baseTest(
   "kubernetes stand-in: stops, leaving no container or network of its own",

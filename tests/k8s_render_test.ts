@@ -540,3 +540,26 @@ Deno.test("serve on Kubernetes refuses what it cannot give (egress, warm pools) 
     await Deno.remove(home, { recursive: true });
   }
 });
+
+Deno.test("doctor on a Kubernetes backend: an unreadable kubeconfig is a failing row naming it", async () => {
+  const home = await Deno.makeTempDir({ prefix: "waffle-k8s-doctor-" });
+  try {
+    await Deno.writeTextFile(
+      `${home}/waffle.toml`,
+      `[backend]\nkind = "kubernetes"\nwaffle_image = "w:1"\nkubeconfig = "${home}/absent"\n`,
+    );
+    const run = await runCliProcess(["doctor", "--no-docker", "--json"], {
+      env: { WAFFLE_HOME: home },
+    });
+    assert.notEqual(run.code, 0);
+    const rows = JSON.parse(run.stdout).checks as { name: string; ok: boolean; detail: string }[];
+    const credentials = rows.find((row) => row.name === "kubernetes credentials");
+    assert.ok(credentials !== undefined && !credentials.ok, run.stdout);
+    assert.match(
+      credentials.detail,
+      /Cannot load Kubernetes credentials from kubeconfig '.*\/absent'/,
+    );
+  } finally {
+    await Deno.remove(home, { recursive: true });
+  }
+});

@@ -65,8 +65,11 @@ One "mcp <name> authority" row per configured MCP server (execution,
 authority, groups, env names, tools) and, with Docker, an initialize +
 tools/list probe of each server that executes in a sandbox (in a throwaway
 home). An "egress proxy" row: this home's proxy container, whether it
-answers, how many identities it serves and its CA's fingerprint. A check
-that has not answered in 2 minutes fails; the next one runs.
+answers, how many identities it serves and its CA's fingerprint. With
+[backend] kind = "kubernetes", a "kubernetes credentials" row and a
+"kubernetes sandboxes" row (the API server lists agent-sandbox's Sandbox
+objects for this identity). A check that has not answered in 2 minutes
+fails; the next one runs.
 Exit status 0 when every check passes, ${EXIT_FAILURE} otherwise.
 
 --deep certifies this installation's Docker for the queue, with this waffle
@@ -117,6 +120,10 @@ export async function doctorCommand(args: string[], io: CliIo): Promise<number> 
     ...await group("mcp", () => mcpChecks({ docker, configPath })),
     ...await group("sandboxes", () => sandboxChecks({ docker })),
     ...(docker ? await group("egress", () => egressChecks({ configPath })) : []),
+    ...await group("kubernetes", async () => {
+      const { kubernetesChecks } = await import("./doctor_k8s.ts");
+      return kubernetesChecks({ configPath });
+    }),
   ];
   const rows: DoctorRow[] = [];
   for (const check of checks) {
