@@ -102,6 +102,7 @@ export class KubeSandboxes implements SandboxFleet {
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
   #stopWatch: (() => void) | undefined;
+  #applying: Promise<void> = Promise.resolve();
   #closed = false;
   #reaper: ReturnType<typeof setInterval> | undefined;
 
@@ -160,7 +161,9 @@ export class KubeSandboxes implements SandboxFleet {
         const version = (event.object.metadata as { resourceVersion?: unknown } | undefined)
           ?.resourceVersion;
         if (typeof version === "string") last = version;
-        void this.#apply(event);
+        // In order: a sandbox's first event waits on its Secret, and a later
+        // one (its deletion) must not be overtaken by it.
+        this.#applying = this.#applying.then(() => this.#apply(event)).catch(() => {});
       },
       onDone: (error) => {
         if (this.#closed) return;
