@@ -32,8 +32,10 @@ import {
   CHURN,
   CHURN_SCRIPT,
   DAMAGE_SCRIPT,
+  FIFO_SCRIPT,
   FORGE_AND_FREEZE_SCRIPT,
   GROW_OUTBOUND_SCRIPT,
+  LOCK_SCRIPT,
 } from "./_runner_attacks.ts";
 import { POD_PIDS_LIMIT, STANDIN_LABEL } from "./_k8s_standin.ts";
 import { RESOURCES } from "./_k8s_api.ts";
@@ -584,6 +586,119 @@ podBothWays(
       // agent will copy), which the agent cannot undo in a pod.
       const ran = await assertVictims(stage, pod, "grow");
       log(`[grow] the attacked sandbox ${ran ? "recovered" : "does not recover"}`);
+    });
+  },
+);
+
+/**
+ * Starts a Deno script as the runner's uid in the background; resolves once
+ * it printed `ready`. Returns what stops it (its process inside the
+ * container, found by its command line: killing `docker exec` would not).
+ */
+async function holdAsRunner(
+  runner: string,
+  script: string,
+  ready: string,
+): Promise<{ stop(): Promise<void> }> {
+  const marker = `waffle-hold-${crypto.randomUUID().slice(0, 8)}`;
+  const child = new Deno.Command("docker", {
+    args: [
+      "exec",
+      "-i",
+      "-u",
+      "0",
+      "-e",
+      `WAFFLE_HOLD=${marker}`,
+      runner,
+      "/bin/sh",
+      "-c",
+      denoLine("/tmp/.waffle-attack-root"),
+    ],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode(script));
+  await writer.close();
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let seen = "";
+  while (!seen.split("\n").includes(ready)) {
+    const next = await reader.read();
+    assert.ok(!next.done, `the holder ended before '${ready}': ${seen}`);
+    seen += next.value;
+  }
+  const drained = (async () => {
+    while (!(await reader.read()).done) { /* drain */ }
+  })();
+  return {
+    async stop(): Promise<void> {
+      await dockerCli([
+        "exec",
+        "-u",
+        "0",
+        runner,
+        "/bin/sh",
+        "-c",
+        `for p in /proc/[0-9]*; do
+        if tr '\\000' '\\n' < "$p/environ" 2>/dev/null | grep -qx 'WAFFLE_HOLD=${marker}'; then kill -9 "\${p#/proc/}"; fi
+      done`,
+      ]);
+      await child.status;
+      await drained;
+    },
+  };
+}
+
+podBothWays(
+  "an EXCLUSIVE lock held on outbound.db (LOCK_SCRIPT): A's call ends by itself, B serves on, A serves again once it is released",
+  async (stage, attacker) => {
+    if (attacker.kind === "command") {
+      assertRefused("LOCK_SCRIPT", await attacker.deno(stage.a.runner, LOCK_SCRIPT));
+      assert.equal(await assertVictims(stage, stage.a, "lock"), true);
+      return;
+    }
+    const holder = await holdAsRunner(stage.a.runner, LOCK_SCRIPT, "locked");
+    try {
+      const runs = `/tmp/waffle-runs-lock-${crypto.randomUUID().slice(0, 8)}`;
+      const during = await whileBServes(
+        stage.b,
+        "lock",
+        call(stage.a, `echo ran >> ${runs}; echo under-lock`),
+      );
+      const count = await RUNNER.sh(stage.a.runner, `cat ${runs} 2>/dev/null; true`);
+      assert.ok(count.stdout.split("\n").filter((l) => l === "ran").length <= 1, "ran twice");
+      log(
+        `[lock] A's call under the lock: ${during.error ?? JSON.stringify(during.stdout)} after ${
+          (during.ms / 1000).toFixed(1)
+        } s`,
+      );
+      assert.ok(during.ms < CALL_BOUND_MS, "A's call hung under the lock");
+      assert.ok(during.error === undefined || !during.error.includes("\n"), during.error);
+    } finally {
+      await holder.stop();
+    }
+    assert.equal(await assertVictims(stage, stage.a, "lock"), true, "A serves again");
+  },
+);
+
+podBothWays(
+  "outbound.db replaced by a FIFO (FIFO_SCRIPT): the agent never blocks on it, and A's calls end in one clear line",
+  async (stage, attacker) => {
+    if (attacker.kind === "command") {
+      assertRefused("FIFO_SCRIPT", await attacker.deno(stage.a.runner, FIFO_SCRIPT));
+      assert.equal(await assertVictims(stage, stage.a, "fifo"), true);
+      return;
+    }
+    await withFreshA(stage, async (pod) => {
+      const out = await attacker.deno(pod.runner, FIFO_SCRIPT);
+      assert.equal(out.code, 0, out.stderr);
+      const kind = await attacker.sh(pod.runner, "stat -c %F /queue/outbound/outbound.db");
+      assert.equal(kind.stdout.trim(), "fifo");
+      // FINDING (see the report): like DAMAGE_SCRIPT, a runner-side file the
+      // agent refuses and cannot set aside in a pod.
+      const ran = await whileBServes(stage.b, "fifo", assertVictims(stage, pod, "fifo"));
+      log(`[fifo] the attacked sandbox ${ran ? "recovered" : "does not recover"}`);
     });
   },
 );
