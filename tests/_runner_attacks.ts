@@ -112,3 +112,29 @@ db.exec(\`WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x
 db.close();
 console.log(JSON.stringify({ bytes: Deno.statSync("/queue/outbound/outbound.db").size }));
 `;
+
+/**
+ * Takes an EXCLUSIVE lock on outbound.db as the runner's uid and holds it
+ * (at most 90 s). Prints `locked` once it holds it.
+ */
+export const LOCK_SCRIPT = `
+import { DatabaseSync } from "node:sqlite";
+const db = new DatabaseSync("/queue/outbound/outbound.db");
+db.exec("PRAGMA busy_timeout = 10000");
+db.exec("BEGIN EXCLUSIVE");
+console.log("locked");
+setTimeout(() => Deno.exit(0), 90_000);
+`;
+
+/** Replaces outbound.db (and its journal) with a FIFO. */
+export const FIFO_SCRIPT = `
+for (const name of ["outbound.db", "outbound.db-journal"]) {
+  try {
+    Deno.removeSync("/queue/outbound/" + name);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+}
+const made = await new Deno.Command("mkfifo", { args: ["-m", "600", "/queue/outbound/outbound.db"] }).output();
+if (!made.success) throw new Error(new TextDecoder().decode(made.stderr));
+`;

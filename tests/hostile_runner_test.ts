@@ -35,6 +35,7 @@ import { LOCK_WAIT_MS } from "../lib/queue/queue.ts";
 import { type RunnerTrouble, STALE_AFTER_MS } from "../lib/queue/liveness.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { alive, runCliProcess, waitFor } from "./_helpers.ts";
+import { FIFO_SCRIPT, LOCK_SCRIPT } from "./_runner_attacks.ts";
 import {
   type Attacker,
   bothWays,
@@ -212,16 +213,6 @@ function field(stdout: string, name: string): string | undefined {
 // ---------------------------------------------------------------------------
 // 1. One user cannot slow another.
 
-/** Takes an EXCLUSIVE lock on outbound.db as the runner's uid and holds it (at most 90 s). */
-const LOCK_SCRIPT = `
-import { DatabaseSync } from "node:sqlite";
-const db = new DatabaseSync("/queue/outbound/outbound.db");
-db.exec("PRAGMA busy_timeout = 10000");
-db.exec("BEGIN EXCLUSIVE");
-console.log("locked");
-setTimeout(() => Deno.exit(0), 90_000);
-`;
-
 /** Replaces the results table (what every wait reads) with a view over an endless recursive CTE. */
 const ENDLESS_VIEW_SCRIPT = `
 import { DatabaseSync } from "node:sqlite";
@@ -234,19 +225,6 @@ CREATE VIEW results(request_id, body, created_at) AS
   SELECT 'forged', '{}', n FROM r;
 COMMIT;\`);
 console.log(JSON.stringify(db.prepare("SELECT type FROM sqlite_schema WHERE name = 'results'").get()));
-`;
-
-/** Replaces outbound.db (and its journal) with a FIFO. */
-const FIFO_SCRIPT = `
-for (const name of ["outbound.db", "outbound.db-journal"]) {
-  try {
-    Deno.removeSync("/queue/outbound/" + name);
-  } catch (error) {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
-  }
-}
-const made = await new Deno.Command("mkfifo", { args: ["-m", "600", "/queue/outbound/outbound.db"] }).output();
-if (!made.success) throw new Error(new TextDecoder().decode(made.stderr));
 `;
 
 /**
