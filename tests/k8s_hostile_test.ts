@@ -296,6 +296,15 @@ async function whileBServes<T>(b: Pod, what: string, attack: Promise<T>): Promis
  * @returns Whether the attacked sandbox's next call ran.
  */
 async function assertVictims(stage: Stage, target: Pod, what: string): Promise<boolean> {
+  await assertAgents(stage, target, what);
+  const tag = crypto.randomUUID().slice(0, 8);
+  const b = await call(stage.b, `echo b-after-${tag}`);
+  assert.equal(b.stdout, `b-after-${tag}\n`, `[${what}] B after: ${b.error}`);
+  return await nextCall(target, what);
+}
+
+/** Each agent the same process, never restarted, its memory bounded; `waffle serve` alive. */
+async function assertAgents(stage: Stage, target: Pod, what: string): Promise<void> {
   for (const pod of new Set([target, stage.a, stage.b])) {
     const state = await inspect(pod.agent);
     const rss = state.running ? rssOf(state.pid) : NaN;
@@ -310,10 +319,63 @@ async function assertVictims(stage: Stage, target: Pod, what: string): Promise<b
     assert.ok(rss < AGENT_RSS_BOUND, `[${what}] the agent's RSS is ${(rss / MiB).toFixed(1)} MiB`);
   }
   assert.ok(alive(stage.served.pid), `[${what}] waffle serve died`);
+}
+
+/**
+ * A pod whose queue a broken-into runner ruined is replaced: the attacked
+ * sandbox's first call fails in one line saying so, its agent is unharmed
+ * until then, and within the bound a new pod (another runner, another
+ * agent) serves it again, with the workspace it had and the command run once.
+ */
+async function assertReplaced(stage: Stage, pod: Pod, what: string): Promise<void> {
+  await assertAgents(stage, pod, what);
+  const marker = `kept-${crypto.randomUUID().slice(0, 8)}`;
+  await dockerCli([
+    "exec",
+    "-u",
+    "0",
+    pod.runner,
+    "/bin/sh",
+    "-c",
+    `echo ${marker} > /workspace/.marker`,
+  ]);
+  const first = await call(pod, "true");
+  assert.match(
+    first.error ?? "",
+    /its pod is being replaced/,
+    `[${what}] ${JSON.stringify(first)}`,
+  );
+  assert.ok(!first.error!.trim().includes("\n"), `[${what}] not one line: ${first.error}`);
+  assert.ok(alive(stage.served.pid), `[${what}] waffle serve died`);
+  const name = sandboxObjectName(pod.id);
+  const deadline = Date.now() + 120_000;
+  let containers = stage.served.kube!.standIn.podContainers("waffle-a", name);
+  while (Date.now() < deadline && (containers === undefined || containers.runner === pod.runner)) {
+    await delay(250);
+    containers = stage.served.kube!.standIn.podContainers("waffle-a", name);
+  }
+  assert.ok(
+    containers?.runner !== undefined && containers.runner !== pod.runner,
+    `[${what}] not replaced`,
+  );
   const tag = crypto.randomUUID().slice(0, 8);
-  const b = await call(stage.b, `echo b-after-${tag}`);
-  assert.equal(b.stdout, `b-after-${tag}\n`, `[${what}] B after: ${b.error}`);
-  return await nextCall(target, what);
+  let outcome = await call(pod, `echo ran >> /tmp/runs-${tag}; cat /workspace/.marker`);
+  while (outcome.error !== undefined && Date.now() < deadline) {
+    await delay(500);
+    outcome = await call(pod, `echo ran >> /tmp/runs-${tag}; cat /workspace/.marker`);
+  }
+  log(`[${what}] replaced pod serves: ${outcome.error ?? JSON.stringify(outcome.stdout)}`);
+  assert.equal(outcome.stdout, `${marker}\n`, `[${what}] after the replacement: ${outcome.error}`);
+  const runs = await dockerCli([
+    "exec",
+    "-u",
+    "0",
+    containers.runner,
+    "/bin/sh",
+    "-c",
+    `cat /tmp/runs-${tag}`,
+  ]);
+  assert.equal(runs.stdout, "ran\n", `[${what}] the command ran more than once`);
 }
 
 /** A sandbox of tenant a of its own, for an attack that ruins it; killed after. */
@@ -494,7 +556,7 @@ podBothWays(
 // The queue attacks of the hostile suites (`_runner_attacks.ts`), against the agent.
 
 podBothWays(
-  "outbound.db's header overwritten (DAMAGE_SCRIPT): the agent is unharmed and A's calls end in one clear line",
+  "outbound.db's header overwritten (DAMAGE_SCRIPT): the agent is unharmed, A's call ends in one line and its pod is replaced",
   async (stage, attacker) => {
     if (attacker.kind === "command") {
       assertRefused("DAMAGE_SCRIPT", await attacker.deno(stage.a.runner, DAMAGE_SCRIPT));
@@ -505,13 +567,9 @@ podBothWays(
       const out = await whileBServes(stage.b, "damage", attacker.deno(pod.runner, DAMAGE_SCRIPT));
       assert.equal(out.code, 0, out.stderr);
       assert.equal(out.stdout.trim(), "damaged");
-      // FINDING (see the report): the agent cannot replace outbound/ (an
-      // emptyDir mount) nor restart the runner container, and the runner
-      // (pid 1, which nothing in its container can stop) never meets the
-      // damage while the agent submits nothing: each call waits out the
-      // agent's ready timeout and fails. Contained, not recovered.
-      const ran = await assertVictims(stage, pod, "damage");
-      log(`[damage] the attacked sandbox ${ran ? "recovered" : "does not recover"}`);
+      // The agent can neither set outbound/ aside (an emptyDir mount) nor
+      // restart the runner: it says so, and the server replaces the pod.
+      await assertReplaced(stage, pod, "damage");
     });
   },
 );
@@ -562,7 +620,7 @@ podBothWays(
 );
 
 podBothWays(
-  "outbound.db grown past 140 MB (GROW_OUTBOUND_SCRIPT): the agent's memory stays bounded and A's calls end in one clear line",
+  "outbound.db grown past 140 MB (GROW_OUTBOUND_SCRIPT): the agent's memory stays bounded and A's pod is replaced",
   async (stage, attacker) => {
     if (attacker.kind === "command") {
       assertRefused(
@@ -582,10 +640,8 @@ podBothWays(
       const { bytes } = JSON.parse(out.stdout) as { bytes: number };
       log(`[grow] outbound.db ${(bytes / MiB).toFixed(0)} MiB`);
       assert.ok(bytes > 140e6);
-      // FINDING (see the report): refused as damaged (over the size the
-      // agent will copy), which the agent cannot undo in a pod.
-      const ran = await assertVictims(stage, pod, "grow");
-      log(`[grow] the attacked sandbox ${ran ? "recovered" : "does not recover"}`);
+      // Refused as damaged (over the size the agent will copy): the pod is replaced.
+      await assertReplaced(stage, pod, "grow");
     });
   },
 );
@@ -683,7 +739,7 @@ podBothWays(
 );
 
 podBothWays(
-  "outbound.db replaced by a FIFO (FIFO_SCRIPT): the agent never blocks on it, and A's calls end in one clear line",
+  "outbound.db replaced by a FIFO (FIFO_SCRIPT): the agent never blocks on it, and A's pod is replaced",
   async (stage, attacker) => {
     if (attacker.kind === "command") {
       assertRefused("FIFO_SCRIPT", await attacker.deno(stage.a.runner, FIFO_SCRIPT));
@@ -695,10 +751,8 @@ podBothWays(
       assert.equal(out.code, 0, out.stderr);
       const kind = await attacker.sh(pod.runner, "stat -c %F /queue/outbound/outbound.db");
       assert.equal(kind.stdout.trim(), "fifo");
-      // FINDING (see the report): like DAMAGE_SCRIPT, a runner-side file the
-      // agent refuses and cannot set aside in a pod.
-      const ran = await whileBServes(stage.b, "fifo", assertVictims(stage, pod, "fifo"));
-      log(`[fifo] the attacked sandbox ${ran ? "recovered" : "does not recover"}`);
+      // Like DAMAGE_SCRIPT: refused, never blocked on, and the pod replaced.
+      await whileBServes(stage.b, "fifo", assertReplaced(stage, pod, "fifo"));
     });
   },
 );

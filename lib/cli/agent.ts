@@ -98,6 +98,7 @@ export async function agentCommand(args: string[], io: CliIo): Promise<number> {
       maxBodyBytes: numberFlag(parsed, "max-body-bytes", { integer: true }) ?? 64 * 1024 * 1024,
       maxStreams: numberFlag(parsed, "max-streams", { integer: true, max: 65536 }) ?? 64,
       signal: stop.signal,
+      damaged: () => sandbox.damaged(),
     });
     await io.stderr(
       `waffle agent: sandbox '${id}' on ${agent.address.hostname}:${agent.address.port}\n`,

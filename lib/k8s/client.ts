@@ -235,6 +235,23 @@ export class KubeApi {
   }
 
   /**
+   * Deletes a Pod (a Sandbox's: agent-sandbox makes it again, on the same claims).
+   *
+   * @param namespace Its namespace.
+   * @param name Its name.
+   * @returns False when there was none.
+   */
+  async deletePod(namespace: string, name: string): Promise<boolean> {
+    const deleted = await absentOn404(() =>
+      call(
+        `delete Pod '${namespace}/${name}'`,
+        () => this.#core.deleteNamespacedPod({ namespace, name, gracePeriodSeconds: 0 }),
+      )
+    );
+    return deleted !== undefined;
+  }
+
+  /**
    * Creates a Secret.
    *
    * @param namespace Its namespace.

@@ -130,6 +130,8 @@ function serverRbac(system: string): KubeObject[] {
           verbs: ["get", "list", "watch", "create", "patch", "delete"],
         },
         { apiGroups: [""], resources: ["secrets"], verbs: ["get", "create", "delete"] },
+        // A pod whose queue a broken-into runner damaged is replaced (its claims kept).
+        { apiGroups: [""], resources: ["pods"], verbs: ["delete"] },
         { apiGroups: [""], resources: ["namespaces"], verbs: ["get"] },
       ],
     },

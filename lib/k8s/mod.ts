@@ -23,6 +23,7 @@ export {
 } from "./names.ts";
 export {
   AGENT_PORT,
+  AGENT_RECYCLE_HEADER,
   AGENT_SECRETS_DIR,
   AGENT_TOKEN_HEADER,
   K8S_ANNOTATIONS,

@@ -20,6 +20,13 @@ import { type FilesTarget, type SandboxFiles, sandboxFiles } from "../files/mod.
 export interface PodSandbox extends FilesTarget, SandboxProcesses {
   /** Files in and out of it. */
   readonly files: SandboxFiles;
+  /**
+   * Why the queue cannot be served in this pod, as a call found it (a
+   * runner-side file damaged, oversized or not a file: only a broken-into
+   * runner makes one), or undefined. The agent cannot set `outbound/` aside (an emptyDir mount) nor
+   * restart the runner: it says so, and the server replaces the pod.
+   */
+  damaged(): string | undefined;
 }
 
 /** Options of {@linkcode openPodSandbox}. */
@@ -56,12 +63,19 @@ export function openPodSandbox(options: PodSandboxOptions): PodSandbox {
     ...(options.pollMs === undefined ? {} : { pollMs: options.pollMs }),
   });
   const readyTimeoutMs = options.readyTimeoutMs ?? 60_000;
+  // What the last ensure found damaged: it lasts as long as this pod.
+  let damage: string | undefined;
   const ensure = async (trouble?: RunnerTrouble): Promise<void | false> => {
     // The kubelet restarts a runner that exited; the agent only waits for it.
     const deadline = Date.now() + readyTimeoutMs;
     let judged = queue.liveness();
     if (trouble !== undefined && trouble !== "none" && judged.state === "alive") return false;
     while (judged.state !== "alive") {
+      // Nothing in the pod heals it: refused at once, never waited out.
+      if (judged.state === "damaged") {
+        damage = judged.detail;
+        throw damagedError(judged.detail);
+      }
       if (Date.now() >= deadline) {
         throw new RunnerError(
           `The runner container does not serve the queue after ${readyTimeoutMs} ms: ${judged.detail}`,
@@ -83,5 +97,11 @@ export function openPodSandbox(options: PodSandboxOptions): PodSandbox {
     close: () => queue.close(),
   };
   const sandbox = Object.assign(backend, processesOf(backend));
-  return Object.assign(sandbox, { files: sandboxFiles(sandbox) });
+  return Object.assign(sandbox, { files: sandboxFiles(sandbox), damaged: () => damage });
+}
+
+function damagedError(detail: string): RunnerError {
+  return new RunnerError(
+    `The sandbox's queue cannot be served in this pod (${detail}): its pod is being replaced, call again in a few seconds`,
+  );
 }

@@ -43,6 +43,11 @@ export const SANDBOX_KIND = "Sandbox";
 export const AGENT_PORT = 49983;
 /** The header carrying the per-sandbox agent token on every request to the agent. */
 export const AGENT_TOKEN_HEADER = "x-waffle-agent-token";
+/**
+ * The header on an agent's answer when its pod cannot serve the queue any
+ * more (a damaged runner-side file): the server then replaces the pod.
+ */
+export const AGENT_RECYCLE_HEADER = "x-waffle-recycle";
 /** The value of {@linkcode K8S_LABELS}.managedBy on everything waffle makes. */
 export const MANAGED_BY = "waffle";
 

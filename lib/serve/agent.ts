@@ -15,7 +15,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
-import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
+import { AGENT_RECYCLE_HEADER, AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import type { EnvdSandbox } from "./envd_context.ts";
 import { error } from "./envd_http.ts";
 import { answerEnvd } from "./envd_answer.ts";
@@ -48,6 +48,8 @@ export interface AgentOptions {
   connectionLimits?: Partial<HttpLimits> | undefined;
   /** Stops the agent. */
   signal?: AbortSignal;
+  /** Why this pod cannot serve the queue any more (see `PodSandbox.damaged`), or undefined. */
+  damaged?: () => string | undefined;
 }
 
 /** A running agent. */
@@ -111,7 +113,13 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
         `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`,
       );
     }
-    return await answerEnvd(request, endpoint);
+    const answered = await answerEnvd(request, endpoint);
+    const damage = options.damaged?.();
+    if (damage === undefined) return answered;
+    // The server replaces a pod that says so (its claims kept).
+    const headers = new Headers(answered.headers);
+    headers.set(AGENT_RECYCLE_HEADER, damage.replaceAll(/[\r\n]+/g, " ").slice(0, 300));
+    return new Response(answered.body, { status: answered.status, headers });
   }, {
     hostname: options.hostname,
     port: options.port,

@@ -16,7 +16,7 @@ import {
   endStreamToJson,
   errorToJson,
 } from "@connectrpc/connect/protocol-connect";
-import { AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
+import { AGENT_RECYCLE_HEADER, AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import { error } from "./envd_http.ts";
 import type { KubeSandboxes } from "./kube_sandboxes.ts";
 import { pausedMessage } from "./sandboxes.ts";
@@ -47,6 +47,26 @@ export class KubeEnvd {
   /** @param sandboxes The server's sandboxes on Kubernetes. */
   constructor(sandboxes: KubeSandboxes) {
     this.#sandboxes = sandboxes;
+  }
+
+  // The answer that says the pod cannot serve reaches its client whole; then
+  // (or after 5 s, whatever the client does) the pod is replaced.
+  #thenRecycle(
+    body: ReadableStream<Uint8Array> | null,
+    record: SandboxRecord,
+    why: string,
+  ): ReadableStream<Uint8Array> | null {
+    const recycle = (): void => void this.#sandboxes.recycle(record, why).catch(() => false);
+    const fallback = setTimeout(recycle, 5000);
+    const done = (): void => {
+      clearTimeout(fallback);
+      recycle();
+    };
+    if (body === null) {
+      done();
+      return null;
+    }
+    return body.pipeThrough(new TransformStream({ flush: done }));
   }
 
   /** Nothing to take over: each agent keeps its own processes. */
@@ -92,6 +112,14 @@ export class KubeEnvd {
       const out = new Headers();
       for (const [name, value] of answered.headers) {
         if (!HOP_HEADERS.has(name.toLowerCase())) out.set(name, value);
+      }
+      const damage = answered.headers.get(AGENT_RECYCLE_HEADER);
+      if (damage !== null) {
+        out.delete(AGENT_RECYCLE_HEADER);
+        return new Response(this.#thenRecycle(answered.body, record, damage), {
+          status: answered.status,
+          headers: out,
+        });
       }
       return new Response(answered.body, { status: answered.status, headers: out });
     } catch (cause) {

@@ -99,6 +99,9 @@ export class KubeSandboxes implements SandboxFleet {
   // counted against their tenant's limit.
   readonly #creating = new Map<string, string>();
   readonly #removing = new SingleFlight<string, boolean>();
+  readonly #recycling = new SingleFlight<string, boolean>();
+  // When each sandbox's pod was last replaced.
+  readonly #recycled = new Map<string, number>();
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
   #stopWatch: (() => void) | undefined;
@@ -242,6 +245,7 @@ export class KubeSandboxes implements SandboxFleet {
 
   #forget(id: string): void {
     this.#known.delete(id);
+    this.#recycled.delete(id);
     this.#killed.get(id)?.abort(new UsageError(`Sandbox '${id}' was killed`));
     this.#killed.delete(id);
     for (const wake of this.#changed) wake();
@@ -395,6 +399,34 @@ export class KubeSandboxes implements SandboxFleet {
       agentToken: known.secrets.agentToken,
       killed: killed.signal,
     };
+  }
+
+  /**
+   * Replaces a sandbox's pod whose agent says its queue cannot be served
+   * there (a runner-side file a broken-into runner damaged: the agent can
+   * neither set it aside nor restart the runner). agent-sandbox makes the pod
+   * again on the same claims, so the workspace stays; its processes end. At
+   * most once a minute per sandbox; concurrent asks share one.
+   *
+   * @param record The sandbox.
+   * @param why What its agent said.
+   * @returns True when the pod was deleted now.
+   */
+  recycle(record: SandboxRecord, why: string): Promise<boolean> {
+    return this.#recycling.run(record.id, async () => {
+      const known = this.#known.get(record.id);
+      const last = this.#recycled.get(record.id) ?? -Infinity;
+      if (known === undefined || Date.now() - last < 60_000) return false;
+      this.#recycled.set(record.id, Date.now());
+      this.#options.onEvent?.(`replacing the pod of sandbox '${record.id}': ${why}`);
+      this.#killed.get(record.id)?.abort(
+        new UsageError(`Sandbox '${record.id}' is being replaced`),
+      );
+      this.#killed.delete(record.id);
+      // Not ready until the watch shows the new pod.
+      known.stored = { ...known.stored, ready: false, podIP: undefined };
+      return await this.#options.api.deletePod(known.stored.namespace, known.stored.name);
+    });
   }
 
   /** Forks are not available on Kubernetes (CSI volume clones are on paper). */
