@@ -553,7 +553,7 @@ Deno.test("loadWaffleConfig() names the file, key and value of every bad egress 
     [
       `[egres]\n`,
       "egres",
-      /is not a known key \(expected one of: .*users, secrets, egress, serve, templates\)/,
+      /is not a known key \(expected one of: .*users, secrets, egress, serve, templates, backend\)/,
     ],
   ];
   for (const [toml, key, detail] of cases) {
