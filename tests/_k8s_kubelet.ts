@@ -159,6 +159,17 @@ export class Kubelet {
           SecurityOpt: ["no-new-privileges"],
           Memory: 16 * 2 ** 20,
           PidsLimit: 8,
+          // A Memory emptyDir is one tmpfs for the pod's life: Docker
+          // unmounts a tmpfs volume no running container holds (an init
+          // container's writes would be lost), so the holder holds each.
+          Mounts: [...volumes.entries()].flatMap(([name, volume]) =>
+            volume.dockerVolume === undefined ? [] : [{
+              Type: "volume" as const,
+              Source: volume.dockerVolume,
+              Target: `/standin-volumes/${name}`,
+              ReadOnly: true,
+            }]
+          ),
         },
       });
       await this.#docker().startContainer(pod.holder);

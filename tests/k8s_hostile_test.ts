@@ -463,6 +463,25 @@ podBothWays(
 );
 
 podBothWays(
+  "the runner's scratch is its own and /tmp is sticky, as a Docker sandbox's tmpfs mounts are (an emptyDir comes 0777)",
+  async (stage, attacker) => {
+    const out = await attacker.sh(
+      stage.a.runner,
+      `stat -c '%a %U' /run/waffle /tmp; touch /run/waffle/planted 2>&1 && echo planted; echo end`,
+    );
+    const [scratch, tmp, ...rest] = out.stdout.trim().split("\n");
+    assert.equal(scratch, "700 root");
+    assert.equal(tmp, "1777 root");
+    if (attacker.kind === "command") {
+      assert.match(rest.join("\n"), /Permission denied/);
+      assert.ok(!rest.includes("planted"), "a command wrote into the runner's scratch");
+    }
+    await attacker.sh(stage.a.runner, "rm -f /run/waffle/planted");
+    await assertVictims(stage, stage.a, "scratch");
+  },
+);
+
+podBothWays(
   "the agent's processes are not visible from the runner container (no shared pid namespace)",
   async (stage, attacker) => {
     const out = await attacker.sh(

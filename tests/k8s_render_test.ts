@@ -308,13 +308,17 @@ Deno.test("sandboxObject() carries the container's posture into the pod", () => 
   const secrets = pod.volumes.find((v: Json) => v.name === "waffle-secrets");
   assert.deepEqual(secrets.secret, { secretName: `wfl-${ID}-waffle`, defaultMode: 0o400 });
   const kit = containerOf(sandbox, "waffle-kit");
-  assert.deepEqual(kit.command.slice(-6), [
+  assert.deepEqual(kit.command.slice(-10), [
     "k8s",
     "kit",
     "--to",
     "/kit",
     "--workspace",
     "/workspace",
+    "--mode",
+    "/run/waffle=700",
+    "--mode",
+    "/tmp=1777",
   ]);
   // Only to give a fresh claim's root to the commands' uid.
   assert.deepEqual(kit.securityContext.capabilities, { drop: ["ALL"], add: ["CHOWN"] });

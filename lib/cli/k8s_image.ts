@@ -28,12 +28,13 @@ Options:
 `;
 
 /** Help text of `waffle k8s kit`. */
-export const K8S_KIT_HELP = `Usage: waffle k8s kit --to DIR [--workspace DIR]
+export const K8S_KIT_HELP = `Usage: waffle k8s kit --to DIR [--workspace DIR] [--mode DIR=OCTAL]...
 
 Copies the kit of the waffle image (/opt/waffle/{deno,rt,app,cache,empty})
 into DIR, modes kept, replacing what is there. The pod's init container runs
 it into the volume the runner mounts; users never need to. --workspace gives
-a fresh workspace claim's root (root's) to the commands' uid.
+a fresh workspace claim's root (root's) to the commands' uid; --mode sets a
+directory's mode (an emptyDir comes 0777).
 `;
 
 /**
@@ -79,6 +80,7 @@ export async function k8sKitCommand(args: string[], io: CliIo = processIo()): Pr
   const parsed = parse(args, {
     to: { type: "string" },
     workspace: { type: "string" },
+    mode: { type: "string", multiple: true },
     help: { type: "boolean", short: "h" },
   });
   if (parsed.values.help) {
@@ -94,7 +96,21 @@ export async function k8sKitCommand(args: string[], io: CliIo = processIo()): Pr
   await io.stdout(`copied ${copied.join(", ")} to ${to}\n`);
   const workspace = stringFlag(parsed, "workspace");
   if (workspace !== undefined) await giveWorkspace(workspace);
+  for (const given of (parsed.values.mode ?? []) as string[]) await setMode(given);
   return 0;
+}
+
+// `DIR=MODE` (octal): an emptyDir comes 0777, where a Docker sandbox's
+// tmpfs is the runner's alone (0700) or shared with a sticky bit (1777).
+async function setMode(given: string): Promise<void> {
+  const match = /^(\/[^=\0]*)=([0-7]{3,4})$/.exec(given);
+  if (match === null) {
+    throw new UsageError(`Invalid --mode '${given}': expected DIR=OCTAL, e.g. /tmp=1777`);
+  }
+  const [, dir, mode] = match as unknown as [string, string, string];
+  const info = await Deno.lstat(dir);
+  if (!info.isDirectory) throw new UsageError(`'${dir}' is not a directory`);
+  await Deno.chmod(dir, parseInt(mode, 8));
 }
 
 // A fresh claim's root is root's: the commands' uid must own it, as a

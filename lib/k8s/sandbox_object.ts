@@ -273,7 +273,21 @@ function kitContainer(input: SandboxObjectInput): Record<string, unknown> {
   return {
     name: "waffle-kit",
     image: input.waffleImage,
-    command: [...SANDBOX_ARTEFACT_ARGV, "k8s", "kit", "--to", KIT_DIR, "--workspace", "/workspace"],
+    command: [
+      ...SANDBOX_ARTEFACT_ARGV,
+      "k8s",
+      "kit",
+      "--to",
+      KIT_DIR,
+      "--workspace",
+      "/workspace",
+      // As a Docker sandbox's tmpfs mounts are: the runner's scratch its
+      // own, /tmp shared with a sticky bit.
+      "--mode",
+      `${RUNNER_DIR}=700`,
+      "--mode",
+      "/tmp=1777",
+    ],
     securityContext: {
       ...ownSecurityContext(),
       // Only to give a fresh claim's root to the commands' uid.
@@ -286,6 +300,8 @@ function kitContainer(input: SandboxObjectInput): Record<string, unknown> {
     volumeMounts: [
       { name: "waffle-kit", mountPath: KIT_DIR },
       { name: WORKSPACE_VOLUME, mountPath: "/workspace" },
+      { name: "waffle-run", mountPath: RUNNER_DIR },
+      { name: "waffle-tmp", mountPath: "/tmp" },
     ],
   };
 }
