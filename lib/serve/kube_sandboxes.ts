@@ -195,7 +195,12 @@ export class KubeSandboxes implements SandboxFleet {
   async #apply(event: WatchEvent): Promise<void> {
     if (event.type === "DELETED") {
       const id = idOf(event.object);
-      if (id !== undefined) this.#forget(id);
+      const known = id === undefined ? undefined : this.#known.get(id)?.stored;
+      const meta = event.object.metadata as { namespace?: unknown; name?: unknown } | undefined;
+      // Only the object that holds the id: another claiming it goes unnoticed.
+      if (known !== undefined && known.namespace === meta?.namespace && known.name === meta?.name) {
+        this.#forget(known.id);
+      }
       return;
     }
     await this.#learn(event.object);
@@ -211,6 +216,11 @@ export class KubeSandboxes implements SandboxFleet {
       this.#options.onEvent?.(`skipped a Sandbox: ${messageOf(error)}`);
       return undefined;
     }
+    const problem = this.#foreign(stored);
+    if (problem !== undefined) {
+      this.#options.onEvent?.(`skipped Sandbox '${stored.namespace}/${stored.name}': ${problem}`);
+      return undefined;
+    }
     let secrets = this.#known.get(stored.id)?.secrets;
     if (secrets === undefined) {
       try {
@@ -224,6 +234,24 @@ export class KubeSandboxes implements SandboxFleet {
     this.#known.set(stored.id, { stored, secrets });
     for (const wake of this.#changed) wake();
     return stored.id;
+  }
+
+  // Only this server makes these objects, but whoever may write one
+  // namespace's Sandboxes could make one: an object speaks for a tenant only
+  // in that tenant's namespace, and an id is one object's (another claiming
+  // it would be sent that sandbox's traffic, its access token included).
+  #foreign(stored: StoredSandbox): string | undefined {
+    const own = tenantNamespace(stored.tenant, this.#options.settings.namespacePrefix);
+    if (stored.namespace !== own) {
+      return `it claims tenant '${stored.tenant.slice(0, 80)}', whose namespace is '${own}'`;
+    }
+    const first = this.#known.get(stored.id)?.stored;
+    if (
+      first !== undefined && (first.namespace !== stored.namespace || first.name !== stored.name)
+    ) {
+      return `its id '${stored.id}' is already '${first.namespace}/${first.name}'`;
+    }
+    return undefined;
   }
 
   async #readSecrets(stored: StoredSandbox): Promise<Secrets | undefined> {
