@@ -336,6 +336,198 @@ baseTest(
   { sanitize: false },
 );
 
+// An object as whoever may write a namespace's Sandboxes could make it:
+// waffle's labels and annotations, its own Secret and pod.
+function hostile(
+  id: string,
+  namespace: string,
+  tenant: string,
+  options: {
+    annotations?: Record<string, string>;
+    pod?: KubeObject;
+    secretName?: string;
+    name?: string;
+  } = {},
+): KubeObject {
+  const name = options.name ?? `wfl-${id}`;
+  const annotations = {
+    [K8S_ANNOTATIONS.tenant]: tenant,
+    [K8S_ANNOTATIONS.keyId]: "k_evil",
+    [K8S_ANNOTATIONS.template]: "base",
+    [K8S_ANNOTATIONS.image]: "waffle-base:bookworm",
+    [K8S_ANNOTATIONS.metadata]: "{}",
+    [K8S_ANNOTATIONS.startedAt]: String(Date.now()),
+    [K8S_ANNOTATIONS.endAt]: String(Date.now() + 600_000),
+    [K8S_ANNOTATIONS.secret]: options.secretName ?? `${name}-waffle`,
+    [K8S_ANNOTATIONS.claim]: `workspace-${name}`,
+    ...options.annotations,
+  };
+  return {
+    apiVersion: "agents.x-k8s.io/v1beta1",
+    kind: "Sandbox",
+    metadata: {
+      name,
+      namespace,
+      labels: {
+        "app.kubernetes.io/managed-by": "waffle",
+        "app.kubernetes.io/component": "sandbox",
+        "waffle.dev/id": id,
+        "waffle.dev/tenant": tenant,
+      },
+      annotations,
+    },
+    spec: options.pod === undefined
+      ? {
+        operatingMode: "Suspended",
+        podTemplate: {
+          spec: { containers: [{ name: "idle", image: "waffle-runner:latest" }] },
+        },
+      }
+      : { operatingMode: "Running", podTemplate: { spec: options.pod } },
+  };
+}
+
+function secretOf(name: string, namespace: string, data: Record<string, string>): KubeObject {
+  return { apiVersion: "v1", kind: "Secret", metadata: { name, namespace }, stringData: data };
+}
+
+const EVIL_TOKENS = {
+  [SECRET_KEYS.accessToken]: "e".repeat(43),
+  [SECRET_KEYS.agentToken]: "f".repeat(43),
+  [SECRET_KEYS.envVars]: "{}",
+};
+
+// A pod that listens on the agent's port and records what it is sent.
+const LISTENER_POD = {
+  restartPolicy: "Always",
+  containers: [{
+    name: "impostor",
+    image: "waffle-base:bookworm",
+    command: [
+      "python3",
+      "-c",
+      IMPOSTOR.replace("end = time.time() + 20", "end = time.time() + 600"),
+    ],
+  }],
+};
+
+baseTest(
+  "kube informer: hostile Sandbox objects (another tenant's claim, a taken id, a bad Secret, huge annotations) are skipped, never served",
+  async (docker) => {
+    const served = await serveForFile({ captureStderr: true });
+    const standIn = served.kube!.standIn;
+    try {
+      const a = await Sandbox.create("base", { ...sdk(served, served.keys.a), timeoutMs: 180_000 });
+      await a.files.write("/home/user/marker.txt", "a's own");
+      // Tenant b's namespace holds an object claiming tenant a and a's sandbox id,
+      // with a running pod that listens where a's agent would.
+      standIn.objects.create(
+        SECRETS,
+        "waffle-b",
+        secretOf(`wfl-${a.sandboxId}-waffle`, "waffle-b", EVIL_TOKENS),
+      );
+      standIn.objects.create(
+        SANDBOXES,
+        "waffle-b",
+        hostile(a.sandboxId, "waffle-b", "a", { pod: LISTENER_POD }),
+      );
+      // Another claiming tenant a with an id of its own; one in a's namespace
+      // with a Secret lacking the agent token; one with 1 MB of metadata.
+      const fresh = (c: string) => `x${c.repeat(19)}`;
+      standIn.objects.create(
+        SECRETS,
+        "waffle-b",
+        secretOf(`wfl-${fresh("1")}-waffle`, "waffle-b", EVIL_TOKENS),
+      );
+      standIn.objects.create(SANDBOXES, "waffle-b", hostile(fresh("1"), "waffle-b", "a"));
+      const { [SECRET_KEYS.agentToken]: _, ...lacking } = EVIL_TOKENS;
+      standIn.objects.create(
+        SECRETS,
+        "waffle-a",
+        secretOf(`wfl-${fresh("2")}-waffle`, "waffle-a", lacking),
+      );
+      standIn.objects.create(SANDBOXES, "waffle-a", hostile(fresh("2"), "waffle-a", "a"));
+      standIn.objects.create(
+        SECRETS,
+        "waffle-a",
+        secretOf(`wfl-${fresh("3")}-waffle`, "waffle-a", EVIL_TOKENS),
+      );
+      standIn.objects.create(
+        SANDBOXES,
+        "waffle-a",
+        hostile(fresh("3"), "waffle-a", "a", {
+          annotations: { [K8S_ANNOTATIONS.metadata]: JSON.stringify({ big: "m".repeat(1 << 20) }) },
+        }),
+      );
+      // In a's own namespace, another object under another name claiming a's id.
+      standIn.objects.create(
+        SANDBOXES,
+        "waffle-a",
+        hostile(a.sandboxId, "waffle-a", "a", {
+          name: "wfl-twin",
+          secretName: `wfl-${fresh("3")}-waffle`,
+        }),
+      );
+      await standIn.settled();
+      const listener = standIn.podContainers("waffle-b", `wfl-${a.sandboxId}`)!.impostor!;
+      // The server has seen them all by the time it lists what it learnt later.
+      let listed: string[] = [];
+      for (let i = 0; i < 100 && !listed.includes(fresh("3")); i++) {
+        await delay(100);
+        listed = (await Sandbox.list(sdk(served, served.keys.a)).nextItems()).map((s) =>
+          s.sandboxId
+        );
+      }
+      // Tenant a sees its own sandbox and its own (huge) object, nothing of b's claims.
+      assert.deepEqual(listed.sort(), [a.sandboxId, fresh("3")].sort());
+      const ofB = (await Sandbox.list(sdk(served, served.keys.b)).nextItems()).map((s) =>
+        s.sandboxId
+      );
+      assert.deepEqual(ofB, []);
+      // a's traffic still goes to a's own pod, and none to the listener.
+      assert.equal((await a.commands.run("cat marker.txt")).stdout, "a's own");
+      const caught = (await sh(docker, listener, "cat /tmp/impostor.caught 2>/dev/null")).out;
+      assert.equal(caught, "", `the listener was sent a's traffic:\n${caught}`);
+      // The taken id's object deleted: a's sandbox is not forgotten.
+      standIn.objects.delete(SANDBOXES, "waffle-b", `wfl-${a.sandboxId}`);
+      await standIn.settled();
+      await delay(500);
+      assert.equal((await a.commands.run("cat marker.txt")).stdout, "a's own");
+      assert.equal((await a.getInfo()).sandboxId, a.sandboxId);
+      // Each skipped once, in one line naming it and why; the server still stands.
+      const said = served.stderr().split("\n").filter((line) => line.includes("skipped"));
+      const about = (name: string) => said.filter((line) => line.includes(name));
+      assert.match(
+        about(`waffle-b/wfl-${a.sandboxId}`).join("\n"),
+        /^waffle serve: skipped Sandbox '.*': it claims tenant 'a', whose namespace is 'waffle-a'$/,
+      );
+      assert.match(
+        about(`waffle-b/wfl-${fresh("1")}`).join("\n"),
+        /^waffle serve: skipped Sandbox '.*': it claims tenant 'a', whose namespace is 'waffle-a'$/,
+      );
+      assert.match(
+        about(`waffle-a/wfl-${fresh("2")}`).join("\n"),
+        /^waffle serve: skipped Sandbox '.*': Secret 'waffle-a\/wfl-x2+-waffle': key 'agent-token' .*$/,
+      );
+      assert.match(
+        about("waffle-a/wfl-twin").join("\n"),
+        new RegExp(
+          `^waffle serve: skipped Sandbox '.*': its id '${a.sandboxId}' is already 'waffle-a/wfl-${a.sandboxId}'$`,
+        ),
+      );
+      assert.deepEqual(about(fresh("3")), []);
+      await a.kill();
+      assert.deepEqual(
+        (await Sandbox.list(sdk(served, served.keys.a)).nextItems()).map((s) => s.sandboxId),
+        [fresh("3")],
+      );
+    } finally {
+      await served.stop();
+    }
+  },
+  { sanitize: false },
+);
+
 baseTest(
   "kubernetes stand-in: stops, leaving no container or network of its own",
   async (docker) => {

@@ -101,6 +101,7 @@ export class KubeSandboxes implements SandboxFleet {
   readonly #removing = new SingleFlight<string, boolean>();
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
+  readonly #said = new Set<string>();
   #stopWatch: (() => void) | undefined;
   #closed = false;
   #reaper: ReturnType<typeof setInterval> | undefined;
@@ -213,12 +214,12 @@ export class KubeSandboxes implements SandboxFleet {
     try {
       stored = readSandboxObject(object);
     } catch (error) {
-      this.#options.onEvent?.(`skipped a Sandbox: ${messageOf(error)}`);
+      this.#skipped(`skipped a Sandbox: ${messageOf(error)}`);
       return undefined;
     }
     const problem = this.#foreign(stored);
     if (problem !== undefined) {
-      this.#options.onEvent?.(`skipped Sandbox '${stored.namespace}/${stored.name}': ${problem}`);
+      this.#skipped(`skipped Sandbox '${stored.namespace}/${stored.name}': ${problem}`);
       return undefined;
     }
     let secrets = this.#known.get(stored.id)?.secrets;
@@ -226,7 +227,7 @@ export class KubeSandboxes implements SandboxFleet {
       try {
         secrets = await this.#readSecrets(stored);
       } catch (error) {
-        this.#options.onEvent?.(`skipped Sandbox '${stored.id}': ${messageOf(error)}`);
+        this.#skipped(`skipped Sandbox '${stored.namespace}/${stored.name}': ${messageOf(error)}`);
         return undefined;
       }
       if (secrets === undefined) return undefined;
@@ -234,6 +235,16 @@ export class KubeSandboxes implements SandboxFleet {
     this.#known.set(stored.id, { stored, secrets });
     for (const wake of this.#changed) wake();
     return stored.id;
+  }
+
+  // Each skip is said once (a skipped object's every status change comes
+  // again), in one line; the memory of them is bounded.
+  #skipped(line: string): void {
+    const said = line.replaceAll(/[\r\n]+/g, " ").slice(0, 500);
+    if (this.#said.has(said)) return;
+    if (this.#said.size >= 1024) this.#said.clear();
+    this.#said.add(said);
+    this.#options.onEvent?.(said);
   }
 
   // Only this server makes these objects, but whoever may write one
@@ -257,11 +268,25 @@ export class KubeSandboxes implements SandboxFleet {
   async #readSecrets(stored: StoredSandbox): Promise<Secrets | undefined> {
     const data = await this.#options.api.getSecret(stored.namespace, stored.secretName);
     if (data === undefined) return undefined;
-    const parsed = secretsSchema.parse(data);
+    const where = `Secret '${stored.namespace}/${stored.secretName}'`;
+    const parsed = z.safeParse(secretsSchema, data);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0]!;
+      throw new WaffleError(`${where}: key '${issue.path.join(".")}' ${issue.message}`);
+    }
+    let envVars;
+    try {
+      envVars = envVarsSchema.parse(JSON.parse(parsed.data[SECRET_KEYS.envVars]));
+    } catch (cause) {
+      throw new WaffleError(
+        `${where}: key '${SECRET_KEYS.envVars}' is not a JSON object of strings`,
+        { cause },
+      );
+    }
     return {
-      accessToken: parsed[SECRET_KEYS.accessToken],
-      agentToken: parsed[SECRET_KEYS.agentToken],
-      envVars: envVarsSchema.parse(JSON.parse(parsed[SECRET_KEYS.envVars])),
+      accessToken: parsed.data[SECRET_KEYS.accessToken],
+      agentToken: parsed.data[SECRET_KEYS.agentToken],
+      envVars,
     };
   }
 
