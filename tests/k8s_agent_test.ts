@@ -11,7 +11,12 @@ import assert from "node:assert/strict";
 import { openPodSandbox } from "../lib/k8s/pod_sandbox.ts";
 import { AGENT_TOKEN_HEADER } from "../lib/k8s/sandbox_object.ts";
 import { startAgent } from "../lib/serve/agent.ts";
-import { AGENT_PROOF_WINDOW_MS, proveRequest, provesAgent } from "../lib/serve/agent_proof.ts";
+import {
+  AGENT_PROOF_WINDOW_MS,
+  type AgentProof,
+  proveRequest,
+  provesAgent,
+} from "../lib/serve/agent_proof.ts";
 import { openServeDb } from "../lib/serve/db.ts";
 import { loadWaffleConfig } from "../lib/config/config.ts";
 import { runCliProcess } from "./_helpers.ts";
@@ -86,7 +91,11 @@ Deno.test("agent: every path, /health included, is refused without the agent tok
 });
 
 // A proof of the agent token for one request to the agent of sandbox `abc`.
-function proof(method: string, target: string, options: { now?: number; id?: string } = {}) {
+function proof(
+  method: string,
+  target: string,
+  options: { now?: number; id?: string } = {},
+): AgentProof {
   return proveRequest(AGENT_TOKEN, { id: options.id ?? "abc", method, target }, options);
 }
 

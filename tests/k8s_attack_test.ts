@@ -92,7 +92,11 @@ async function sh(
 }
 
 // As a command of the sandbox runs (uid 10001, the runner's own helper).
-function asCommand(docker: DockerClient, runner: string, line: string) {
+function asCommand(
+  docker: DockerClient,
+  runner: string,
+  line: string,
+): Promise<{ code: number; out: string }> {
   return sh(docker, runner, `/opt/waffle/rt/spawn 10001 10001 /bin/sh -c '${line}'`);
 }
 
@@ -478,16 +482,17 @@ baseTest(
           s.sandboxId
         );
       }
+      // a's traffic still goes to a's own pod, and none to the listener.
+      const ran = await a.commands.run("cat marker.txt").then((r) => r.stdout, String);
+      const caught = (await sh(docker, listener, "cat /tmp/impostor.caught 2>/dev/null")).out;
+      assert.equal(caught, "", `the listener was sent a's traffic:\n${caught}`);
+      assert.equal(ran, "a's own");
       // Tenant a sees its own sandbox and its own (huge) object, nothing of b's claims.
       assert.deepEqual(listed.sort(), [a.sandboxId, fresh("3")].sort());
       const ofB = (await Sandbox.list(sdk(served, served.keys.b)).nextItems()).map((s) =>
         s.sandboxId
       );
       assert.deepEqual(ofB, []);
-      // a's traffic still goes to a's own pod, and none to the listener.
-      assert.equal((await a.commands.run("cat marker.txt")).stdout, "a's own");
-      const caught = (await sh(docker, listener, "cat /tmp/impostor.caught 2>/dev/null")).out;
-      assert.equal(caught, "", `the listener was sent a's traffic:\n${caught}`);
       // The taken id's object deleted: a's sandbox is not forgotten.
       standIn.objects.delete(SANDBOXES, "waffle-b", `wfl-${a.sandboxId}`);
       await standIn.settled();
