@@ -2,9 +2,9 @@
  * envd for a server on Kubernetes: each request for a sandbox is passed to
  * its pod's agent (`waffle agent`), streamed both ways, with a proof of the
  * agent token added (never the token: `agent_proof.ts`), and the agent's
- * answer passed on only when it proves the token too. The agent checks the sandbox's access token itself, as envd would,
- * so the server adds no authority a caller lacks. A removed or paused
- * sandbox's streams are cut.
+ * answer passed on only when it proves the token too. The agent checks the
+ * sandbox's access token itself, as envd would, so the server adds no
+ * authority a caller lacks. A removed or paused sandbox's streams are cut.
  *
  * @module
  */
