@@ -74,10 +74,14 @@ export interface Served {
   leftovers(): Promise<string[]>;
   /** The stand-in, when the server's sandboxes are on Kubernetes. */
   kube?: KubeRig | undefined;
+  /** What the server (each process on this home) wrote to stderr so far, with `captureStderr`; else "". */
+  stderr(): string;
 }
 
 /** Starts `waffle serve` on 127.0.0.1:0 in a fresh home, with keys of tenants `a` and `b`. */
-export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Promise<Served> {
+export async function serve(
+  options: { toml?: string; kube?: KubeRig; captureStderr?: boolean } = {},
+): Promise<Served> {
   const home = await Deno.realPath(await Deno.makeTempDir({ prefix: "waffle-serve-" }));
   const toml = `${options.toml ?? ""}\n${options.kube?.backendToml ?? ""}`;
   await Deno.writeTextFile(`${home}/waffle.toml`, toml);
@@ -88,13 +92,15 @@ export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Pr
     return made.stdout.trim();
   };
   const keys = { a: await key("a"), b: await key("b") };
-  let { child, url } = await startServe(env);
+  const logs = { text: "", capture: options.captureStderr === true };
+  let { child, url, drained } = await startServe(env, logs);
   // Ends the server with the signal and starts another on the same home.
   const again = async (signal: "SIGKILL" | "SIGTERM"): Promise<void> => {
     child.kill(signal);
     await child.status;
     await child.stdout.cancel().catch(() => {});
-    ({ child, url } = await startServe(env));
+    await drained;
+    ({ child, url, drained } = await startServe(env, logs));
     served.url = url;
     served.pid = child.pid;
   };
@@ -108,6 +114,7 @@ export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Pr
     return (JSON.parse(listed.stdout).sandboxes as { user: string }[]).map((row) => row.user);
   };
   const served: Served = {
+    stderr: () => logs.text,
     kube: options.kube,
     leftovers,
     url,
@@ -120,6 +127,7 @@ export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Pr
       child.kill("SIGTERM");
       await child.status;
       await child.stdout.cancel().catch(() => {});
+      await drained;
       if (options.kube !== undefined) {
         // What the server left on the stand-in: deleted as a user would.
         for (const object of options.kube.standIn.objects.list(SANDBOXES, undefined)) {
@@ -149,15 +157,24 @@ export async function serve(options: { toml?: string; kube?: KubeRig } = {}): Pr
 /** Starts `waffle serve --listen 127.0.0.1:0 --json` on a home; its process and URL once listening. */
 async function startServe(
   env: Record<string, string>,
-): Promise<{ child: Deno.ChildProcess; url: string }> {
+  logs: { text: string; capture: boolean },
+): Promise<{ child: Deno.ChildProcess; url: string; drained: Promise<void> }> {
   const self = selfCommand();
   const child = new Deno.Command(self.executable, {
     args: [...self.prefix, "serve", "--listen", "127.0.0.1:0", "--json"],
     env: { ...env, PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin" },
     stdin: "null",
     stdout: "piped",
-    stderr: "inherit",
+    stderr: logs.capture ? "piped" : "inherit",
   }).spawn();
+  // Kept for the test, and shown as it comes.
+  const drained = (async () => {
+    if (!logs.capture) return;
+    for await (const chunk of child.stderr) {
+      logs.text += new TextDecoder().decode(chunk);
+      await Deno.stderr.write(chunk);
+    }
+  })().catch(() => {});
   const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
   let text = "";
   while (!text.includes("\n")) {
@@ -166,7 +183,11 @@ async function startServe(
     text += next.value;
   }
   reader.releaseLock();
-  return { child, url: JSON.parse(text.slice(0, text.indexOf("\n"))).url as string };
+  return {
+    child,
+    url: JSON.parse(text.slice(0, text.indexOf("\n"))).url as string,
+    drained,
+  };
 }
 
 /** One HTTP/1.1 GET with exactly these headers; the response's head and body as text. */
@@ -208,7 +229,7 @@ export function sdk(
  * @returns The server.
  */
 export async function serveForFile(
-  options: { toml?: string; kube?: KubeRig } = {},
+  options: { toml?: string; kube?: KubeRig; captureStderr?: boolean } = {},
 ): Promise<Served> {
   const kube = options.kube ?? await onKubernetes?.rig();
   return await serve({ ...options, ...(kube === undefined ? {} : { kube }) });

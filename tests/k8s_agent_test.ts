@@ -11,6 +11,12 @@ import assert from "node:assert/strict";
 import { openPodSandbox } from "../lib/k8s/pod_sandbox.ts";
 import { AGENT_TOKEN_HEADER } from "../lib/k8s/sandbox_object.ts";
 import { startAgent } from "../lib/serve/agent.ts";
+import {
+  AGENT_PROOF_WINDOW_MS,
+  type AgentProof,
+  proveRequest,
+  provesAgent,
+} from "../lib/serve/agent_proof.ts";
 import { openServeDb } from "../lib/serve/db.ts";
 import { loadWaffleConfig } from "../lib/config/config.ts";
 import { runCliProcess } from "./_helpers.ts";
@@ -65,7 +71,8 @@ const PATHS: [string, string, Record<string, string>][] = [
 Deno.test("agent: every path, /health included, is refused without the agent token or with a wrong one", async () => {
   await withAgent(async (url) => {
     for (const [method, path, headers] of PATHS) {
-      for (const token of [undefined, "a".repeat(31) + "c", "", ACCESS_TOKEN]) {
+      // The token itself is no proof of it: it is never sent.
+      for (const token of [undefined, "a".repeat(31) + "c", "", ACCESS_TOKEN, AGENT_TOKEN]) {
         const response = await fetch(`${url}${path}`, {
           method,
           headers: {
@@ -83,16 +90,27 @@ Deno.test("agent: every path, /health included, is refused without the agent tok
   });
 });
 
-Deno.test("agent: with the agent token, envd still asks for the sandbox's access token", async () => {
+// A proof of the agent token for one request to the agent of sandbox `abc`.
+function proof(
+  method: string,
+  target: string,
+  options: { now?: number; id?: string } = {},
+): AgentProof {
+  return proveRequest(AGENT_TOKEN, { id: options.id ?? "abc", method, target }, options);
+}
+
+Deno.test("agent: with a proof of the agent token, envd still asks for the sandbox's access token", async () => {
   await withAgent(async (url) => {
-    const health = await fetch(`${url}/health`, { headers: { [AGENT_TOKEN_HEADER]: AGENT_TOKEN } });
+    const health = await fetch(`${url}/health`, {
+      headers: { [AGENT_TOKEN_HEADER]: proof("GET", "/health").header },
+    });
     await health.body?.cancel();
     assert.equal(health.status, 204);
     for (const path of ["/process.Process/List", "/filesystem.Filesystem/Stat"]) {
       const response = await fetch(`${url}${path}`, {
         method: "POST",
         headers: {
-          [AGENT_TOKEN_HEADER]: AGENT_TOKEN,
+          [AGENT_TOKEN_HEADER]: proof("POST", path).header,
           "content-type": "application/json",
           "x-access-token": "b".repeat(31) + "c",
         },
@@ -102,10 +120,35 @@ Deno.test("agent: with the agent token, envd still asks for the sandbox's access
       assert.equal((await response.json()).message, "Invalid access token");
     }
     const files = await fetch(`${url}/files?path=x`, {
-      headers: { [AGENT_TOKEN_HEADER]: AGENT_TOKEN },
+      headers: { [AGENT_TOKEN_HEADER]: proof("GET", "/files?path=x").header },
     });
     await files.body?.cancel();
     assert.equal(files.status, 401);
+  });
+});
+
+Deno.test("agent: a proof is spent once, on its own request, while fresh; the answer proves the agent", async () => {
+  await withAgent(async (url) => {
+    const get = async (target: string, header: string) => {
+      const response = await fetch(`${url}${target}`, {
+        headers: { [AGENT_TOKEN_HEADER]: header },
+      });
+      await response.body?.cancel();
+      return response;
+    };
+    const first = proof("GET", "/health");
+    const answered = await get("/health", first.header);
+    assert.equal(answered.status, 204);
+    assert.ok(provesAgent(first, answered.headers.get(AGENT_TOKEN_HEADER)), "the answer proves");
+    assert.ok(!provesAgent(proof("GET", "/health"), answered.headers.get(AGENT_TOKEN_HEADER)));
+    // What an impostor caught cannot be used again, nor elsewhere, nor later.
+    assert.equal((await get("/health", first.header)).status, 401, "replayed");
+    assert.equal((await get("/files?path=x", proof("GET", "/health").header)).status, 401);
+    assert.equal((await get("/health", proof("GET", "/health", { id: "abd" }).header)).status, 401);
+    const stale = proof("GET", "/health", { now: Date.now() - AGENT_PROOF_WINDOW_MS - 60_000 });
+    assert.equal((await get("/health", stale.header)).status, 401, "stale");
+    const refused = await get("/health", first.header);
+    assert.equal(refused.headers.get(AGENT_TOKEN_HEADER), null, "a refusal proves nothing");
   });
 });
 

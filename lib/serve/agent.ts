@@ -6,9 +6,11 @@
  * sandbox's traffic here.
  *
  * The agent shares the pod's network with the runner, so a command can
- * reach its port: every request, loopback included, must carry the agent
- * token the server holds (`x-waffle-agent-token`), and then, as envd asks,
- * the sandbox's access token. Both tokens come from the sandbox's Secret,
+ * reach its port: every request, loopback included, must carry a proof of
+ * the agent token the server holds (`x-waffle-agent-token`, see
+ * `agent_proof.ts`: the token itself is never sent, since a command may
+ * hold the port while the agent is down), and then, as envd asks, the
+ * sandbox's access token. Both tokens come from the sandbox's Secret,
  * mounted into the agent's container only.
  *
  * @module
@@ -18,11 +20,11 @@ import { type HttpLimits, serveHttp } from "../http/mod.ts";
 import { AGENT_RECYCLE_HEADER, AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
 import type { EnvdSandbox } from "./envd_context.ts";
 import { error } from "./envd_http.ts";
+import { AgentProofs } from "./agent_proof.ts";
 import { answerEnvd } from "./envd_answer.ts";
 import { envdServices } from "./envd_rpc.ts";
 import { streamLimiter } from "./limits.ts";
 import { ProcessTable } from "./processes.ts";
-import { sameSecret } from "./secret.ts";
 import { ProcessStore, type SandboxRecord } from "./state.ts";
 import type { ConnectFetchHandler } from "./connect.ts";
 
@@ -101,25 +103,31 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
   };
   // Processes an agent before this one started (a restarted agent container) go on.
   table.restore();
+  const proofs = new AgentProofs(options.agentToken, record.id);
   const server = await serveHttp(async (request) => {
-    const token = request.headers.get(AGENT_TOKEN_HEADER);
-    if (token === null || !sameSecret(token, options.agentToken)) {
-      return error(401, "Invalid agent token");
-    }
+    const url = new URL(request.url);
+    const answer = proofs.accept(request.headers.get(AGENT_TOKEN_HEADER), {
+      method: request.method,
+      target: `${url.pathname}${url.search}`,
+    });
+    if (answer === undefined) return error(401, "Invalid agent token");
     const length = Number(request.headers.get("content-length") ?? 0);
-    if (length > options.maxBodyBytes && new URL(request.url).pathname !== "/files") {
-      return error(
-        413,
-        `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`,
-      );
-    }
-    const answered = await answerEnvd(request, endpoint);
+    const response = length > options.maxBodyBytes && url.pathname !== "/files"
+      ? error(413, `Request body of ${length} bytes is over the limit of ${options.maxBodyBytes}`)
+      : await answerEnvd(request, endpoint);
+    // The server passes on only an answer that proves the token.
+    const headers = new Headers(response.headers);
+    headers.set(AGENT_TOKEN_HEADER, answer);
+    // And replaces a pod that says it cannot serve its queue (its claims kept).
     const damage = options.damaged?.();
-    if (damage === undefined) return answered;
-    // The server replaces a pod that says so (its claims kept).
-    const headers = new Headers(answered.headers);
-    headers.set(AGENT_RECYCLE_HEADER, damage.replaceAll(/[\r\n]+/g, " ").slice(0, 300));
-    return new Response(answered.body, { status: answered.status, headers });
+    if (damage !== undefined) {
+      headers.set(AGENT_RECYCLE_HEADER, damage.replaceAll(/[\r\n]+/g, " ").slice(0, 300));
+    }
+    return new Response(response.body, {
+      status: response.status,
+      statusText: response.statusText,
+      headers,
+    });
   }, {
     hostname: options.hostname,
     port: options.port,

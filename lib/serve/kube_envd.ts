@@ -1,9 +1,10 @@
 /**
  * envd for a server on Kubernetes: each request for a sandbox is passed to
- * its pod's agent (`waffle agent`), streamed both ways, with the agent token
- * added. The agent checks the sandbox's access token itself, as envd would,
- * so the server adds no authority a caller lacks. A removed or paused
- * sandbox's streams are cut.
+ * its pod's agent (`waffle agent`), streamed both ways, with a proof of the
+ * agent token added (never the token: `agent_proof.ts`), and the agent's
+ * answer passed on only when it proves the token too. The agent checks the
+ * sandbox's access token itself, as envd would, so the server adds no
+ * authority a caller lacks. A removed or paused sandbox's streams are cut.
  *
  * @module
  */
@@ -17,6 +18,7 @@ import {
   errorToJson,
 } from "@connectrpc/connect/protocol-connect";
 import { AGENT_RECYCLE_HEADER, AGENT_TOKEN_HEADER } from "../k8s/sandbox_object.ts";
+import { proveRequest, provesAgent } from "./agent_proof.ts";
 import { error } from "./envd_http.ts";
 import type { KubeSandboxes } from "./kube_sandboxes.ts";
 import { pausedMessage } from "./sandboxes.ts";
@@ -97,10 +99,12 @@ export class KubeEnvd {
     if (!/^basic\s/i.test(headers.get("authorization") ?? "basic ")) {
       headers.delete("authorization");
     }
-    headers.set(AGENT_TOKEN_HEADER, route.agentToken);
+    const target = `${url.pathname}${url.search}`;
+    const proof = proveRequest(route.agentToken, { id: record.id, method: request.method, target });
+    headers.set(AGENT_TOKEN_HEADER, proof.header);
     const signal = AbortSignal.any([route.killed, request.signal]);
     try {
-      const answered = await fetch(`http://${route.authority}${url.pathname}${url.search}`, {
+      const answered = await fetch(`http://${route.authority}${target}`, {
         method: request.method,
         headers,
         body: request.body,
@@ -109,6 +113,12 @@ export class KubeEnvd {
         // A request body (an upload) streams as it comes.
         ...(request.body === null ? {} : { duplex: "half" }),
       } as RequestInit);
+      // Whatever holds the pod's port without the token (a command, while
+      // the agent is down) is answered for by nobody.
+      if (!provesAgent(proof, answered.headers.get(AGENT_TOKEN_HEADER))) {
+        await answered.body?.cancel().catch(() => {});
+        return error(502, `Sandbox '${record.id}' did not answer as its agent`);
+      }
       const out = new Headers();
       for (const [name, value] of answered.headers) {
         if (!HOP_HEADERS.has(name.toLowerCase())) out.set(name, value);

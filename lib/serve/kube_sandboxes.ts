@@ -104,6 +104,7 @@ export class KubeSandboxes implements SandboxFleet {
   readonly #recycled = new Map<string, number>();
   readonly #killed = new Map<string, AbortController>();
   readonly #changed = new Set<() => void>();
+  readonly #said = new Set<string>();
   #stopWatch: (() => void) | undefined;
   #applying: Promise<void> = Promise.resolve();
   #closed = false;
@@ -201,7 +202,12 @@ export class KubeSandboxes implements SandboxFleet {
   async #apply(event: WatchEvent): Promise<void> {
     if (event.type === "DELETED") {
       const id = idOf(event.object);
-      if (id !== undefined) this.#forget(id);
+      const known = id === undefined ? undefined : this.#known.get(id)?.stored;
+      const meta = event.object.metadata as { namespace?: unknown; name?: unknown } | undefined;
+      // Only the object that holds the id: another claiming it goes unnoticed.
+      if (known !== undefined && known.namespace === meta?.namespace && known.name === meta?.name) {
+        this.#forget(known.id);
+      }
       return;
     }
     await this.#learn(event.object);
@@ -214,7 +220,12 @@ export class KubeSandboxes implements SandboxFleet {
     try {
       stored = readSandboxObject(object);
     } catch (error) {
-      this.#options.onEvent?.(`skipped a Sandbox: ${messageOf(error)}`);
+      this.#skipped(`skipped a Sandbox: ${messageOf(error)}`);
+      return undefined;
+    }
+    const problem = this.#foreign(stored);
+    if (problem !== undefined) {
+      this.#skipped(`skipped Sandbox '${stored.namespace}/${stored.name}': ${problem}`);
       return undefined;
     }
     let secrets = this.#known.get(stored.id)?.secrets;
@@ -222,7 +233,7 @@ export class KubeSandboxes implements SandboxFleet {
       try {
         secrets = await this.#readSecrets(stored);
       } catch (error) {
-        this.#options.onEvent?.(`skipped Sandbox '${stored.id}': ${messageOf(error)}`);
+        this.#skipped(`skipped Sandbox '${stored.namespace}/${stored.name}': ${messageOf(error)}`);
         return undefined;
       }
       if (secrets === undefined) return undefined;
@@ -232,14 +243,56 @@ export class KubeSandboxes implements SandboxFleet {
     return stored.id;
   }
 
+  // Each skip is said once (a skipped object's every status change comes
+  // again), in one line; the memory of them is bounded.
+  #skipped(line: string): void {
+    const said = line.replaceAll(/[\r\n]+/g, " ").slice(0, 500);
+    if (this.#said.has(said)) return;
+    if (this.#said.size >= 1024) this.#said.clear();
+    this.#said.add(said);
+    this.#options.onEvent?.(said);
+  }
+
+  // Only this server makes these objects, but whoever may write one
+  // namespace's Sandboxes could make one: an object speaks for a tenant only
+  // in that tenant's namespace, and an id is one object's (another claiming
+  // it would be sent that sandbox's traffic, its access token included).
+  #foreign(stored: StoredSandbox): string | undefined {
+    const own = tenantNamespace(stored.tenant, this.#options.settings.namespacePrefix);
+    if (stored.namespace !== own) {
+      return `it claims tenant '${stored.tenant.slice(0, 80)}', whose namespace is '${own}'`;
+    }
+    const first = this.#known.get(stored.id)?.stored;
+    if (
+      first !== undefined && (first.namespace !== stored.namespace || first.name !== stored.name)
+    ) {
+      return `its id '${stored.id}' is already '${first.namespace}/${first.name}'`;
+    }
+    return undefined;
+  }
+
   async #readSecrets(stored: StoredSandbox): Promise<Secrets | undefined> {
     const data = await this.#options.api.getSecret(stored.namespace, stored.secretName);
     if (data === undefined) return undefined;
-    const parsed = secretsSchema.parse(data);
+    const where = `Secret '${stored.namespace}/${stored.secretName}'`;
+    const parsed = z.safeParse(secretsSchema, data);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0]!;
+      throw new WaffleError(`${where}: key '${issue.path.join(".")}' ${issue.message}`);
+    }
+    let envVars;
+    try {
+      envVars = envVarsSchema.parse(JSON.parse(parsed.data[SECRET_KEYS.envVars]));
+    } catch (cause) {
+      throw new WaffleError(
+        `${where}: key '${SECRET_KEYS.envVars}' is not a JSON object of strings`,
+        { cause },
+      );
+    }
     return {
-      accessToken: parsed[SECRET_KEYS.accessToken],
-      agentToken: parsed[SECRET_KEYS.agentToken],
-      envVars: envVarsSchema.parse(JSON.parse(parsed[SECRET_KEYS.envVars])),
+      accessToken: parsed.data[SECRET_KEYS.accessToken],
+      agentToken: parsed.data[SECRET_KEYS.agentToken],
+      envVars,
     };
   }
 
