@@ -153,6 +153,45 @@ baseTest("kubernetes: doctor reads the Sandbox objects through the kubeconfig", 
 }, { sanitize: false });
 
 baseTest(
+  "kubernetes: a fork or a snapshot is refused in one line, naming the backend",
+  async () => {
+    const served = await serveForFile();
+    try {
+      const sandbox = await Sandbox.create("base", {
+        ...sdk(served, served.keys.a),
+        timeoutMs: 60_000,
+      });
+      const post = async (path: string, body: unknown): Promise<Response> =>
+        await fetch(`${served.url}/sandboxes/${sandbox.sandboxId}${path}`, {
+          method: "POST",
+          headers: { "x-api-key": served.keys.a, "content-type": "application/json" },
+          body: JSON.stringify(body),
+        });
+      const forked = await post("/fork", { count: 2 });
+      assert.equal(forked.status, 201);
+      const outcomes = await forked.json() as { error?: { code: number; message: string } }[];
+      assert.equal(outcomes.length, 2);
+      for (const outcome of outcomes) {
+        assert.equal(outcome.error?.code, 501);
+        assert.match(
+          outcome.error!.message,
+          /Fork is not available with \[backend\] kind = "kubernetes"/,
+        );
+      }
+      const snapshot = await post("/snapshots", {});
+      assert.equal(snapshot.status, 400);
+      assert.match((await snapshot.json()).message, /Snapshots are not available with \[backend\]/);
+      // Nothing was made: the one sandbox is all the stand-in holds.
+      assert.deepEqual(await served.leftovers(), [`wfl-${sandbox.sandboxId}`]);
+      await sandbox.kill();
+    } finally {
+      await served.stop();
+    }
+  },
+  { sanitize: false },
+);
+
+baseTest(
   "kubernetes stand-in: stops, leaving no container or network of its own",
   async (docker) => {
     const network = await stopRig();

@@ -482,10 +482,18 @@ export class KubeSandboxes implements SandboxFleet {
     });
   }
 
-  /** Forks are not available on Kubernetes (CSI volume clones are on paper). */
-  fork(): Promise<ForkOutcome[]> {
-    return Promise.reject(
-      new UsageError('Fork is not available with [backend] kind = "kubernetes"'),
+  /**
+   * Forks are not available on Kubernetes (a CSI volume clone would be the
+   * way): each fork asked is answered 501, as E2B's fork answers one refused.
+   *
+   * @param _source The sandbox.
+   * @param request How many were asked.
+   * @returns One refusal per fork.
+   */
+  fork(_source: SandboxRecord, request: { count: number }): Promise<ForkOutcome[]> {
+    const message = 'Fork is not available with [backend] kind = "kubernetes"';
+    return Promise.resolve(
+      Array.from({ length: request.count }, () => ({ error: { code: 501, message } })),
     );
   }
 
