@@ -222,6 +222,38 @@ export function sdk(
 }
 
 /**
+ * Registers a file's last test: its stand-in stops (after `before`, e.g. the
+ * file's own sandboxes and server) and leaves no container or network of its
+ * own (other stand-ins may run beside it).
+ *
+ * @param stop What {@linkcode serveOnKubernetes} returned.
+ * @param options `before`: run first; `name`: the test's name.
+ */
+export function stopRigTest(
+  stop: () => Promise<string | undefined>,
+  options: { before?: () => Promise<void>; name?: string } = {},
+): void {
+  baseTest(
+    options.name ?? "kubernetes stand-in: stops, leaving no container or network of its own",
+    async (docker) => {
+      await options.before?.();
+      const network = await stop();
+      assert.ok(network !== undefined, "the stand-in ran");
+      const ours = async (): Promise<string[]> =>
+        (await docker.listContainers({ all: true, labels: ["waffle.k8s-standin"] }))
+          .flatMap((container) => container.Names)
+          .filter((name) => name.startsWith(`/${network}-`));
+      for (let i = 0; i < 50 && (await ours()).length > 0; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.deepEqual(await ours(), []);
+      assert.equal(await docker.inspectNetwork(network), null, "its network is gone");
+    },
+    { sanitize: false },
+  );
+}
+
+/**
  * Starts `waffle serve` as `sdkTest` does: on the stand-in when this file
  * said Kubernetes ({@linkcode serveOnKubernetes}), else on this host's Docker.
  *

@@ -18,6 +18,7 @@ import {
   type Served,
   serveForFile,
   serveOnKubernetes,
+  stopRigTest,
 } from "./_serve_helpers.ts";
 import { type KubeObject, RESOURCES } from "./_k8s_api.ts";
 import { AGENT_TOKEN_HEADER, K8S_ANNOTATIONS, SECRET_KEYS } from "../lib/k8s/sandbox_object.ts";
@@ -533,13 +534,4 @@ baseTest(
   { sanitize: false },
 );
 
-baseTest(
-  "kubernetes stand-in: stops, leaving no container or network of its own",
-  async (docker) => {
-    const network = await stopRig();
-    // Only this file's rig: other stand-ins may run beside it.
-    const left = (await docker.listContainers({ all: true, labels: ["waffle.k8s-standin"] }))
-      .filter((container) => container.Names.some((name) => name.startsWith(`/${network}-`)));
-    assert.deepEqual(left.map((container) => container.Names), []);
-  },
-);
+stopRigTest(stopRig);

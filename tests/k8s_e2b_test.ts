@@ -14,7 +14,14 @@
 import assert from "node:assert/strict";
 import { Sandbox } from "e2b";
 import { delay, runCliProcess, suffixTestNames } from "./_helpers.ts";
-import { baseTest, sdk, type Served, serveForFile, serveOnKubernetes } from "./_serve_helpers.ts";
+import {
+  baseTest,
+  sdk,
+  type Served,
+  serveForFile,
+  serveOnKubernetes,
+  stopRigTest,
+} from "./_serve_helpers.ts";
 import { type KubeObject, RESOURCES } from "./_k8s_api.ts";
 import { K8S_ANNOTATIONS } from "../lib/k8s/sandbox_object.ts";
 
@@ -191,13 +198,4 @@ baseTest(
   { sanitize: false },
 );
 
-baseTest(
-  "kubernetes stand-in: stops, leaving no container or network of its own",
-  async (docker) => {
-    const network = await stopRig();
-    // Only this file's rig: other stand-ins may run beside it.
-    const left = (await docker.listContainers({ all: true, labels: ["waffle.k8s-standin"] }))
-      .filter((container) => container.Names.some((name) => name.startsWith(`/${network}-`)));
-    assert.deepEqual(left.map((container) => container.Names), []);
-  },
-);
+stopRigTest(stopRig);
