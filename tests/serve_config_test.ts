@@ -182,7 +182,7 @@ Deno.test("bad [serve] values are one-line errors naming the key and the value",
     ],
     [
       "[serve]\nmax_sandboxes = 3",
-      "'serve.max_sandboxes' is not a known key (expected one of: listen, domain, default_timeout, max_timeout, max_body_bytes, max_streams_per_key, max_connections, max_connections_per_peer, header_timeout, request_timeout, tenants)",
+      "'serve.max_sandboxes' is not a known key (expected one of: listen, domain, default_timeout, max_timeout, max_body_bytes, max_streams_per_key, max_connections, max_connections_per_peer, header_timeout, request_timeout, tenants, keys_file)",
     ],
     ["[serve]\nmax_connections = 0", "'serve.max_connections' must be >= 1, found 0"],
     [
