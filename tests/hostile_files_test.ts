@@ -704,7 +704,13 @@ bothWays(
              Deno.symlinkSync(${JSON.stringify(target.path)}, path);
              ${
               restart
-                ? `${RUNNER_PIDS} for (const pid of runnerPids()) Deno.kill(pid, "SIGTERM");`
+                // Killed once this script has exited: the container stops
+                // with its runner, and an exec still running then is killed
+                // with it (137), which is no failure of the attack.
+                ? `${RUNNER_PIDS} new Deno.Command("/bin/sh", {
+                     args: ["-c", "sleep 0.3; kill -TERM " + runnerPids().join(" ")],
+                     stdin: "null", stdout: "null", stderr: "null",
+                   }).spawn().unref();`
                 : ""
             }`,
           );
@@ -713,6 +719,17 @@ bothWays(
             return;
           }
           assert.ok(Deno.lstatSync(join(sandbox.paths.outbound, name)).isSymlink);
+          if (restart) {
+            // The runner (and so its container) is gone: the next start meets the link.
+            const container = containerOf(sandbox);
+            await waitFor(
+              async () => (await docker.inspectContainer(container))?.State.Running !== true,
+              {
+                timeoutMs: 20_000,
+                what: "the runner's container to stop",
+              },
+            );
+          }
           // Every property is checked and all failures reported together.
           const problems: string[] = [];
           const touched = (when: string): void => {
