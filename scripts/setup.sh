@@ -2,7 +2,7 @@
 # Prepares a machine to develop and run waffle. Idempotent: every step checks
 # first and only acts when something is missing, so it is safe to run often.
 #
-# Usage: scripts/setup.sh [--docker] [--images] [--force-image] [--conformance]
+# Usage: scripts/setup.sh [--docker] [--images] [--force-image] [--conformance] [--browser]
 #   (always)       Deno 2.9.6 at .tools/bin/deno (from the npm package `deno`),
 #                  then `deno install` so node_modules is complete on disk (the
 #                  runner container mounts it read-only and cannot fetch).
@@ -26,6 +26,9 @@
 #                  (@modelcontextprotocol/conformance) and the Node.js it needs
 #                  (>= 22, from the npm package `node`) in .tools/conformance,
 #                  unless both are there at their pinned versions.
+#   --browser      also: Debian's Chromium (apt package `chromium`, at
+#                  /usr/bin/chromium) for the console's browser tests, which
+#                  drive it with playwright-core, unless it already answers.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,14 +41,16 @@ with_docker=0
 with_images=0
 force_image=0
 with_conformance=0
+with_browser=0
 for arg in "$@"; do
   case "$arg" in
     --docker) with_docker=1 ;;
     --images) with_images=1 ;;
     --force-image) force_image=1 ;;
     --conformance) with_conformance=1 ;;
+    --browser) with_browser=1 ;;
     -h | --help)
-      sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -179,6 +184,26 @@ ensure_conformance() {
   say "installed conformance $CONFORMANCE_VERSION with node $CONFORMANCE_NODE_VERSION in $CONFORMANCE_DIR"
 }
 
+# The console's browser tests (tests/console_browser_test.ts) drive Debian's
+# Chromium through playwright-core: no browser is downloaded by npm.
+ensure_chromium() {
+  if /usr/bin/chromium --version 2>/dev/null | grep -q '^Chromium '; then
+    say "chromium: $(/usr/bin/chromium --version 2>/dev/null)"
+    return
+  fi
+  is_root || die "Chromium is missing and installing it needs root (apt-get install -y chromium)"
+  command -v apt-get >/dev/null 2>&1 || die "Chromium is missing and apt-get is not available"
+  say "apt-get install -y chromium"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y chromium ||
+    {
+      DEBIAN_FRONTEND=noninteractive apt-get update &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+    } ||
+    die "Could not install 'chromium'"
+  /usr/bin/chromium --version 2>/dev/null | grep -q '^Chromium ' ||
+    die "'/usr/bin/chromium --version' fails after installing 'chromium'"
+}
+
 docker_answers() {
   command -v docker >/dev/null 2>&1 &&
     timeout 15 docker version --format '{{.Server.Version}}' >/dev/null 2>&1
@@ -280,6 +305,7 @@ ensure_deno
 ensure_node_modules
 ensure_mcp_cache
 ((with_conformance == 0)) || ensure_conformance
+((with_browser == 0)) || ensure_chromium
 if ((with_docker == 1)); then
   ensure_docker_installed
   ensure_docker_running

@@ -2,10 +2,11 @@
 # Runs waffle's whole test suite on a machine prepared by scripts/setup.sh.
 #
 # Usage: bash scripts/test.sh [--json] [DENO TEST ARGS...]
-#   Runs `scripts/setup.sh --docker --images --conformance` (idempotent: Deno,
-#   node_modules, Docker engine + daemon, runner image, runtime kit, the test
-#   images, the MCP conformance suite), then `deno test --allow-all` over tests/
-#   with the usual console output, and ends with exactly one line
+#   Runs `scripts/setup.sh --docker --images --conformance --browser`
+#   (idempotent: Deno, node_modules, Docker engine + daemon, runner image,
+#   runtime kit, the test images, the MCP conformance suite, Chromium), then
+#   `deno test --allow-all` over tests/ with the usual console output, and
+#   ends with exactly one line
 #       tests: N passed, N failed, N skipped
 #   computed from the junit report (scripts/test_summary.ts; ignored tests
 #   count as skipped, tests left out by --filter and test steps are not
@@ -65,9 +66,9 @@ esac
 
 started=$SECONDS
 setup_status=0
-bash "$REPO/scripts/setup.sh" --docker --images --conformance || setup_status=$?
+bash "$REPO/scripts/setup.sh" --docker --images --conformance --browser || setup_status=$?
 ((setup_status == 0)) ||
-  give_up "$setup_status" "scripts/setup.sh --docker --images --conformance failed (exit $setup_status)"
+  give_up "$setup_status" "scripts/setup.sh --docker --images --conformance --browser failed (exit $setup_status)"
 say "setup took $((SECONDS - started))s"
 
 junit="${WAFFLE_JUNIT_PATH:-}"
