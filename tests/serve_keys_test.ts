@@ -53,7 +53,12 @@ Deno.test("KeyStore.create() makes an e2b_ key the SDKs accept, and verify() fin
       assert.match(made.key, KEY_PATTERN);
       assert.equal(made.name, "ci");
       assert.equal(made.tenant, "acme");
-      assert.deepEqual(keys.verify(made.key), { id: made.id, name: "ci", tenant: "acme" });
+      assert.deepEqual(keys.verify(made.key), {
+        id: made.id,
+        name: "ci",
+        tenant: "acme",
+        admin: false,
+      });
       const other = keys.create({ tenant: "acme" });
       assert.match(other.name, /^key-[0-9a-f]{8}$/);
       assert.notEqual(other.key, made.key);
@@ -172,6 +177,7 @@ Deno.test("list() never returns a key or its hash", async () => {
       const listed = JSON.stringify(keys.list());
       assert.ok(!listed.includes(made.key.slice(4)));
       assert.deepEqual(Object.keys(keys.list()[0]!).sort(), [
+        "admin",
         "createdAt",
         "id",
         "lastUsedAt",
@@ -389,15 +395,16 @@ Deno.test("waffle serve key create prints the key alone; ls lists it without it;
     const key = created.out.trim();
     const json = await run(home, ["create", "--tenant", "globex", "--json"]);
     const made = JSON.parse(json.out);
-    assert.deepEqual(Object.keys(made).sort(), ["id", "key", "name", "tenant"]);
+    assert.deepEqual(Object.keys(made).sort(), ["admin", "id", "key", "name", "tenant"]);
+    assert.equal(made.admin, false);
     assert.equal(made.tenant, "globex");
 
     const ls = await run(home, ["ls"]);
     assert.equal(ls.status, 0);
     const lines = ls.out.trimEnd().split("\n");
-    assert.match(lines[0]!, /^ID +NAME +TENANT +CREATED +LAST USED$/);
+    assert.match(lines[0]!, /^ID +NAME +TENANT +ADMIN +CREATED +LAST USED$/);
     assert.equal(lines.length, 3);
-    assert.match(lines[1]!, /^k_[0-9a-f]{16} +ci +acme +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ +-$/);
+    assert.match(lines[1]!, /^k_[0-9a-f]{16} +ci +acme +- +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ +-$/);
     assert.ok(!ls.out.includes(key.slice(4)) && !ls.out.includes(made.key.slice(4)));
     const lsJson = JSON.parse((await run(home, ["ls", "--tenant", "globex", "--json"])).out);
     assert.deepEqual(lsJson.keys.map((k: { id: string }) => k.id), [made.id]);

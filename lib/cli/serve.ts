@@ -132,7 +132,7 @@ export async function serveCommand(args: string[], io: CliIo): Promise<number> {
       const owner = keys.verify(key);
       return owner === undefined
         ? undefined
-        : { keyId: owner.id, keyName: owner.name, tenant: owner.tenant };
+        : { keyId: owner.id, keyName: owner.name, tenant: owner.tenant, admin: owner.admin };
     },
     limitsOf: (tenant) => tenantLimitsOf(settings, tenant),
     templateImage: (template) => settings.templates.get(template),

@@ -18,7 +18,8 @@ import { table } from "./report.ts";
 export const SERVE_KEY_HELP = `Usage: waffle serve key <command> [options]
 
 Commands:
-  create --tenant T [--name N]  make a key for tenant T and print it
+  create --tenant T [--name N] [--admin]
+                                make a key for tenant T and print it
   ls [--tenant T]               list the keys (never the keys themselves)
   rm ID|NAME [--tenant T]       remove a key
   export                        print every key's owner and hash, for a keys file
@@ -43,14 +44,17 @@ Kubernetes Secret mounted into each replica of the server:
 const COMMON = `  --config FILE      the config file (default: $WAFFLE_HOME/waffle.toml)`;
 
 /** Help of `waffle serve key create`. */
-export const SERVE_KEY_CREATE_HELP = `Usage: waffle serve key create --tenant T [--name N] [--json]
+export const SERVE_KEY_CREATE_HELP =
+  `Usage: waffle serve key create --tenant T [--name N] [--admin] [--json]
 
 Makes a key for tenant T and prints it alone on stdout (with --json, an
-object with id, name, tenant and key). It is never shown again.
+object with id, name, tenant, key and admin). It is never shown again.
 
 Options:
   --tenant T         the tenant the key acts as (1-128 of A-Z a-z 0-9 . _ @ + -)
   --name N           its name, unique within the tenant (default: key-<8 hex>)
+  --admin            an admin key: it sees and acts on every tenant's sandboxes
+                     (the console, an all-tenant GET /metrics); its creates go to T
   --json             print one JSON object
 ${COMMON}
 `;
@@ -58,8 +62,8 @@ ${COMMON}
 /** Help of `waffle serve key ls`. */
 export const SERVE_KEY_LS_HELP = `Usage: waffle serve key ls [--tenant T] [--json]
 
-Lists the keys: id, name, tenant, when made and when last used (to the
-minute). Never a key nor its hash.
+Lists the keys: id, name, tenant, admin or not, when made and when last
+used (to the minute). Never a key nor its hash.
 
 Options:
   --tenant T         only tenant T's keys
@@ -125,13 +129,18 @@ const OPTIONS = {
 } as const;
 
 async function createCommand(args: string[], io: CliIo): Promise<number> {
-  const parsed = parse(args, { ...OPTIONS, name: { type: "string" } });
+  const parsed = parse(args, { ...OPTIONS, name: { type: "string" }, admin: { type: "boolean" } });
   noPositionals(parsed.positionals);
   const tenant = stringFlag(parsed, "tenant");
   if (tenant === undefined) throw new UsageError("Missing --tenant T: the tenant the key acts as");
   const created = withStore(
     parsed,
-    (keys) => keys.create({ tenant, name: stringFlag(parsed, "name") }),
+    (keys) =>
+      keys.create({
+        tenant,
+        name: stringFlag(parsed, "name"),
+        admin: parsed.values.admin === true,
+      }),
   );
   await io.stdout(parsed.values.json ? `${JSON.stringify(created)}\n` : `${created.key}\n`);
   return 0;
@@ -145,9 +154,16 @@ async function lsCommand(args: string[], io: CliIo): Promise<number> {
     await io.stdout(`${JSON.stringify({ keys: keys.map(jsonOf) })}\n`);
     return 0;
   }
-  const rows = [["ID", "NAME", "TENANT", "CREATED", "LAST USED"]];
+  const rows = [["ID", "NAME", "TENANT", "ADMIN", "CREATED", "LAST USED"]];
   for (const key of keys) {
-    rows.push([key.id, key.name, key.tenant, timeOf(key.createdAt), timeOf(key.lastUsedAt)]);
+    rows.push([
+      key.id,
+      key.name,
+      key.tenant,
+      key.admin ? "yes" : "-",
+      timeOf(key.createdAt),
+      timeOf(key.lastUsedAt),
+    ]);
   }
   await io.stdout(table(rows));
   return 0;

@@ -29,8 +29,22 @@ export interface Caller {
   keyId: string;
   /** The key's name (for the audit). */
   keyName: string;
-  /** The key's tenant. */
+  /** The key's tenant (where its creates go). */
   tenant: string;
+  /** An admin key: its scope is every tenant (see {@linkcode scopeOf}). */
+  admin: boolean;
+}
+
+/**
+ * The tenant whose sandboxes a caller sees: its own, or every tenant's
+ * (undefined) for an admin key. The one place a key's reach is decided:
+ * every route that looks a sandbox up or lists passes this to the store.
+ *
+ * @param caller The verified caller.
+ * @returns The tenant, or undefined for all of them.
+ */
+export function scopeOf(caller: Caller): string | undefined {
+  return caller.admin ? undefined : caller.tenant;
 }
 
 /** What the control API needs from the rest of the server. */
@@ -61,8 +75,8 @@ export interface ControlDeps {
   audit?: (entry: AuditEntry) => void;
   /** Each sandbox's recent samples, for `GET /sandboxes/{id}/metrics`; absent: that route is 404. */
   metrics?: MetricsRing;
-  /** The Prometheus text of `GET /metrics` for a tenant; absent: that route is 404. */
-  prometheus?: (tenant: string) => Promise<string>;
+  /** The Prometheus text of `GET /metrics` for a scope (undefined: every tenant); absent: 404. */
+  prometheus?: (scope: string | undefined) => Promise<string>;
 }
 
 /** One audited API call. */
@@ -138,7 +152,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
     }
     c.set("caller", caller);
     await next();
-    const sandbox = /^(?:\/v2)?\/sandboxes\/([^/]+)/.exec(c.req.path)?.[1];
+    const sandbox = /^(?:\/v2|\/waffle\/v1)?\/sandboxes\/([^/]+)/.exec(c.req.path)?.[1];
     deps.audit?.({
       key: caller.keyId,
       keyName: caller.keyName,
@@ -205,7 +219,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
 
   // A sandbox being killed is gone already, as its envd's /health says (502).
   const owned = (c: Context<{ Variables: { caller: Caller } }>): SandboxRecord | undefined => {
-    const record = deps.sandboxes.store.get(c.req.param("id") ?? "", c.get("caller").tenant);
+    const record = deps.sandboxes.store.get(c.req.param("id") ?? "", scopeOf(c.get("caller")));
     return record === undefined || deps.sandboxes.removing(record.id) ? undefined : record;
   };
 
@@ -288,7 +302,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
   });
   app.get("/metrics", async (c) => {
     if (deps.prometheus === undefined) return fail(c, 404, "No route 'GET /metrics'");
-    const text = await deps.prometheus(c.get("caller").tenant);
+    const text = await deps.prometheus(scopeOf(c.get("caller")));
     return c.body(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
   });
   forkRoute(app, deps, owned);
@@ -296,7 +310,7 @@ export function controlApp(deps: ControlDeps): Hono<{ Variables: { caller: Calle
 
   app.get("/sandboxes", (c) =>
     c.json(
-      deps.sandboxes.store.list(c.get("caller").tenant).filter((r) => r.state !== "creating")
+      deps.sandboxes.store.list(scopeOf(c.get("caller"))).filter((r) => r.state !== "creating")
         .map((r) => detailJson(r, deps)),
     ));
   app.get("/v2/sandboxes", (c) => listV2(c, deps));
@@ -327,6 +341,7 @@ function forkRoute(app: ControlApp, deps: ControlDeps, owned: Owned): void {
     let refused: Admission | undefined;
     let admitted = 0;
     const outcomes = await deps.sandboxes.fork(record, {
+      tenant: caller.tenant,
       keyId: caller.keyId,
       timeoutS: timeout,
       count,
@@ -371,7 +386,7 @@ function snapshotRoutes(app: ControlApp, deps: ControlDeps, owned: Owned): void 
     }
   });
   app.get("/snapshots", (c) => {
-    const tenant = c.get("caller").tenant;
+    const tenant = scopeOf(c.get("caller"));
     const sandboxId = c.req.query("sandboxID");
     const name = c.req.query("name");
     const all = deps.sandboxes.snapshots?.list(tenant, {
@@ -388,7 +403,7 @@ function snapshotRoutes(app: ControlApp, deps: ControlDeps, owned: Owned): void 
   // The SDK's deleteSnapshot: a snapshot is a template to E2B.
   app.delete("/templates/:id", async (c) => {
     const removed = await deps.sandboxes.snapshots?.remove(
-      c.get("caller").tenant,
+      scopeOf(c.get("caller")),
       c.req.param("id"),
     );
     if (removed !== true) return fail(c, 404, `Template '${c.req.param("id")}' not found`);
@@ -403,7 +418,7 @@ function listV2(c: Context<{ Variables: { caller: Caller } }>, deps: ControlDeps
   const states = (c.req.query("state") ?? "running,paused").split(",");
   const limit = Math.min(Math.max(Number(c.req.query("limit") ?? 100) || 100, 1), 1000);
   const after = c.req.query("nextToken");
-  const all = deps.sandboxes.store.list(c.get("caller").tenant).filter((record) =>
+  const all = deps.sandboxes.store.list(scopeOf(c.get("caller"))).filter((record) =>
     record.state !== "creating" && states.includes(record.state) &&
     [...wanted].every(([key, value]) => record.metadata[key] === value)
   );

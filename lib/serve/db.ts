@@ -97,6 +97,14 @@ CREATE INDEX snapshots_tenant ON snapshots (tenant, created_at, id);
 `;
 
 /**
+ * Version 6: admin keys (`waffle serve key create --admin`), which see every tenant's sandboxes.
+ * A key of an older file is not one.
+ */
+const KEYS_ADMIN = `
+ALTER TABLE keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;
+`;
+
+/**
  * The schema, as migrations: entry `i` brings a file at version `i` to
  * version `i + 1`, so a file is at version `SERVE_MIGRATIONS.length` once
  * opened. Append; never edit an entry a released waffle has run.
@@ -107,6 +115,7 @@ export const SERVE_MIGRATIONS: readonly string[] = Object.freeze([
   PROCESSES_TABLE,
   SANDBOX_NETWORK,
   SNAPSHOTS_TABLE,
+  KEYS_ADMIN,
 ]);
 
 /** Options of {@linkcode openServeDb}. */

@@ -16,6 +16,7 @@ import { ProcessTable } from "./processes.ts";
 import { pausedMessage, type ServeSandboxes } from "./sandboxes.ts";
 import type { ProcessStore, SandboxRecord } from "./state.ts";
 import type { Interceptor } from "@connectrpc/connect";
+import type { CommandLog } from "./command_log.ts";
 
 /** Options of {@linkcode EnvdRouter}. */
 export interface EnvdRouterOptions {
@@ -29,6 +30,8 @@ export interface EnvdRouterOptions {
   maxStreamsPerKey: number;
   /** Told how long each command this server started ran, start to exit, in seconds. */
   onCommandExit?: (tenant: string, seconds: number) => void;
+  /** Records every command for the console (`command_log.ts`). */
+  commands?: CommandLog;
 }
 
 /** One sandbox's envd: its process table and Connect services. */
@@ -84,11 +87,12 @@ export class EnvdRouter {
     const live = sandboxes.live(record);
     const known = this.#envds.get(id);
     if (known !== undefined && !live.killed.signal.aborted) return known;
-    const onCommandExit = this.#options.onCommandExit;
+    const { onCommandExit, commands } = this.#options;
     const table = new ProcessTable(live.sandbox, processes.processes(id), {
       ...(onCommandExit === undefined
         ? {}
         : { onExit: (seconds: number) => onCommandExit(record.tenant, seconds) }),
+      ...(commands === undefined ? {} : { watch: (process) => commands.watch(id, process) }),
     });
     const services = envdServices({
       table,

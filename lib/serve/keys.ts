@@ -5,6 +5,10 @@
  * `^e2b_[0-9a-f]+$`). Only its SHA-256 is stored, so the database (or a copy
  * of it) never gives a key away; a key is shown once, when it is made.
  *
+ * An admin key (`key create --admin`) belongs to a tenant too (its creates
+ * go there) but sees every tenant's sandboxes: the operator's key, for the
+ * console and an all-tenant `GET /metrics`.
+ *
  * @module
  */
 import type { DatabaseSync } from "node:sqlite";
@@ -27,6 +31,8 @@ export interface KeyInfo {
   createdAt: number;
   /** When a request last carried it (to the minute), or null when none has. */
   lastUsedAt: number | null;
+  /** An admin key: it sees every tenant's sandboxes. */
+  admin: boolean;
 }
 
 /** A key just made: the only time the key itself is known. */
@@ -39,6 +45,8 @@ export interface CreatedKey {
   tenant: string;
   /** The key: `e2b_` and 40 lowercase hex digits. */
   key: string;
+  /** An admin key. */
+  admin: boolean;
 }
 
 /** Whose a verified key is. */
@@ -49,6 +57,8 @@ export interface KeyOwner {
   name: string;
   /** The tenant the request acts as. */
   tenant: string;
+  /** An admin key: it sees every tenant's sandboxes. */
+  admin: boolean;
 }
 
 /** Options of {@linkcode KeyStore}. */
@@ -72,6 +82,8 @@ interface KeyRow {
   hash: string;
   created_at: number;
   last_used_at: number | null;
+  /** 1 for an admin key (absent in a database made before admin keys: 0). */
+  admin: number;
 }
 
 /**
@@ -103,12 +115,16 @@ export class KeyStore {
   /**
    * Makes a key for a tenant. Its name defaults to `key-` and 8 hex digits.
    *
-   * @param request The tenant (a `--tenant` id) and, optionally, the name (the same rule).
-   * @returns The key, shown this once, with its id, name and tenant.
+   * @param request The tenant (a `--tenant` id), optionally the name (the same rule), and
+   *   `admin` for a key that sees every tenant.
+   * @returns The key, shown this once, with its id, name, tenant and whether it is an admin's.
    * @throws {UsageError} On a bad tenant or name, a name shaped like a key id, or a name the
    *   tenant already has.
    */
-  create(request: { tenant: string; name?: string | undefined }): CreatedKey {
+  create(
+    request: { tenant: string; name?: string | undefined; admin?: boolean | undefined },
+  ): CreatedKey {
+    const admin = request.admin === true;
     const tenant = checkId("tenant id", request.tenant);
     const given = request.name === undefined ? undefined : checkId("key name", request.name);
     if (given !== undefined && ID_PATTERN.test(given)) {
@@ -126,11 +142,11 @@ export class KeyStore {
         if (taken !== undefined) return false;
         statement(
           this.#db,
-          "INSERT INTO keys (id, name, tenant, hash, created_at) VALUES (?, ?, ?, ?, ?)",
-        ).run(id, name, tenant, hash, this.#now());
+          "INSERT INTO keys (id, name, tenant, hash, created_at, admin) VALUES (?, ?, ?, ?, ?, ?)",
+        ).run(id, name, tenant, hash, this.#now(), admin ? 1 : 0);
         return true;
       });
-      if (made) return { id, name, tenant, key };
+      if (made) return { id, name, tenant, key, admin };
       if (given !== undefined) {
         throw new UsageError(`Tenant '${tenant}' already has a key named '${given}'`);
       }
@@ -192,7 +208,13 @@ export class KeyStore {
   export(): ExportedKey[] {
     const rows = statement(this.#db, "SELECT * FROM keys ORDER BY tenant, created_at, id")
       .all() as unknown as KeyRow[];
-    return rows.map((row) => ({ id: row.id, name: row.name, tenant: row.tenant, hash: row.hash }));
+    return rows.map((row) => ({
+      id: row.id,
+      name: row.name,
+      tenant: row.tenant,
+      hash: row.hash,
+      admin: row.admin === 1,
+    }));
   }
 
   /**
@@ -201,7 +223,7 @@ export class KeyStore {
    * on where it differs. Marks the key used (at most once a minute).
    *
    * @param key What a request carried (`X-API-KEY`).
-   * @returns The key's id, name and tenant, or undefined when it is no key of this store.
+   * @returns The key's id, name, tenant and admin flag, or undefined when it is no key of this store.
    */
   verify(key: string): KeyOwner | undefined {
     if (!KEY_PATTERN.test(key)) return undefined;
@@ -219,7 +241,7 @@ export class KeyStore {
         if (!isBusyError(error)) throw error;
       }
     }
-    return { id: row.id, name: row.name, tenant: row.tenant };
+    return { id: row.id, name: row.name, tenant: row.tenant, admin: row.admin === 1 };
   }
 }
 
@@ -233,6 +255,8 @@ export interface ExportedKey {
   tenant: string;
   /** SHA-256 of the key, hex. */
   hash: string;
+  /** An admin key (absent in a file exported before admin keys: false). */
+  admin?: boolean | undefined;
 }
 
 const exportedSchema = z.object({
@@ -241,6 +265,7 @@ const exportedSchema = z.object({
     name: z.string().check(z.minLength(1), z.maxLength(64)),
     tenant: z.string().check(z.minLength(1), z.maxLength(64)),
     hash: z.string().check(z.regex(/^[0-9a-f]{64}$/)),
+    admin: z.optional(z.boolean()),
   })).check(z.maxLength(100_000)),
 });
 
@@ -298,7 +323,7 @@ export function keysFile(
       const hash = sha256Hex(key);
       const row = known.byHash.get(hash);
       if (row === undefined || !timingSafeEqual(encode(row.hash), encode(hash))) return undefined;
-      return { id: row.id, name: row.name, tenant: row.tenant };
+      return { id: row.id, name: row.name, tenant: row.tenant, admin: row.admin === true };
     },
   };
 }
@@ -310,6 +335,7 @@ function infoOf(row: KeyRow): KeyInfo {
     tenant: row.tenant,
     createdAt: row.created_at,
     lastUsedAt: row.last_used_at,
+    admin: row.admin === 1,
   };
 }
 

@@ -153,6 +153,16 @@ export class MetricsRing {
   }
 
   /**
+   * A sandbox's newest sample, if it has one (never samples).
+   *
+   * @param id The sandbox id.
+   * @returns The sample.
+   */
+  newest(id: string): SandboxMetric | undefined {
+    return this.#rings.get(id)?.samples.at(-1);
+  }
+
+  /**
    * A sandbox's samples between two instants (whole seconds, both
    * included), oldest first; sampled now when the newest is older than the
    * interval (or there is none).

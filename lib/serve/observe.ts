@@ -70,16 +70,16 @@ export class ServerMetrics {
   }
 
   /**
-   * One tenant's series in Prometheus' text format.
+   * One scope's series in Prometheus' text format.
    *
-   * @param tenant The calling key's tenant.
+   * @param scope The calling key's tenant, or undefined for every tenant (an admin key).
    * @returns The exposition text.
    */
-  prometheus(tenant: string): Promise<string> {
+  prometheus(scope: string | undefined): Promise<string> {
     const sandboxes = this.#sandboxes;
     const home = this.#options.home;
-    return prometheusText(tenant, {
-      records: sandboxes?.store.list(tenant) ?? [],
+    return prometheusText(scope, {
+      records: sandboxes?.store.list(scope) ?? [],
       create: this.create,
       command: this.command,
       latest: (id) => this.#ring?.latest(id),

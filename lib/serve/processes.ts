@@ -100,12 +100,18 @@ export interface ProcessJournal {
   saved(): SavedProcess[];
 }
 
+/** Told of each process a table starts or takes over; returns a listener of its events. */
+export type ProcessWatch = (
+  process: { requestId: string; pid: number; config: ProcessConfig },
+) => ((event: ProcessEvent) => undefined) | undefined;
+
 /** The processes of one sandbox. */
 export class ProcessTable {
   readonly #sandbox: EnvdSandbox;
   readonly #journal: ProcessJournal | undefined;
   readonly #entries = new Map<number, ProcessEntry>();
   readonly #onExit: ((seconds: number) => void) | undefined;
+  readonly #watch: ProcessWatch | undefined;
   /** When each process this table started began (performance.now()), for its latency. */
   readonly #began = new Map<number, number>();
   #nextPid = FIRST_PID;
@@ -115,16 +121,19 @@ export class ProcessTable {
    * @param sandbox The open waffle sandbox.
    * @param journal Where its processes are recorded; none: they end with this server.
    * @param options `onExit`: told how long each process this table started
-   * ran, start to exit, in seconds (one taken over from another server is not timed).
+   * ran, start to exit, in seconds (one taken over from another server is not timed);
+   * `watch`: told of each process started or taken over, returns a listener of its events
+   * (the console's command log).
    */
   constructor(
     sandbox: EnvdSandbox,
     journal?: ProcessJournal,
-    options: { onExit?: (seconds: number) => void } = {},
+    options: { onExit?: (seconds: number) => void; watch?: ProcessWatch } = {},
   ) {
     this.#sandbox = sandbox;
     this.#journal = journal;
     this.#onExit = options.onExit;
+    this.#watch = options.watch;
   }
 
   /**
@@ -164,6 +173,12 @@ export class ProcessTable {
         stdin: saved.stdin ? process.stdin.getWriter() : undefined,
         listeners: new Set(),
       };
+      const watcher = this.#watch?.({
+        requestId: saved.requestId,
+        pid: saved.pid,
+        config: saved.config,
+      });
+      if (watcher !== undefined) entry.listeners.add(watcher);
       this.#entries.set(saved.pid, entry);
       void this.#pump(entry);
       taken++;
@@ -214,6 +229,8 @@ export class ProcessTable {
       stdin: keepStdin ? stdin : undefined,
       listeners: new Set([options.onEvent]),
     };
+    const watcher = this.#watch?.({ requestId: process.id, pid, config });
+    if (watcher !== undefined) entry.listeners.add(watcher);
     this.#entries.set(pid, entry);
     this.#began.set(pid, began);
     options.onEvent({ kind: "start", pid });

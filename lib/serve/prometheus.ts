@@ -1,9 +1,9 @@
 /**
  * `waffle serve`'s `GET /metrics`: Prometheus' text exposition format
  * (version 0.0.4), written here (a few series need no client library).
- * A key sees its own tenant's series only (a scrape per tenant key gives an
- * operator every tenant's); the pools' series name no tenant and every key
- * sees them.
+ * A key sees its own tenant's series only; an admin key sees every
+ * tenant's, each labelled with its tenant; the pools' series name no tenant
+ * and every key sees them.
  *
  * @module
  */
@@ -47,6 +47,15 @@ export class Histogram {
   }
 
   /**
+   * The tenants observed so far.
+   *
+   * @returns Their names, sorted.
+   */
+  tenants(): string[] {
+    return [...this.#byTenant.keys()].sort();
+  }
+
+  /**
    * One tenant's series, cumulative as Prometheus wants them.
    *
    * @param tenant Whose.
@@ -76,7 +85,7 @@ export interface PoolSize {
 
 /** What one scrape reads. */
 export interface PrometheusSources {
-  /** The tenant's sandboxes, as recorded. */
+  /** The scope's sandboxes, as recorded. */
   records: SandboxRecord[];
   /** Create latencies. */
   create: Histogram;
@@ -98,18 +107,30 @@ export interface PrometheusSources {
 const STATES: SandboxRecord["state"][] = ["creating", "running", "paused"];
 
 /**
- * A tenant's metrics in Prometheus' text format.
+ * A scope's metrics in Prometheus' text format.
  *
- * @param tenant Whose series.
- * @param sources Records, histograms, readings, the proxy and the pools.
+ * @param scope Whose series: one tenant, or undefined for every tenant (an admin key's).
+ * @param sources Records (the scope's), histograms, readings, the proxy and the pools.
  * @returns The exposition text.
  */
-export async function prometheusText(tenant: string, sources: PrometheusSources): Promise<string> {
+export async function prometheusText(
+  scope: string | undefined,
+  sources: PrometheusSources,
+): Promise<string> {
   const out = new Exposition();
+  const tenants = scope !== undefined ? [scope] : [
+    ...new Set([
+      ...sources.records.map((record) => record.tenant),
+      ...sources.create.tenants(),
+      ...sources.command.tenants(),
+    ]),
+  ].sort();
   out.family("waffle_sandboxes", "gauge", "Sandboxes of the tenant by state");
-  for (const state of STATES) {
-    const count = sources.records.filter((record) => record.state === state).length;
-    out.sample("waffle_sandboxes", { tenant, state }, count);
+  for (const tenant of tenants) {
+    for (const state of STATES) {
+      const count = sources.records.filter((r) => r.tenant === tenant && r.state === state).length;
+      out.sample("waffle_sandboxes", { tenant, state }, count);
+    }
   }
   const pools = sources.poolSizes?.() ?? [];
   out.family("waffle_pool_ready", "gauge", "Warm sandboxes ready to be taken, by template");
@@ -123,22 +144,22 @@ export async function prometheusText(tenant: string, sources: PrometheusSources)
   out.histogram(
     "waffle_sandbox_create_seconds",
     "From a create request to its sandbox's runner serving",
-    { tenant, ...sources.create.of(tenant) },
+    tenants.map((tenant) => ({ tenant, ...sources.create.of(tenant) })),
   );
   out.histogram(
     "waffle_command_seconds",
     "From a command's start to its exit (envd processes)",
-    { tenant, ...sources.command.of(tenant) },
+    tenants.map((tenant) => ({ tenant, ...sources.command.of(tenant) })),
   );
-  sandboxSeries(out, tenant, sources);
-  await egressSeries(out, tenant, sources);
+  sandboxSeries(out, sources);
+  await egressSeries(out, sources);
   return out.text();
 }
 
-function sandboxSeries(out: Exposition, tenant: string, sources: PrometheusSources): void {
+function sandboxSeries(out: Exposition, sources: PrometheusSources): void {
   const readings = sources.records.flatMap((record) => {
     const stats = sources.latest(record.id);
-    return stats === undefined ? [] : [{ sandbox: record.id, stats }];
+    return stats === undefined ? [] : [{ tenant: record.tenant, sandbox: record.id, stats }];
   });
   const each = (
     name: string,
@@ -147,7 +168,7 @@ function sandboxSeries(out: Exposition, tenant: string, sources: PrometheusSourc
     value: (stats: SandboxStats) => number | null | undefined,
   ): void => {
     out.family(name, type, help);
-    for (const { sandbox, stats } of readings) {
+    for (const { tenant, sandbox, stats } of readings) {
       const v = value(stats);
       if (v !== null && v !== undefined) out.sample(name, { tenant, sandbox }, v);
     }
@@ -168,11 +189,7 @@ function sandboxSeries(out: Exposition, tenant: string, sources: PrometheusSourc
   );
 }
 
-async function egressSeries(
-  out: Exposition,
-  tenant: string,
-  sources: PrometheusSources,
-): Promise<void> {
+async function egressSeries(out: Exposition, sources: PrometheusSources): Promise<void> {
   const settled = sources.records.filter((record) => record.state !== "creating");
   const counted = await Promise.all(settled.map(async (record) => {
     let id: string | undefined;
@@ -182,7 +199,7 @@ async function egressSeries(
       id = undefined;
     }
     const counts = id === undefined ? undefined : await sources.egress(id);
-    return counts === undefined ? [] : [{ sandbox: record.id, counts }];
+    return counts === undefined ? [] : [{ tenant: record.tenant, sandbox: record.id, counts }];
   }));
   const rows = counted.flat();
   out.family(
@@ -190,7 +207,7 @@ async function egressSeries(
     "counter",
     "Connections through the egress proxy since it started, by decision",
   );
-  for (const { sandbox, counts } of rows) {
+  for (const { tenant, sandbox, counts } of rows) {
     for (const decision of ["allowed", "denied"] as const) {
       out.sample(
         "waffle_egress_connections_total",
@@ -204,7 +221,7 @@ async function egressSeries(
     "counter",
     "Bytes of closed connections through the egress proxy since it started",
   );
-  for (const { sandbox, counts } of rows) {
+  for (const { tenant, sandbox, counts } of rows) {
     out.sample("waffle_egress_bytes_total", { tenant, sandbox, direction: "up" }, counts.bytesUp);
     out.sample(
       "waffle_egress_bytes_total",
@@ -231,14 +248,16 @@ class Exposition {
   histogram(
     name: string,
     help: string,
-    series: { tenant: string; buckets: [string, number][]; sum: number; count: number },
+    all: { tenant: string; buckets: [string, number][]; sum: number; count: number }[],
   ): void {
     this.family(name, "histogram", help);
-    for (const [le, count] of series.buckets) {
-      this.sample(`${name}_bucket`, { tenant: series.tenant, le }, count);
+    for (const series of all) {
+      for (const [le, count] of series.buckets) {
+        this.sample(`${name}_bucket`, { tenant: series.tenant, le }, count);
+      }
+      this.sample(`${name}_sum`, { tenant: series.tenant }, series.sum);
+      this.sample(`${name}_count`, { tenant: series.tenant }, series.count);
     }
-    this.sample(`${name}_sum`, { tenant: series.tenant }, series.sum);
-    this.sample(`${name}_count`, { tenant: series.tenant }, series.count);
   }
 
   text(): string {

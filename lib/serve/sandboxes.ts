@@ -14,6 +14,7 @@ import type { SandboxConfig } from "../config/config.ts";
 import { SandboxPausedError, UsageError } from "../errors.ts";
 import { openSandbox, removeSandbox, type Sandbox } from "../sandbox/mod.ts";
 import { pauseSandbox, resumeSandbox } from "../lifecycle/pause.ts";
+import { stopSandbox } from "../lifecycle/fleet.ts";
 import type { SandboxRecord, SandboxStore } from "./state.ts";
 import type { ServeSnapshots, SnapshotRecord } from "./snapshots.ts";
 import type { Admission } from "./limits.ts";
@@ -72,7 +73,13 @@ export interface SandboxFleet {
   /** Forks a sandbox (see {@linkcode ServeSandboxes.fork}). */
   fork(
     source: SandboxRecord,
-    request: { keyId: string; timeoutS: number; count: number; admit: () => Admission },
+    request: {
+      tenant: string;
+      keyId: string;
+      timeoutS: number;
+      count: number;
+      admit: () => Admission;
+    },
   ): Promise<ForkOutcome[]>;
   /** Takes a snapshot of a sandbox. */
   snapshot(record: SandboxRecord, name: string | undefined): Promise<SnapshotRecord>;
@@ -110,6 +117,8 @@ export interface ServeSandboxesOptions {
   now?: () => number;
   /** Told each create that succeeded: its tenant and how long it took, in seconds. */
   onCreated?: (tenant: string, seconds: number) => void;
+  /** Told each sandbox removed (its id). */
+  onRemoved?: (id: string) => void;
 }
 
 /** A live sandbox: its record's id, the open waffle sandbox and what ends with it. */
@@ -153,6 +162,8 @@ export class ServeSandboxes implements SandboxFleet {
   readonly #options: ServeSandboxesOptions;
   readonly #live = new Map<string, Live>();
   readonly #removing = new SingleFlight<string, boolean>();
+  /** The warm pool (its template) each sandbox this server took from one came from. */
+  readonly #pooled = new Map<string, string>();
   #reaper: ReturnType<typeof setInterval> | undefined;
 
   /**
@@ -203,7 +214,10 @@ export class ServeSandboxes implements SandboxFleet {
       // A sandbox made from an image makes its state anew: never a pool's.
       const live = this.#open(record, { fromPool: request.fromImage === undefined });
       const pooled = live.sandbox.pooled;
-      if (pooled !== undefined) this.#options.onTaken?.(pooled.template);
+      if (pooled !== undefined) {
+        this.#pooled.set(record.id, pooled.template);
+        this.#options.onTaken?.(pooled.template);
+      }
       if (request.fromImage !== undefined) {
         // Removed by the catch below, as any failed create.
         await sandboxFromImage(live.sandbox, request.fromImage, {
@@ -229,12 +243,19 @@ export class ServeSandboxes implements SandboxFleet {
    * with its own error, the others go ahead.
    *
    * @param source The sandbox to fork.
-   * @param request The calling key, the forks' timeout, how many, and the admission of each.
+   * @param request The calling key and its tenant (the forks'; an admin's may differ from the
+   *   source's), the forks' timeout, how many, and the admission of each.
    * @returns One outcome per fork asked.
    */
   async fork(
     source: SandboxRecord,
-    request: { keyId: string; timeoutS: number; count: number; admit: () => Admission },
+    request: {
+      tenant: string;
+      keyId: string;
+      timeoutS: number;
+      count: number;
+      admit: () => Admission;
+    },
   ): Promise<ForkOutcome[]> {
     const outcomes: ForkOutcome[] = [];
     const records: SandboxRecord[] = [];
@@ -248,6 +269,7 @@ export class ServeSandboxes implements SandboxFleet {
       const record: SandboxRecord = {
         ...source,
         id: newSandboxId(),
+        tenant: request.tenant,
         keyId: request.keyId,
         accessToken: newBearerToken(),
         startedAt: now,
@@ -380,7 +402,44 @@ export class ServeSandboxes implements SandboxFleet {
       sandbox.close();
     }
     this.#store.delete(id);
+    this.#pooled.delete(id);
+    this.#options.onRemoved?.(id);
     return true;
+  }
+
+  /**
+   * The warm pool a sandbox was taken from, when this server took it.
+   *
+   * @param id The sandbox id.
+   * @returns The pool's template, or undefined when not taken from one (or before a restart).
+   */
+  pooledFrom(id: string): string | undefined {
+    return this.#pooled.get(id);
+  }
+
+  /**
+   * Stops a sandbox's container now, as `waffle stop` does (`stopSandbox`):
+   * its processes end, its files stay, and the next call starts it again.
+   *
+   * @param record The sandbox (running, not paused).
+   * @returns False when its container was not running.
+   * @throws {UsageError} When it has no container.
+   */
+  async stop(record: SandboxRecord): Promise<boolean> {
+    const { sandbox } = this.live(record);
+    return await stopSandbox(this.#options.docker, sandbox.key, { config: sandbox.config });
+  }
+
+  /**
+   * Whether a sandbox's container runs now (asked of Docker, never started).
+   *
+   * @param record The sandbox.
+   * @returns True when it runs (paused included), false when stopped or gone.
+   */
+  async running(record: SandboxRecord): Promise<boolean> {
+    const { sandbox } = this.live(record);
+    const container = await this.#options.docker.inspectContainer(sandbox.key.containerName);
+    return container?.State.Running === true;
   }
 
   /**
@@ -465,11 +524,17 @@ export class ServeSandboxes implements SandboxFleet {
   }
 }
 
-// The grant narrowed by what the create asked. Judged at the create; a
-// config changed since then that no longer grants the ask (edited while
-// the server runs, or before a restart) leaves the sandbox reaching
-// nothing rather than more.
-function narrowing(grant: EgressGrant, ask: NetworkAsk): Partial<SandboxConfig> {
+/**
+ * The grant narrowed by what the create asked. Judged at the create; a
+ * config changed since then that no longer grants the ask (edited while
+ * the server runs, or before a restart) leaves the sandbox reaching
+ * nothing rather than more.
+ *
+ * @param grant What the config grants every sandbox.
+ * @param ask What the sandbox's create asked.
+ * @returns The overrides its config gets.
+ */
+export function narrowing(grant: EgressGrant, ask: NetworkAsk): Partial<SandboxConfig> {
   const narrowed = narrowEgress(grant, ask);
   if ("overrides" in narrowed) return narrowed.overrides;
   const none = narrowEgress(grant, { allowInternetAccess: false });

@@ -29,6 +29,9 @@ import type { TenantLimitSettings } from "../config/serve_schema.ts";
 import type { EgressGrant } from "./network.ts";
 import { type HttpLimits, serveHttp } from "../http/mod.ts";
 import { ServerMetrics } from "./observe.ts";
+import { CommandLog } from "./command_log.ts";
+import { consoleApi, type ConsoleApiDeps } from "./console_api.ts";
+import { answerConsole } from "./console_route.ts";
 
 /** Options of {@linkcode startServer}. */
 export interface ServerOptions {
@@ -90,6 +93,8 @@ interface Fleet {
   envd: { respond(request: Request, record: SandboxRecord): Promise<Response>; restore(): void };
   /** What the control API reports of costs (Docker only). */
   observed: Pick<ControlDeps, "metrics" | "prometheus">;
+  /** What the console's API reads beyond the sandboxes. */
+  console: Pick<ConsoleApiDeps, "backend" | "commands" | "containers">;
   start(): void;
   stop(): Promise<void>;
 }
@@ -117,6 +122,7 @@ function dockerFleet(options: ServerOptions): Fleet {
       })),
     intervalMs: options.metricsIntervalMs,
   });
+  const commands = new CommandLog();
   const sandboxes = new ServeSandboxes(new SandboxStore(options.db), {
     home: options.home,
     docker,
@@ -125,6 +131,7 @@ function dockerFleet(options: ServerOptions): Fleet {
     ...(pools === undefined ? {} : { onTaken: () => pools.poke() }),
     onCreated: (tenant, seconds) => metrics.create.observe(tenant, seconds),
     snapshots: new ServeSnapshots(options.db, options.home),
+    onRemoved: (id) => commands.forget(id),
   });
   const envd = new EnvdRouter({
     sandboxes,
@@ -132,12 +139,22 @@ function dockerFleet(options: ServerOptions): Fleet {
     maxBodyBytes: options.maxBodyBytes,
     maxStreamsPerKey: options.maxStreamsPerKey,
     onCommandExit: (tenant, seconds) => metrics.command.observe(tenant, seconds),
+    commands,
   });
   const ring = metrics.attach(sandboxes);
   return {
     sandboxes,
     envd,
-    observed: { metrics: ring, prometheus: (tenant) => metrics.prometheus(tenant) },
+    observed: { metrics: ring, prometheus: (scope) => metrics.prometheus(scope) },
+    console: {
+      backend: "docker",
+      commands,
+      containers: {
+        stop: (record) => sandboxes.stop(record),
+        running: (record) => sandboxes.running(record),
+        pooledFrom: (id) => sandboxes.pooledFrom(id),
+      },
+    },
     start: () => metrics.start(),
     stop: async () => {
       metrics.stop();
@@ -161,6 +178,7 @@ async function kubeFleet(options: ServerOptions, kube: KubeServerOptions): Promi
     sandboxes,
     envd: new KubeEnvd(sandboxes),
     observed: {},
+    console: { backend: "kubernetes" },
     start: () => {},
     stop: () => Promise.resolve(),
   };
@@ -220,6 +238,17 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     ...(options.audit === undefined ? {} : { audit: options.audit }),
     ...fleet.observed,
   });
+  // waffle's own API for the console, behind the same key check.
+  control.route(
+    "/waffle/v1",
+    consoleApi({
+      sandboxes,
+      home: options.home,
+      grant: options.grant,
+      metrics: fleet.observed.metrics,
+      ...fleet.console,
+    }),
+  );
   let port = options.port;
   const handler = async (request: Request): Promise<Response> => {
     const refused = checkHost(request, {
@@ -228,6 +257,9 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       domain: options.domain,
     });
     if (refused !== undefined) return refused;
+    // The console's page and assets: public (every datum comes from the API, with the key).
+    const path = new URL(request.url).pathname;
+    if (path === "/ui" || path.startsWith("/ui/")) return await answerConsole(request);
     // A file upload streams into the sandbox (its quota bounds it); every
     // other body is read whole, so it is capped.
     const length = Number(request.headers.get("content-length") ?? 0);

@@ -193,30 +193,40 @@ export class ServeSnapshots {
   /**
    * A tenant's snapshot by id or name.
    *
-   * @param tenant The caller's tenant.
+   * @param tenant The caller's tenant (undefined: an admin's scope, every tenant's; a name
+   *   then needs to be one tenant's only, an id is unique).
    * @param idOrName Its id, or the name it was given.
    * @returns It, or undefined (also for another tenant's).
    */
-  find(tenant: string, idOrName: string): SnapshotRecord | undefined {
-    const row = statement(
-      this.#db,
-      "SELECT * FROM snapshots WHERE tenant = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC LIMIT 1",
-    ).get(tenant, idOrName, idOrName, idOrName) as Row | undefined;
+  find(tenant: string | undefined, idOrName: string): SnapshotRecord | undefined {
+    const row = (tenant === undefined
+      ? statement(
+        this.#db,
+        "SELECT * FROM snapshots WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1",
+      ).get(idOrName)
+      : statement(
+        this.#db,
+        "SELECT * FROM snapshots WHERE tenant = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC LIMIT 1",
+      ).get(tenant, idOrName, idOrName, idOrName)) as Row | undefined;
     return row === undefined ? undefined : fromRow(row);
   }
 
   /**
    * A tenant's snapshots, oldest first.
    *
-   * @param tenant The caller's tenant.
+   * @param tenant The caller's tenant (undefined: every tenant's, an admin's scope).
    * @param filter Only those of one sandbox, or of one id or name.
    * @returns The snapshots.
    */
-  list(tenant: string, filter: { sandboxId?: string; name?: string } = {}): SnapshotRecord[] {
-    const rows = statement(
-      this.#db,
-      "SELECT * FROM snapshots WHERE tenant = ? ORDER BY created_at, id",
-    ).all(tenant) as unknown as Row[];
+  list(
+    tenant: string | undefined,
+    filter: { sandboxId?: string; name?: string } = {},
+  ): SnapshotRecord[] {
+    const rows =
+      (tenant === undefined
+        ? statement(this.#db, "SELECT * FROM snapshots ORDER BY created_at, id").all()
+        : statement(this.#db, "SELECT * FROM snapshots WHERE tenant = ? ORDER BY created_at, id")
+          .all(tenant)) as unknown as Row[];
     return rows.map(fromRow).filter((s) =>
       (filter.sandboxId === undefined || s.sandboxId === filter.sandboxId) &&
       (filter.name === undefined || s.name === filter.name || s.id === filter.name)
@@ -226,11 +236,11 @@ export class ServeSnapshots {
   /**
    * Removes a tenant's snapshot: its row, then its image.
    *
-   * @param tenant The caller's tenant.
+   * @param tenant The caller's tenant (undefined: any tenant's, an admin's scope).
    * @param idOrName Its id or name.
    * @returns False when the tenant has no such snapshot.
    */
-  async remove(tenant: string, idOrName: string): Promise<boolean> {
+  async remove(tenant: string | undefined, idOrName: string): Promise<boolean> {
     const snapshot = this.find(tenant, idOrName);
     if (snapshot === undefined) return false;
     statement(this.#db, "DELETE FROM snapshots WHERE id = ?").run(snapshot.id);

@@ -1,0 +1,187 @@
+/**
+ * The recent commands of each sandbox, for the console: every process the
+ * server's envd starts (or takes over after a restart) is recorded from its
+ * events: its argv, working directory, start, end, exit, and the last
+ * {@linkcode TAIL_BYTES} of each stream. Bounded: at most
+ * {@linkcode COMMANDS_KEPT} commands per sandbox, each tail a fixed ring, so
+ * a command writing gigabytes costs the server 8 KiB. Kept in memory: a
+ * server started again knows the commands it takes over, not those that
+ * ended before.
+ *
+ * @module
+ */
+import type { ProcessConfig, ProcessEvent } from "./processes.ts";
+
+/** Bytes of each stream's tail kept per command. */
+export const TAIL_BYTES = 4096;
+/** Commands kept per sandbox, newest. */
+export const COMMANDS_KEPT = 200;
+
+/** One command as the console lists it (`GET /waffle/v1/sandboxes/{id}/commands`). */
+export interface ConsoleCommand {
+  /** The waffle request id of its process. */
+  id: string;
+  /** Its envd pid while it runs (for `process.Connect`), else null. */
+  pid: number | null;
+  /** Program and arguments, as started. */
+  argv: string[];
+  /** Its working directory as asked, or null for the home. */
+  cwd: string | null;
+  /** When it started (or was taken over), ISO. */
+  startedAt: string;
+  /** When it ended, ISO; null while it runs. */
+  endedAt: string | null;
+  /** Start to end, in ms; null while it runs. */
+  durationMs: number | null;
+  /** Its exit code; null while it runs or when it died of a signal or never ran. */
+  exitCode: number | null;
+  /** The signal that ended it (its number), else null. */
+  signal: number | null;
+  /** It runs now. */
+  running: boolean;
+  /** The last {@linkcode TAIL_BYTES} of its stdout (a terminal's output too), lossy UTF-8. */
+  stdoutTail: string;
+  /** The last {@linkcode TAIL_BYTES} of its stderr, lossy UTF-8. */
+  stderrTail: string;
+  /** A tail lost its beginning. */
+  truncated: boolean;
+}
+
+interface Kept {
+  id: string;
+  pid: number;
+  argv: string[];
+  cwd: string | null;
+  startedAt: number;
+  endedAt: number | null;
+  exitCode: number | null;
+  signal: number | null;
+  stdout: Tail;
+  stderr: Tail;
+}
+
+/** The last bytes of a stream: a fixed buffer, never more. */
+class Tail {
+  readonly #bytes = new Uint8Array(TAIL_BYTES);
+  #length = 0;
+  truncated = false;
+
+  push(data: Uint8Array): void {
+    if (data.byteLength >= TAIL_BYTES) {
+      this.#bytes.set(data.subarray(data.byteLength - TAIL_BYTES));
+      this.truncated ||= data.byteLength > TAIL_BYTES || this.#length > 0;
+      this.#length = TAIL_BYTES;
+      return;
+    }
+    const keep = Math.min(this.#length, TAIL_BYTES - data.byteLength);
+    if (keep < this.#length) this.truncated = true;
+    this.#bytes.copyWithin(0, this.#length - keep, this.#length);
+    this.#bytes.set(data, keep);
+    this.#length = keep + data.byteLength;
+  }
+
+  text(): string {
+    return new TextDecoder("utf-8", { fatal: false }).decode(this.#bytes.subarray(0, this.#length));
+  }
+}
+
+const SIGNALS: Record<string, number> = {
+  hup: 1,
+  int: 2,
+  quit: 3,
+  abrt: 6,
+  killed: 9,
+  kill: 9,
+  segv: 11,
+  pipe: 13,
+  alrm: 14,
+  terminated: 15,
+  term: 15,
+};
+
+/** Every sandbox's recent commands. */
+export class CommandLog {
+  readonly #bySandbox = new Map<string, Kept[]>();
+  readonly #now: () => number;
+
+  /** @param options `now`: the clock (tests). */
+  constructor(options: { now?: () => number } = {}) {
+    this.#now = options.now ?? Date.now;
+  }
+
+  /**
+   * Records a process from its start (or take-over): the listener to add to its events.
+   *
+   * @param sandbox The sandbox id.
+   * @param process Its request id, envd pid and config.
+   * @returns A listener of its events (it never holds the output back).
+   */
+  watch(
+    sandbox: string,
+    process: { requestId: string; pid: number; config: ProcessConfig },
+  ): (event: ProcessEvent) => undefined {
+    const kept: Kept = {
+      id: process.requestId,
+      pid: process.pid,
+      argv: [process.config.cmd, ...process.config.args],
+      cwd: process.config.cwd ?? null,
+      startedAt: this.#now(),
+      endedAt: null,
+      exitCode: null,
+      signal: null,
+      stdout: new Tail(),
+      stderr: new Tail(),
+    };
+    let list = this.#bySandbox.get(sandbox);
+    if (list === undefined) this.#bySandbox.set(sandbox, list = []);
+    list.push(kept);
+    if (list.length > COMMANDS_KEPT) list.splice(0, list.length - COMMANDS_KEPT);
+    return (event) => {
+      if (event.kind === "data") {
+        (event.stream === "stderr" ? kept.stderr : kept.stdout).push(event.data);
+      }
+      if (event.kind === "end") {
+        kept.endedAt = this.#now();
+        kept.exitCode = event.exited ? event.exitCode : null;
+        const signal = /^signal: (\w+)/.exec(event.status)?.[1];
+        kept.signal = signal === undefined ? null : SIGNALS[signal] ?? null;
+      }
+      return undefined;
+    };
+  }
+
+  /**
+   * A sandbox's commands, newest first.
+   *
+   * @param sandbox The sandbox id.
+   * @param limit The most returned.
+   * @returns The commands.
+   */
+  list(sandbox: string, limit: number): ConsoleCommand[] {
+    const list = this.#bySandbox.get(sandbox) ?? [];
+    return list.slice(-Math.max(1, limit)).reverse().map((kept) => ({
+      id: kept.id,
+      pid: kept.endedAt === null ? kept.pid : null,
+      argv: kept.argv,
+      cwd: kept.cwd,
+      startedAt: new Date(kept.startedAt).toISOString(),
+      endedAt: kept.endedAt === null ? null : new Date(kept.endedAt).toISOString(),
+      durationMs: kept.endedAt === null ? null : kept.endedAt - kept.startedAt,
+      exitCode: kept.exitCode,
+      signal: kept.signal,
+      running: kept.endedAt === null,
+      stdoutTail: kept.stdout.text(),
+      stderrTail: kept.stderr.text(),
+      truncated: kept.stdout.truncated || kept.stderr.truncated,
+    }));
+  }
+
+  /**
+   * Forgets a sandbox's commands (it was removed).
+   *
+   * @param sandbox The sandbox id.
+   */
+  forget(sandbox: string): void {
+    this.#bySandbox.delete(sandbox);
+  }
+}
