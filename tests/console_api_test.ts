@@ -435,3 +435,66 @@ sdkTest(
     );
   },
 );
+
+// One upstream on loopback, named by [egress.hosts]; its port is reserved now, as the config is
+// written before the server starts.
+function freePort(hostname: string): number {
+  const listener = Deno.listen({ hostname, port: 0 });
+  const port = (listener.addr as Deno.NetAddr).port;
+  listener.close();
+  return port;
+}
+const ONE = { name: "one.test", ip: "127.0.0.2", port: freePort("127.0.0.2") };
+const EGRESS_TOML = [
+  "[sandbox]",
+  `egress = ["${ONE.name}:${ONE.port}"]`,
+  `egress_addresses = ["127.0.0.0/8"]`,
+  "egress_allow_host_loopback = true",
+  "[egress.hosts]",
+  `"${ONE.name}" = "${ONE.ip}"`,
+  "",
+].join("\n");
+
+sdkTest(
+  "a real connection through the egress proxy: the row says attached and what it allows; the denied one shows in /waffle/v1/egress",
+  async (served) => {
+    const key = served.keys.a;
+    const server = Deno.serve(
+      { hostname: ONE.ip, port: ONE.port, onListen: () => {} },
+      () => new Response("one"),
+    );
+    try {
+      const sandbox = await Sandbox.create("base", sdk(served, key));
+      const ran = await sandbox.commands.run(
+        `curl -s -o /dev/null -w '%{http_code} ' --max-time 10 http://${ONE.name}:${ONE.port}/; ` +
+          `curl -s -o /dev/null -w '%{http_code}' --max-time 10 http://refused.test:81/`,
+      );
+      assert.equal(ran.stdout, "200 403");
+      const [row] = await rows(served, key);
+      assert.deepEqual(row.egress, { attached: true, allow: [`${ONE.name}:${ONE.port}`] });
+      let view: any;
+      for (let i = 0; i < 100; i++) {
+        view = (await api(served, key, `/waffle/v1/egress?sandbox=${sandbox.sandboxId}`)).body;
+        if (view.entries.length >= 2) break;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      const denied = view.entries.find((e: { decision: string }) => e.decision === "denied");
+      assert.equal(denied.destination, "refused.test");
+      assert.equal(denied.sandbox, sandbox.sandboxId);
+      assert.equal(denied.tenant, "a");
+      assert.ok(
+        view.entries.some((e: { decision: string; destination: string }) =>
+          e.decision === "allowed" && e.destination === ONE.name
+        ),
+      );
+      assert.deepEqual(
+        (await api(served, served.keys.b, `/waffle/v1/egress?sandbox=${sandbox.sandboxId}`)).body
+          .entries,
+        [],
+      );
+    } finally {
+      await server.shutdown();
+    }
+  },
+  { toml: EGRESS_TOML },
+);
