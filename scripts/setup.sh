@@ -9,7 +9,10 @@
 #                  Then the MCP package cache .tools/mcp-cache gets the servers the
 #                  tests run (npm:@modelcontextprotocol/server-everything,
 #                  server-memory and server-filesystem), world-readable for the
-#                  sandbox's uid, unless they are cached already.
+#                  sandbox's uid, unless they are cached already. And the
+#                  browser console's assets (scripts/build_console.ts ->
+#                  lib/serve/console/assets.gen.ts), rebuilt only when its
+#                  inputs changed.
 #   --docker       also: install docker.io via apt when dockerd is missing,
 #                  start dockerd when the daemon does not answer, install gcc and
 #                  the static C library via apt when missing (the image's spawn
@@ -120,6 +123,15 @@ ensure_node_modules() {
     rm -rf "$scratch"
     die "node_modules is incomplete: npm imports do not load with --cached-only"
   fi
+}
+
+# The browser console (`waffle serve`'s /ui): bundled from ui/ by Deno's
+# esbuild into lib/serve/console/assets.gen.ts, which the server and the
+# artefact import. The script skips the build when its inputs' stamp matches.
+ensure_console() {
+  (cd "$REPO" && DENO_NO_UPDATE_CHECK=1 "$DENO" run --allow-read --allow-write --allow-run \
+    --allow-env scripts/build_console.ts) | sed 's/^console: /setup: console: /' ||
+    die "Cannot build the console (scripts/build_console.ts)"
 }
 
 # The npm MCP servers the tests run, fetched once by the host's Deno into the
@@ -303,6 +315,7 @@ print_docker_summary() {
 
 ensure_deno
 ensure_node_modules
+ensure_console
 ensure_mcp_cache
 ((with_conformance == 0)) || ensure_conformance
 ((with_browser == 0)) || ensure_chromium
