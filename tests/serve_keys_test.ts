@@ -474,7 +474,12 @@ Deno.test("a keys file (serve key export) verifies what the store made, never ho
     assert.ok(!exported.includes(a!.key) && !exported.includes(b!.key), "no key in the file");
     await Deno.writeTextFile(path, exported);
     const file = keysFile(path);
-    assert.deepEqual(file.verify(a!.key), { id: a!.id, name: a!.name, tenant: "acme" });
+    assert.deepEqual(file.verify(a!.key), {
+      id: a!.id,
+      name: a!.name,
+      tenant: "acme",
+      admin: false,
+    });
     assert.deepEqual(file.verify(b!.key)?.tenant, "beta");
     assert.equal(file.verify(`e2b_${"0".repeat(40)}`), undefined);
     assert.equal(file.verify("not a key"), undefined);
