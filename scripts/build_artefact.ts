@@ -52,8 +52,9 @@ const EAGER_REQUIRE =
 const LAZY_REQUIRE = "var __deno_internal_require;\n" +
   "var __require = (id) => (__deno_internal_require ??= globalThis.process" +
   '.getBuiltinModule("node:module").createRequire(import.meta.url))(id);';
-// esbuild's chunk imports, as it writes them.
-const CHUNK_IMPORT = /\bimport\("(\.\/[A-Za-z0-9_-]+\.js)"\)/g;
+// esbuild's chunk imports, as it writes them (a module's name may have a
+// dot: the console's `assets.gen.ts` is the chunk `assets.gen-XXXX.js`).
+const CHUNK_IMPORT = /\bimport\("(\.\/[A-Za-z0-9_.-]+\.js)"\)/g;
 
 if (entry === "main.ts") await buildDirectory(output);
 else await buildFile(output, entry);
@@ -114,7 +115,7 @@ async function buildDirectory(dir: string): Promise<void> {
 // entry's own closure included, so a change that pulls a large module into
 // a hot command shows in the build's output.
 function closureReport(files: Record<string, string>): string {
-  const STATIC_IMPORT = /(?:\bfrom|\bimport)\s*"\.\/([A-Za-z0-9_-]+\.js)"/g;
+  const STATIC_IMPORT = /(?:\bfrom|\bimport)\s*"\.\/([A-Za-z0-9_.-]+\.js)"/g;
   const closure = (name: string): Set<string> => {
     const seen = new Set<string>();
     const todo = [name];

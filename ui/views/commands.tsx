@@ -46,7 +46,6 @@ export function CommandsView(props: { sandboxId: string }): JSX.Element {
             data-command-id={command.id}
             class={command.id === selected ? "selected" : "clickable"}
             tabIndex={0}
-            aria-selected={command.id === selected}
             onClick={() => setSelected(command.id)}
             onKeyDown={(event) => {
               if (event.key === "Enter" || event.key === " ") {

@@ -9,7 +9,7 @@
 import type { JSX } from "preact";
 import { useState } from "preact/hooks";
 import { FileType } from "../../lib/serve/gen/filesystem/filesystem_pb.ts";
-import { envdOf, errorText } from "../api.ts";
+import { envdOf } from "../api.ts";
 import { usePoll, withProgress } from "../state.ts";
 import { formatBytes, Table } from "./common.tsx";
 
@@ -149,8 +149,6 @@ function upload(sandboxId: string, path: string, file: File): Promise<unknown> {
       request.onerror = () => reject(new Error(`Cannot upload '${path}': network error`));
       request.send(form);
     });
-  }).catch((error) => {
-    throw new Error(errorText(error));
   });
 }
 

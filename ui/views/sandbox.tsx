@@ -40,7 +40,7 @@ export function SandboxView(
   const sandbox = list?.sandboxes.find((one) => one.sandboxID === id);
   return (
     <section aria-labelledby="sandbox-title">
-      <div class="sandbox-head">
+      <div class="sandbox-head" data-testid="sandbox-header">
         <h1 id="sandbox-title">
           <a href="#/sandboxes">Sandboxes</a> / <span class="mono">{id}</span>
         </h1>
