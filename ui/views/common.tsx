@@ -14,8 +14,8 @@ export function ErrorLine(): JSX.Element | null {
   const error = useStore(errorStore);
   if (error === "") return null;
   return (
-    <div class="error" role="alert" data-testid="error">
-      <span>{error}</span>
+    <div class="error">
+      <span role="alert" data-testid="error">{error}</span>
       <button type="button" aria-label="Dismiss" onClick={() => errorStore.set("")}>×</button>
     </div>
   );
