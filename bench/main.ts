@@ -26,6 +26,7 @@
 import { parseArgs } from "node:util";
 import { attackSection } from "./attack_bench.ts";
 import { cliSection } from "./cli_bench.ts";
+import { consoleSection } from "./console_bench.ts";
 import { cpSection } from "./cp_bench.ts";
 import { dockerSection } from "./docker_bench.ts";
 import { egressSection } from "./egress_bench.ts";
@@ -58,6 +59,7 @@ export const SECTIONS: readonly Section[] = [
   serveSection,
   k8sSection,
   poolSection,
+  consoleSection,
 ];
 
 /**
