@@ -15,7 +15,8 @@ import { join } from "../lib/path.ts";
 import { openServeDb, SERVE_MIGRATIONS } from "../lib/serve/db.ts";
 import { keysFile, KeyStore } from "../lib/serve/keys.ts";
 import { runCliProcess } from "./_helpers.ts";
-import { BASE, sdk, sdkTest, type Served } from "./_serve_helpers.ts";
+import { BASE, baseTest, sdk, sdkTest, serve, type Served } from "./_serve_helpers.ts";
+import { startKubeRig } from "./_k8s_rig.ts";
 
 /** Makes a key on a served home with the CLI; returns the key. */
 async function cliKey(served: Served, args: string[]): Promise<string> {
@@ -497,4 +498,49 @@ sdkTest(
     }
   },
   { toml: EGRESS_TOML },
+);
+
+baseTest(
+  "kubernetes: /waffle/v1 says the backend and its features, lists the sandbox without costs, stop is 501",
+  async (docker) => {
+    const rig = await startKubeRig(docker);
+    let served: Served | undefined;
+    try {
+      served = await serve({ kube: rig });
+      const key = served.keys.a;
+      const who = await api(served, key, "/waffle/v1/whoami");
+      assert.equal(who.body.backend, "kubernetes");
+      assert.deepEqual(who.body.features, {
+        metrics: false,
+        snapshots: false,
+        fork: false,
+        stop: false,
+      });
+      const sandbox = await Sandbox.create("base", sdk(served, key));
+      assert.equal((await sandbox.commands.run("echo k8s")).stdout, "k8s\n");
+      const [row] = await rows(served, key);
+      assert.equal(row.sandboxID, sandbox.sandboxId);
+      assert.equal(row.state, "running");
+      assert.equal(row.cpuUsedPct, null);
+      assert.equal(row.memUsed, null);
+      const stop = await api(served, key, `/waffle/v1/sandboxes/${sandbox.sandboxId}/stop`, {
+        method: "POST",
+      });
+      assert.equal(stop.status, 501);
+      const commands = await api(served, key, `/waffle/v1/sandboxes/${sandbox.sandboxId}/commands`);
+      assert.deepEqual(commands, { status: 200, body: { commands: [] } });
+      assert.equal((await api(served, key, "/waffle/v1/egress")).status, 200);
+      assert.equal((await api(served, key, "/waffle/v1/mcp")).status, 200);
+      assert.equal(
+        (await api(served, served.keys.b, `/waffle/v1/sandboxes/${sandbox.sandboxId}/commands`))
+          .status,
+        404,
+      );
+      await sandbox.kill();
+    } finally {
+      await served?.stop();
+      await rig.stop();
+    }
+  },
+  { sanitize: false },
 );

@@ -165,6 +165,13 @@ sdkTest(
     assert.ok(new TextEncoder().encode(flood.stdoutTail).byteLength <= 4096 * 3);
     assert.ok(flood.stdoutTail.endsWith("<script>alert(1)</script>"));
     assert.ok(commands.text.length < 64 * 1024, `${commands.text.length} bytes`);
+    const head = await fetch(`${served.url}/waffle/v1/sandboxes/${id}/commands`, {
+      headers: { "x-api-key": key },
+    });
+    await head.body?.cancel();
+    assert.match(head.headers.get("content-type") ?? "", /^application\/json/);
+    assert.equal(head.headers.get("x-content-type-options"), "nosniff");
+    assert.equal(head.headers.get("cache-control"), "no-store");
 
     // A broken-into runner (uid 0 in the container): its queue file garbage, its processes killed.
     const container = sandboxKey("a", id, { home: served.home }).containerName;

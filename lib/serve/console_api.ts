@@ -63,6 +63,12 @@ type ConsoleContext = Context<{ Variables: { caller: Caller } }>;
  */
 export function consoleApi(deps: ConsoleApiDeps): Hono<{ Variables: { caller: Caller } }> {
   const app = new Hono<{ Variables: { caller: Caller } }>();
+  // What a sandbox can influence is in these answers: never cached, never sniffed as markup.
+  app.use("*", async (c, next) => {
+    await next();
+    c.header("cache-control", "no-store");
+    c.header("x-content-type-options", "nosniff");
+  });
   const owned = (c: ConsoleContext): SandboxRecord | undefined => {
     const record = deps.sandboxes.store.get(c.req.param("id") ?? "", scopeOf(c.get("caller")));
     return record === undefined || record.state === "creating" ||
