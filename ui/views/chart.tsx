@@ -1,6 +1,7 @@
 /// <reference lib="dom" />
 /**
- * A uPlot line chart over time that follows its box's width and its data.
+ * A uPlot line chart over the last hour that follows its box's width and
+ * its data.
  *
  * @module
  */
@@ -48,6 +49,18 @@ export function Chart(
           })),
         ],
         axes: [{}, { values: (_u: uPlot, ticks: number[]) => ticks.map(format), size: 70 }],
+        // Always the last hour, and values from zero: one sample makes no
+        // zoomed-in scale of years or of a hair's breadth.
+        scales: {
+          x: {
+            time: true,
+            range: (): uPlot.Range.MinMax => {
+              const now = Date.now() / 1000;
+              return [now - 3600, now];
+            },
+          },
+          y: { range: (_u: uPlot, _min: number, max: number) => [0, Math.max(max * 1.1, 1)] },
+        },
       },
       props.data as uPlot.AlignedData,
       element,

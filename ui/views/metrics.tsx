@@ -32,7 +32,11 @@ export function MetricsView(props: { sandboxId: string }): JSX.Element {
       <Chart
         testid="cpu-chart"
         title="CPU %"
-        lines={[{ label: "CPU %", color: "#2563eb", format: (v) => `${v.toFixed(0)}%` }]}
+        lines={[{
+          label: "CPU %",
+          color: "#2563eb",
+          format: (v) => `${v < 10 ? v.toFixed(1) : v.toFixed(0)}%`,
+        }]}
         data={[times, list.map((sample) => sample.cpuUsedPct)]}
       />
       <Chart
