@@ -160,7 +160,13 @@ export function usePoll<T>(
   const loadRef = useRef(load);
   loadRef.current = load;
   const [kick, setKick] = useState(0);
+  const depsKey = useRef<string | undefined>(undefined);
   useEffect(() => {
+    // New inputs (another directory, another sandbox): drop the old answer
+    // rather than show it as theirs.
+    const key = JSON.stringify(options.deps);
+    if (depsKey.current !== undefined && depsKey.current !== key) setValue(undefined);
+    depsKey.current = key;
     let stopped = false;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const run = async (): Promise<void> => {

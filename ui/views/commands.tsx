@@ -32,6 +32,11 @@ export function CommandsView(props: { sandboxId: string }): JSX.Element {
   const [selected, setSelected] = useState<string | null>(null);
   const [followed, setFollowed] = useState<number | null>(null);
   const commands = list?.commands ?? [];
+  // Another row shows its own output; following stops.
+  const choose = (id: string): void => {
+    setSelected(id);
+    setFollowed(null);
+  };
   const chosen = commands.find((command) => command.id === selected);
   return (
     <div>
@@ -46,11 +51,13 @@ export function CommandsView(props: { sandboxId: string }): JSX.Element {
             data-command-id={command.id}
             class={command.id === selected ? "selected" : "clickable"}
             tabIndex={0}
-            onClick={() => setSelected(command.id)}
+            onClick={() => choose(command.id)}
             onKeyDown={(event) => {
+              // Keys on the row's own button are the button's.
+              if (event.target !== event.currentTarget) return;
               if (event.key === "Enter" || event.key === " ") {
                 event.preventDefault();
-                setSelected(command.id);
+                choose(command.id);
               }
             }}
           >
