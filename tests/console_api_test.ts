@@ -293,6 +293,52 @@ sdkTest(
   },
 );
 
+sdkTest(
+  "GET /waffle/v1/sandboxes/{id}/commands lists what the queue knows beyond envd: a detached waffle exec",
+  async (served) => {
+    const key = served.keys.a;
+    const sandbox = await Sandbox.create("base", sdk(served, key));
+    const id = sandbox.sandboxId;
+    await sandbox.commands.run("echo envd");
+    const detached = await runCliProcess(
+      [
+        "exec",
+        "--tenant",
+        "a",
+        "--user",
+        id,
+        "--image",
+        BASE,
+        "--detach",
+        "--",
+        "sh",
+        "-c",
+        "exit 4",
+      ],
+      { env: { WAFFLE_HOME: served.home } },
+    );
+    assert.equal(detached.code, 0, detached.stderr);
+    const requestId = detached.stdout.trim();
+    let found: any;
+    for (let i = 0; i < 100; i++) {
+      const { body } = await api(served, key, `/waffle/v1/sandboxes/${id}/commands`);
+      found = body.commands.find((c: { id: string }) => c.id === requestId);
+      if (found !== undefined && !found.running) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    assert.deepEqual(
+      [found.argv, found.exitCode, found.running, found.pid],
+      [["sh", "-c", "exit 4"], 4, false, null],
+    );
+    const { body } = await api(served, key, `/waffle/v1/sandboxes/${id}/commands`);
+    // Newest first, envd's too, each once.
+    assert.deepEqual(body.commands.map((c: { argv: string[] }) => c.argv.at(-1)), [
+      "exit 4",
+      "echo envd",
+    ]);
+  },
+);
+
 /** Egress audit lines of a sandbox. */
 function egressLine(over: Record<string, unknown>): string {
   return JSON.stringify({

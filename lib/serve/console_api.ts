@@ -18,7 +18,9 @@ import type { SandboxRecord } from "./state.ts";
 import { narrowing, type SandboxFleet } from "./sandboxes.ts";
 import type { EgressGrant } from "./network.ts";
 import type { MetricsRing } from "./metrics_ring.ts";
-import type { CommandLog, ConsoleCommand } from "./command_log.ts";
+import { type CommandLog, COMMANDS_KEPT, type ConsoleCommand } from "./command_log.ts";
+import { queueCommands } from "./queue_commands.ts";
+import type { Queue } from "../queue/queue.ts";
 import { egressView, MAX_AUDIT_ENTRIES, mcpView } from "./audit_tail.ts";
 
 /** The most commands one `commands` answer lists. */
@@ -32,6 +34,8 @@ export interface ConsoleContainers {
   running(record: SandboxRecord): Promise<boolean>;
   /** The warm pool a sandbox was taken from, when known. */
   pooledFrom(id: string): string | undefined;
+  /** A sandbox's open queue (its requests beyond envd's, `queue_commands.ts`). */
+  queue(record: SandboxRecord): Queue;
 }
 
 /** What the console's API needs of the server. */
@@ -123,7 +127,7 @@ export function consoleApi(deps: ConsoleApiDeps): Hono<{ Variables: { caller: Ca
     if (record === undefined) return notFound(c);
     const limit = numberQuery(c, "limit", { fallback: 50, max: MAX_COMMANDS });
     if (typeof limit !== "number") return limit;
-    return c.json({ commands: deps.commands?.list(record.id, limit) ?? [] });
+    return c.json({ commands: commandsOf(record, deps, limit) });
   });
   auditRoutes(app, deps);
   app.notFound((c) => fail(c, 404, `No route '${c.req.method} ${c.req.path.slice(0, 200)}'`));
@@ -166,6 +170,18 @@ function auditRoutes(app: Hono<{ Variables: { caller: Caller } }>, deps: Console
     if (asked instanceof Response) return asked;
     return c.json(await mcpView(deps.home, asked));
   });
+}
+
+// Envd's commands (the log) and, on Docker, the rest of what the queue knows, newest first.
+function commandsOf(record: SandboxRecord, deps: ConsoleApiDeps, limit: number): ConsoleCommand[] {
+  const logged = deps.commands?.list(record.id, COMMANDS_KEPT) ?? [];
+  const queued = deps.containers === undefined ? [] : queueCommands(deps.containers.queue(record), {
+    limit,
+    known: new Set(logged.map((command) => command.id)),
+  });
+  return [...logged.slice(0, limit), ...queued]
+    .sort((a, b) => Date.parse(b.startedAt) - Date.parse(a.startedAt))
+    .slice(0, limit);
 }
 
 // A whole-number query parameter, at most `max`; its fallback when absent.

@@ -153,6 +153,7 @@ function dockerFleet(options: ServerOptions): Fleet {
         stop: (record) => sandboxes.stop(record),
         running: (record) => sandboxes.running(record),
         pooledFrom: (id) => sandboxes.pooledFrom(id),
+        queue: (record) => sandboxes.live(record).sandbox.queue,
       },
     },
     start: () => metrics.start(),
