@@ -436,3 +436,40 @@ baseTest(
     });
   },
 );
+
+browserTest(
+  "review [finding]: after sign-out, the next key signed in in the same tab cannot reach a sandbox the previous key opened",
+  async () => {
+    await withServer({}, async (served) => {
+      const admin = await adminKey(served);
+      const victim = await Sandbox.create("base", sdk(served, served.keys.b));
+      await victim.files.write("/home/user/b-secret.txt", "b's");
+      const filesOf = `${served.url}/ui/#/sandbox/${victim.sandboxId}/files`;
+      await withBrowser(async (browser) => {
+        const context = await browser.newContext();
+        const page = await context.newPage();
+        // The operator looks at tenant b's files, then signs out.
+        await signIn(page, served.url, admin);
+        await page.getByTestId("sandboxes").waitFor({ timeout: SHOWN_MS });
+        await page.goto(filesOf);
+        await page.locator('tr[data-name="b-secret.txt"]').waitFor({ timeout: SHOWN_MS });
+        await page.getByTestId("logout").click();
+        await page.locator("#key").waitFor({ timeout: SHOWN_MS });
+        // Tenant a signs in in the same tab, and asks for b's sandbox.
+        await page.locator("#key").fill(served.keys.a);
+        await page.getByTestId("login-submit").click();
+        await page.getByTestId("sandboxes").waitFor({ timeout: SHOWN_MS });
+        await page.evaluate(`location.hash = "#/sandbox/${victim.sandboxId}/files"`);
+        await page.getByTestId("path").waitFor({ timeout: SHOWN_MS });
+        // Long enough for the tab's first listing (it polls every 5 s).
+        for (let i = 0; i < 25; i++) {
+          if (await page.locator('tr[data-name="b-secret.txt"]').count() > 0) break;
+          await new Promise((resolve) => setTimeout(resolve, 200));
+        }
+        const leaked = await page.locator('tr[data-name="b-secret.txt"]').count();
+        await context.close();
+        assert.equal(leaked, 0, "tenant a's session lists tenant b's files");
+      });
+    });
+  },
+);
