@@ -122,6 +122,15 @@ function inPage<T>(page: Page, expression: string): Promise<T> {
   return page.evaluate(expression) as Promise<T>;
 }
 
+/** The server's audit lines (`serve/audit.jsonl`) naming a sandbox: method and status, in order. */
+async function auditOf(served: Served, id: string): Promise<string> {
+  const text = await Deno.readTextFile(`${served.home}/serve/audit.jsonl`).catch(() => "");
+  return text.split("\n").filter((line) => line.includes(id)).map((line) => {
+    const entry = JSON.parse(line) as { time: string; method: string; status: number };
+    return `${entry.time.slice(11, 23)} ${entry.method} ${entry.status}`;
+  }).join("; ");
+}
+
 /** Signs in with tenant a's key and waits for the sandboxes table. */
 async function signedIn(page: Page, served: Served): Promise<void> {
   await signIn(page, served.url, served.keys.a);
@@ -680,6 +689,56 @@ browserTest(
       });
     } finally {
       await sandbox.kill();
+    }
+  },
+);
+
+browserTest(
+  "console browser: a sandbox killed (Kill, confirmed) while its terminal is open is gone, and stays gone after the page closes",
+  async () => {
+    const { served } = await rig();
+    const sandbox = await sandboxOf(served);
+    const container = async (): Promise<string[]> =>
+      (await new DockerClient().listContainers({
+        all: true,
+        labels: [`waffle.user=${sandbox.sandboxId}`],
+      })).flatMap((one) => one.Names);
+    try {
+      await withPage({}, async ({ page }) => {
+        await signedIn(page, served);
+        await openTab(page, sandbox.sandboxId, "terminal");
+        await untilText(
+          () => page.getByTestId("terminal-status").textContent(),
+          "connected",
+          "terminal-status",
+        );
+        await typeLine(page, "sleep 600");
+        // The header's Kill, confirmed in the dialog.
+        await page.locator("[data-testid=sandbox-header] button[data-action=kill]").click();
+        await page.getByTestId("confirm").click();
+        await untilText(
+          () => page.getByTestId("terminal-status").textContent(),
+          /^(exited|failed)/,
+          "terminal-status once killed",
+        );
+        await assert.rejects(
+          Sandbox.getInfo(sandbox.sandboxId, sdk(served, served.keys.a)),
+          /not found/i,
+        );
+      });
+      // The page (and its terminal's stream) is gone now: nothing brings the sandbox back.
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      assert.deepEqual(
+        await container(),
+        [],
+        `no container of the killed sandbox; the server's audit of it: ${await auditOf(
+          served,
+          sandbox.sandboxId,
+        )}`,
+      );
+      assert.ok(!(await served.leftovers()).includes(sandbox.sandboxId), "not listed by waffle ps");
+    } finally {
+      await sandbox.kill().catch(() => false);
     }
   },
 );
