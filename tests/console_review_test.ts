@@ -499,3 +499,84 @@ baseTest(
     });
   },
 );
+
+const MARK = {
+  dir: `<img src=x onerror=window.__xss=11>`,
+  link: `<svg onload=window.__xss=12>`,
+  argv: `<img src=x onerror=window.__xss=13>`,
+  snapshot: `<img src=x onerror=window.__xss=14>`,
+  tool: `<img src=x onerror=window.__xss=15>`,
+  server: `<svg onload=window.__xss=16>`,
+  method: `<script>window.__xss=17</script>`,
+};
+
+browserTest(
+  "review: markup in a directory name, a symlink's target, argv, a snapshot name and MCP tool/server/method runs nothing in any view",
+  async () => {
+    await withServer({}, async (served) => {
+      const sandbox = await Sandbox.create("base", sdk(served, served.keys.a));
+      const id = sandbox.sandboxId;
+      const quoted = (text: string): string => `'${text.replaceAll("'", `'\\''`)}'`;
+      await sandbox.commands.run(
+        `mkdir -p /home/user/${quoted(MARK.dir)} && touch /home/user/${
+          quoted(MARK.dir)
+        }/inner && ` +
+          `ln -s ${quoted(MARK.link)} /home/user/link && true ${quoted(MARK.argv)}`,
+      );
+      const snapshot = await fetch(`${served.url}/sandboxes/${id}/snapshots`, {
+        method: "POST",
+        headers: { "x-api-key": served.keys.a, "content-type": "application/json" },
+        body: JSON.stringify({ name: MARK.snapshot }),
+      });
+      await snapshot.body?.cancel();
+      await Deno.writeTextFile(
+        join(served.home, "audit.jsonl"),
+        JSON.stringify({
+          time: new Date().toISOString(),
+          user: id,
+          tenant: "a",
+          group: "default",
+          cron: null,
+          server: MARK.server,
+          from: "client",
+          method: MARK.method,
+          tool: MARK.tool,
+          arguments: [MARK.tool],
+          durationMs: 1,
+          outcome: "ok",
+        }) + "\n",
+      );
+      await withBrowser(async (browser) => {
+        const context = await browser.newContext();
+        const page = await context.newPage();
+        const watch = await watchPage(page);
+        await signIn(page, served.url, served.keys.a);
+        await page.locator(`tr[data-sandbox-id="${id}"]`).waitFor({ timeout: SHOWN_MS });
+        const view = async (hash: string, shown: string): Promise<void> => {
+          await page.evaluate(`location.hash = ${JSON.stringify(hash)}`);
+          await page.getByText(shown).first().waitFor({ timeout: SHOWN_MS });
+        };
+        await view(`#/sandbox/${id}/commands`, "__xss=13");
+        await page.locator("[data-testid=commands] tr[data-command-id]").first().click();
+        await view(`#/sandbox/${id}/files`, "__xss=11");
+        await page.locator("[data-testid=files] tr").filter({ hasText: "__xss=11" })
+          .locator("button").first().click();
+        await page.locator('tr[data-name="inner"]').waitFor({ timeout: SHOWN_MS });
+        if (snapshot.status < 300) await view(`#/sandbox/${id}/snapshots`, "__xss=14");
+        await view(`#/sandbox/${id}/network`, "__xss=15");
+        await view("#/audit/mcp", "__xss=16");
+        assert.equal(
+          await page.locator("[data-testid=mcp] td[data-col=method]").first()
+            .textContent(),
+          MARK.method,
+        );
+        assert.equal(await page.evaluate("globalThis.__xss"), undefined);
+        assert.deepEqual(watch.dialogs, []);
+        assert.deepEqual(watch.errors, []);
+        const scripts = (await watch.violations()).filter((v) => /script/.test(v.directive));
+        assert.deepEqual(scripts, []);
+        await context.close();
+      });
+    });
+  },
+);
