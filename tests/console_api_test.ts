@@ -483,6 +483,36 @@ sdkTest(
   },
 );
 
+sdkTest(
+  "GET /waffle/v1/egress follows the audit between polls: appends, a split line, a rotation, a truncation",
+  async (served) => {
+    const path = join(served.home, "egress.jsonl");
+    const seen = async () =>
+      (await api(served, served.keys.a, "/waffle/v1/egress")).body.entries.map((
+        e: { destination: string },
+      ) => e.destination);
+    await Deno.writeTextFile(path, egressLine({ destination: "one" }) + "\n");
+    assert.deepEqual(await seen(), ["one"]);
+    await Deno.writeTextFile(path, egressLine({ destination: "two" }) + "\n", { append: true });
+    assert.deepEqual(await seen(), ["two", "one"]);
+    // A line written in two appends shows once whole.
+    const split = egressLine({ destination: "three" }) + "\n";
+    await Deno.writeTextFile(path, split.slice(0, 40), { append: true });
+    assert.deepEqual(await seen(), ["two", "one"]);
+    await Deno.writeTextFile(path, split.slice(40), { append: true });
+    assert.deepEqual(await seen(), ["three", "two", "one"]);
+    // Rotated as the proxy does: renamed to .1, a new file.
+    await Deno.rename(path, `${path}.1`);
+    await Deno.writeTextFile(path, egressLine({ destination: "four" }) + "\n");
+    assert.deepEqual(await seen(), ["four", "three", "two", "one"]);
+    // Truncated in place, then written: only the new line.
+    await Deno.writeTextFile(path, egressLine({ destination: "five" }) + "\n");
+    assert.deepEqual(await seen(), ["five", "three", "two", "one"]);
+    await Deno.remove(`${path}.1`);
+    assert.deepEqual(await seen(), ["five"]);
+  },
+);
+
 // One upstream on loopback, named by [egress.hosts]; its port is reserved now, as the config is
 // written before the server starts.
 function freePort(hostname: string): number {

@@ -6,6 +6,8 @@
  * size-capped and validated before use (a bad one is skipped, never
  * fatal), then kept only when the caller's scope (a tenant, or every one
  * for an admin key) owns it. A sandbox is an identity whose user is its id.
+ * The parsed tail is kept between calls ({@linkcode AuditWindows}): a poll
+ * parses only what was appended since the last one.
  *
  * @module
  */
@@ -14,10 +16,11 @@ import * as z from "../schema.ts";
 import { egressAuditFile } from "../egress/proxy_container.ts";
 import { AUDIT_FILE, type AuditRecord } from "../mcp/audit.ts";
 import type { EgressAuditLine } from "../egress/audit.ts";
+import { AuditWindows } from "./audit_window.ts";
 
 /** The most bytes read of an audit, newest first (across its rotation). */
 export const AUDIT_TAIL_BYTES = 8 << 20;
-/** A line longer than this is skipped unread (the writers cut every field to 512 characters). */
+/** A line longer than this (UTF-16 code units) is skipped (the writers cut every field to 512 characters). */
 const MAX_LINE_BYTES = 64 * 1024;
 /** The most entries one answer holds. */
 export const MAX_AUDIT_ENTRIES = 1000;
@@ -180,6 +183,63 @@ export interface McpView {
   series: { minute: string; ok: number; failed: number }[];
 }
 
+// Each cached entry's minute since the epoch, parsed once (the series is made on every call).
+const entryMinutes = new WeakMap<EgressEntry | McpEntry, number>();
+
+function minuteOf(entry: EgressEntry | McpEntry): number {
+  let minute = entryMinutes.get(entry);
+  if (minute === undefined) {
+    minute = Math.floor(Date.parse(entry.time) / 60_000);
+    entryMinutes.set(entry, minute);
+  }
+  return minute;
+}
+
+// A line of the egress audit as the console's entry; undefined when invalid.
+function egressEntry(line: string): EgressEntry | undefined {
+  const parsed = parseLine(line, egressLineSchema);
+  if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) return undefined;
+  return {
+    time: parsed.time,
+    tenant: parsed.tenant,
+    sandbox: parsed.user,
+    method: parsed.method,
+    destination: parsed.destination,
+    port: parsed.port,
+    address: parsed.address,
+    decision: parsed.decision,
+    reason: parsed.reason ?? null,
+    bytesUp: parsed.bytesUp,
+    bytesDown: parsed.bytesDown,
+    durationMs: parsed.durationMs,
+    count: parsed.count ?? 1,
+  };
+}
+
+// A line of the MCP audit as the console's entry; undefined when invalid.
+function mcpEntry(line: string): McpEntry | undefined {
+  const parsed = parseLine(line, mcpLineSchema);
+  if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) return undefined;
+  return {
+    time: parsed.time,
+    tenant: parsed.tenant,
+    sandbox: parsed.user,
+    server: parsed.server,
+    from: parsed.from,
+    method: parsed.method,
+    tool: parsed.tool ?? null,
+    arguments: parsed.arguments ?? [],
+    durationMs: parsed.durationMs,
+    outcome: parsed.outcome,
+    count: parsed.count ?? 1,
+  };
+}
+
+// The parsed windows, kept between calls (entries are never changed once made: answers share them).
+const WINDOW_OPTIONS = { maxBytes: AUDIT_TAIL_BYTES, maxLineChars: MAX_LINE_BYTES };
+const egressWindows = new AuditWindows(egressEntry, WINDOW_OPTIONS);
+const mcpWindows = new AuditWindows(mcpEntry, WINDOW_OPTIONS);
+
 /**
  * The egress audit's tail, as the caller may see it.
  *
@@ -199,36 +259,18 @@ export async function egressView(
   } catch {
     rotated = undefined;
   }
-  const lines = await tailLines(rotated === undefined ? [path] : [path, rotated]);
+  const all = await egressWindows.tail(rotated === undefined ? [path] : [path, rotated]);
   const needle = query.q?.toLowerCase();
-  const entries: EgressEntry[] = [];
-  for (const line of lines) {
-    const parsed = parseLine(line, egressLineSchema);
-    if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) continue;
-    if (query.scope !== undefined && parsed.tenant !== query.scope) continue;
-    if (query.sandbox !== undefined && parsed.user !== query.sandbox) continue;
-    if (query.decision !== undefined && parsed.decision !== query.decision) continue;
-    const entry: EgressEntry = {
-      time: parsed.time,
-      tenant: parsed.tenant,
-      sandbox: parsed.user,
-      method: parsed.method,
-      destination: parsed.destination,
-      port: parsed.port,
-      address: parsed.address,
-      decision: parsed.decision,
-      reason: parsed.reason ?? null,
-      bytesUp: parsed.bytesUp,
-      bytesDown: parsed.bytesDown,
-      durationMs: parsed.durationMs,
-      count: parsed.count ?? 1,
-    };
-    if (needle !== undefined && !matches(needle, entry)) continue;
-    entries.push(entry);
-  }
+  const entries = all.filter((entry) =>
+    (query.scope === undefined || entry.tenant === query.scope) &&
+    (query.sandbox === undefined || entry.sandbox === query.sandbox) &&
+    (query.decision === undefined || entry.decision === query.decision) &&
+    (needle === undefined || matches(needle, entry))
+  );
   const groups = new Map<string, EgressView["destinations"][number]>();
   for (const entry of entries) {
-    const key = JSON.stringify([entry.destination, entry.port]);
+    // A port has no '|'; a null destination is told from any string by its missing 's'.
+    const key = `${entry.port}|${entry.destination === null ? "" : `s${entry.destination}`}`;
     const group = groups.get(key) ??
       { destination: entry.destination, port: entry.port, allowed: 0, denied: 0 };
     group[entry.decision] += entry.count;
@@ -236,7 +278,7 @@ export async function egressView(
   }
   const series = minutes(query.now, () => ({ allowed: 0, denied: 0 }));
   for (const entry of entries) {
-    series.add(entry.time, (bucket) => bucket[entry.decision] += entry.count);
+    series.add(entry, (bucket) => bucket[entry.decision] += entry.count);
   }
   return {
     entries: entries.reverse().slice(0, cap(query.limit)),
@@ -255,30 +297,13 @@ export async function egressView(
  * @returns Entries (newest first), per-server counts and the per-minute series.
  */
 export async function mcpView(home: string, query: AuditQuery): Promise<McpView> {
-  const lines = await tailLines([join(home, AUDIT_FILE)]);
+  const all = await mcpWindows.tail([join(home, AUDIT_FILE)]);
   const needle = query.q?.toLowerCase();
-  const entries: McpEntry[] = [];
-  for (const line of lines) {
-    const parsed = parseLine(line, mcpLineSchema);
-    if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) continue;
-    if (query.scope !== undefined && parsed.tenant !== query.scope) continue;
-    if (query.sandbox !== undefined && parsed.user !== query.sandbox) continue;
-    const entry: McpEntry = {
-      time: parsed.time,
-      tenant: parsed.tenant,
-      sandbox: parsed.user,
-      server: parsed.server,
-      from: parsed.from,
-      method: parsed.method,
-      tool: parsed.tool ?? null,
-      arguments: parsed.arguments ?? [],
-      durationMs: parsed.durationMs,
-      outcome: parsed.outcome,
-      count: parsed.count ?? 1,
-    };
-    if (needle !== undefined && !matches(needle, entry)) continue;
-    entries.push(entry);
-  }
+  const entries = all.filter((entry) =>
+    (query.scope === undefined || entry.tenant === query.scope) &&
+    (query.sandbox === undefined || entry.sandbox === query.sandbox) &&
+    (needle === undefined || matches(needle, entry))
+  );
   const groups = new Map<string, McpView["servers"][number]>();
   for (const entry of entries) {
     const group = groups.get(entry.server) ?? { server: entry.server, ok: 0, failed: 0 };
@@ -288,7 +313,7 @@ export async function mcpView(home: string, query: AuditQuery): Promise<McpView>
   const series = minutes(query.now, () => ({ ok: 0, failed: 0 }));
   for (const entry of entries) {
     series.add(
-      entry.time,
+      entry,
       (bucket) => bucket[entry.outcome === "ok" ? "ok" : "failed"] += entry.count,
     );
   }
@@ -312,8 +337,8 @@ function matches(needle: string, entry: EgressEntry | McpEntry): boolean {
   return fields.some((field) => field !== null && field.toLowerCase().includes(needle));
 }
 
+// The line cap and emptiness are checked by the window before this.
 function parseLine<T>(line: string, schema: z.ZodMiniType<T>): T | undefined {
-  if (line.length === 0 || line.length > MAX_LINE_BYTES) return undefined;
   let value: unknown;
   try {
     value = JSON.parse(line);
@@ -326,14 +351,14 @@ function parseLine<T>(line: string, schema: z.ZodMiniType<T>): T | undefined {
 
 // Per-minute buckets of the last SERIES_MINUTES minutes before `now`.
 function minutes<B extends Record<string, number>>(now: number, empty: () => B): {
-  add(time: string, bump: (bucket: B) => void): void;
+  add(entry: EgressEntry | McpEntry, bump: (bucket: B) => void): void;
   list(): ({ minute: string } & B)[];
 } {
   const last = Math.floor(now / 60_000);
   const buckets = Array.from({ length: SERIES_MINUTES }, empty);
   return {
-    add(time, bump): void {
-      const at = Math.floor(Date.parse(time) / 60_000) - (last - SERIES_MINUTES + 1);
+    add(entry, bump): void {
+      const at = minuteOf(entry) - (last - SERIES_MINUTES + 1);
       if (at >= 0 && at < SERIES_MINUTES) bump(buckets[at]!);
     },
     list: () =>
@@ -342,60 +367,4 @@ function minutes<B extends Record<string, number>>(now: number, empty: () => B):
         ...bucket,
       })),
   };
-}
-
-/**
- * The whole lines of the last {@linkcode AUDIT_TAIL_BYTES} of a log and,
- * when the newest file holds fewer, of the files before it, oldest first.
- * A file that is missing or not a regular file holds nothing.
- *
- * @param files The newest file first, then its rotations.
- * @returns The lines, oldest first (the first one cut by the window dropped).
- */
-async function tailLines(files: string[]): Promise<string[]> {
-  let budget = AUDIT_TAIL_BYTES;
-  const chunks: string[][] = [];
-  for (const path of files) {
-    if (budget <= 0) break;
-    const read = await readTail(path, budget);
-    if (read === undefined) continue;
-    budget -= read.bytes;
-    const lines = new TextDecoder().decode(read.data).split("\n");
-    // A window that starts mid-file starts mid-line.
-    if (read.cut) lines.shift();
-    chunks.unshift(lines);
-    if (read.cut) break;
-  }
-  return chunks.flat();
-}
-
-async function readTail(
-  path: string,
-  budget: number,
-): Promise<{ data: Uint8Array; bytes: number; cut: boolean } | undefined> {
-  let file: Deno.FsFile;
-  try {
-    // Checked before it is opened: a FIFO would block the open.
-    if (!Deno.statSync(path).isFile) return undefined;
-    file = await Deno.open(path, { read: true });
-  } catch {
-    return undefined;
-  }
-  try {
-    const info = await file.stat();
-    if (!info.isFile) return undefined;
-    const length = Math.min(info.size, budget);
-    const start = info.size - length;
-    await file.seek(start, Deno.SeekMode.Start);
-    const data = new Uint8Array(length);
-    let at = 0;
-    while (at < length) {
-      const n = await file.read(data.subarray(at));
-      if (n === null) break;
-      at += n;
-    }
-    return { data: data.subarray(0, at), bytes: at, cut: start > 0 };
-  } finally {
-    file.close();
-  }
 }
