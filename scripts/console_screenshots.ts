@@ -22,10 +22,14 @@ import { Sandbox } from "e2b";
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { selfCommand } from "../lib/config/self.ts";
-import { DockerClient } from "../lib/docker/mod.ts";
-import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import type { Page } from "playwright-core";
-import { chromiumMissing, launchChromium, signIn, terminalRows } from "../tests/_browser.ts";
+import {
+  chromiumMissing,
+  launchChromium,
+  removeEgressProxy,
+  signIn,
+  terminalRows,
+} from "../tests/_browser.ts";
 import { sdk, serve, type Served } from "../tests/_serve_helpers.ts";
 
 /** The views, in the order they are taken. */
@@ -122,7 +126,7 @@ export async function takeScreenshots(options: { out: string }): Promise<Shot[]>
     for (const sandbox of made) await sandbox.kill().catch(() => false);
     await served.stop();
     // The home's egress proxy outlives the server.
-    await new DockerClient().removeContainer(proxyContainerName(served.home), { force: true });
+    await removeEgressProxy(served.home);
   }
 }
 

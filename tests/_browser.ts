@@ -12,6 +12,8 @@
  */
 import assert from "node:assert/strict";
 import { type Browser, chromium, type Page } from "playwright-core";
+import { DockerClient } from "../lib/docker/mod.ts";
+import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { baseTest } from "./_serve_helpers.ts";
 
 /** Where Debian's `chromium` package puts its launcher (`WAFFLE_CHROMIUM` overrides). */
@@ -188,4 +190,22 @@ export async function terminalRows(page: Page): Promise<string[]> {
   return await page.locator(".xterm-rows > div").evaluateAll((rows) =>
     rows.map((row) => (row.textContent ?? "").replaceAll("\u00a0", " ").replace(/\s+$/, ""))
   );
+}
+
+/**
+ * Removes a stopped server's egress proxy (it outlives the server, and
+ * restarts while its home is being removed), until Docker no longer knows it.
+ *
+ * @param home The server's home.
+ * @returns Whether it is gone.
+ */
+export async function removeEgressProxy(home: string): Promise<boolean> {
+  const docker = new DockerClient();
+  const name = proxyContainerName(home);
+  for (let i = 0; i < 40; i++) {
+    await docker.removeContainer(name, { force: true }).catch(() => false);
+    if (await docker.inspectContainer(name).catch(() => undefined) === null) return true;
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
+  return false;
 }

@@ -20,13 +20,13 @@ import { Buffer } from "node:buffer";
 import { Sandbox } from "e2b";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { DockerClient } from "../lib/docker/mod.ts";
-import { proxyContainerName } from "../lib/egress/proxy_container.ts";
 import { waitFor } from "./_helpers.ts";
 import { sdk, serve, type Served } from "./_serve_helpers.ts";
 import {
   browserTest,
   launchChromium,
   type PageWatch,
+  removeEgressProxy,
   signIn,
   terminalRows,
   watchPage,
@@ -749,6 +749,7 @@ browserTest(
     if (rigPromise === undefined) return;
     const { served, browser } = await rig();
     let left: string[] = [];
+    let proxyGone = false;
     try {
       await browser.close();
       // A kill answers before the sandbox's record is gone: wait for it, bounded.
@@ -760,9 +761,10 @@ browserTest(
     } finally {
       await served.stop();
       // The home's egress proxy outlives the server: it is this file's to remove.
-      await new DockerClient().removeContainer(proxyContainerName(served.home), { force: true });
+      proxyGone = await removeEgressProxy(served.home);
     }
     assert.deepEqual(left, [], "every test killed its sandboxes");
+    assert.ok(proxyGone, "the home's egress proxy is removed");
     for (const key of [served.keys.a, served.keys.b]) {
       assert.ok(!served.stderr().includes(key), "the server never logs a key");
     }
