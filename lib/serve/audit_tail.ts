@@ -183,23 +183,26 @@ export interface McpView {
   series: { minute: string; ok: number; failed: number }[];
 }
 
-// Each cached entry's minute since the epoch, parsed once (the series is made on every call).
+// Each cached entry's minute since the epoch, parsed with its line (the series is made on every call).
 const entryMinutes = new WeakMap<EgressEntry | McpEntry, number>();
 
 function minuteOf(entry: EgressEntry | McpEntry): number {
-  let minute = entryMinutes.get(entry);
-  if (minute === undefined) {
-    minute = Math.floor(Date.parse(entry.time) / 60_000);
-    entryMinutes.set(entry, minute);
-  }
-  return minute;
+  return entryMinutes.get(entry) ?? Math.floor(Date.parse(entry.time) / 60_000);
+}
+
+// The entry, its minute noted; undefined when its time is not a date.
+function dated<E extends EgressEntry | McpEntry>(entry: E): E | undefined {
+  const time = Date.parse(entry.time);
+  if (!Number.isFinite(time)) return undefined;
+  entryMinutes.set(entry, Math.floor(time / 60_000));
+  return entry;
 }
 
 // A line of the egress audit as the console's entry; undefined when invalid.
 function egressEntry(line: string): EgressEntry | undefined {
   const parsed = parseLine(line, egressLineSchema);
-  if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) return undefined;
-  return {
+  if (parsed === undefined) return undefined;
+  return dated({
     time: parsed.time,
     tenant: parsed.tenant,
     sandbox: parsed.user,
@@ -213,14 +216,14 @@ function egressEntry(line: string): EgressEntry | undefined {
     bytesDown: parsed.bytesDown,
     durationMs: parsed.durationMs,
     count: parsed.count ?? 1,
-  };
+  });
 }
 
 // A line of the MCP audit as the console's entry; undefined when invalid.
 function mcpEntry(line: string): McpEntry | undefined {
   const parsed = parseLine(line, mcpLineSchema);
-  if (parsed === undefined || !Number.isFinite(Date.parse(parsed.time))) return undefined;
-  return {
+  if (parsed === undefined) return undefined;
+  return dated({
     time: parsed.time,
     tenant: parsed.tenant,
     sandbox: parsed.user,
@@ -232,7 +235,7 @@ function mcpEntry(line: string): McpEntry | undefined {
     durationMs: parsed.durationMs,
     outcome: parsed.outcome,
     count: parsed.count ?? 1,
-  };
+  });
 }
 
 // The parsed windows, kept between calls (entries are never changed once made: answers share them).
