@@ -122,6 +122,34 @@ function inPage<T>(page: Page, expression: string): Promise<T> {
   return page.evaluate(expression) as Promise<T>;
 }
 
+/**
+ * A killed sandbox is gone, and stays gone: no container of it (waited for,
+ * bounded), and still none a few seconds later; else the server's audit of it.
+ */
+async function assertGone(served: Served, id: string): Promise<void> {
+  const docker = new DockerClient();
+  const containers = async (): Promise<string[]> =>
+    (await docker.listContainers({ all: true, labels: [`waffle.user=${id}`] }))
+      .flatMap((one) => one.Names);
+  let left = await containers();
+  for (let i = 0; i < 60 && left.length > 0; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 250));
+    left = await containers();
+  }
+  if (left.length === 0) {
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+    left = await containers();
+  }
+  assert.deepEqual(
+    left,
+    [],
+    `sandbox '${id}' killed, yet a container of it is there; the server's audit of it: ${await auditOf(
+      served,
+      id,
+    )}`,
+  );
+}
+
 /** The server's audit lines (`serve/audit.jsonl`) naming a sandbox: method and status, in order. */
 async function auditOf(served: Served, id: string): Promise<string> {
   const text = await Deno.readTextFile(`${served.home}/serve/audit.jsonl`).catch(() => "");
@@ -283,6 +311,7 @@ browserTest(
         await sandbox.kill();
       }
       await rowOf(page, sandbox.sandboxId).waitFor({ state: "detached", timeout: SHOWN_MS });
+      await assertGone(served, sandbox.sandboxId);
       assert.equal(loads, 0, "the page was never reloaded");
     });
   },
@@ -331,8 +360,9 @@ browserTest(
         );
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -377,8 +407,9 @@ browserTest(
         assert.deepEqual(await Deno.readFile(saved), bytes, "the download is the file");
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -424,8 +455,9 @@ browserTest(
         await denied.first().waitFor({ state: "visible", timeout: SHOWN_MS });
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -454,8 +486,9 @@ browserTest(
         assert.equal((await sandbox.commands.run("echo back")).stdout, "back\n");
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -604,8 +637,9 @@ browserTest(
         );
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -688,8 +722,9 @@ browserTest(
         assert.deepEqual(wide, [], "views wider than the phone's 390 px");
       });
     } finally {
-      await sandbox.kill();
+      await sandbox.kill().catch(() => false);
     }
+    await assertGone(served, sandbox.sandboxId);
   },
 );
 
@@ -698,11 +733,6 @@ browserTest(
   async () => {
     const { served } = await rig();
     const sandbox = await sandboxOf(served);
-    const container = async (): Promise<string[]> =>
-      (await new DockerClient().listContainers({
-        all: true,
-        labels: [`waffle.user=${sandbox.sandboxId}`],
-      })).flatMap((one) => one.Names);
     try {
       await withPage({}, async ({ page }) => {
         await signedIn(page, served);
@@ -727,15 +757,7 @@ browserTest(
         );
       });
       // The page (and its terminal's stream) is gone now: nothing brings the sandbox back.
-      await new Promise((resolve) => setTimeout(resolve, 3000));
-      assert.deepEqual(
-        await container(),
-        [],
-        `no container of the killed sandbox; the server's audit of it: ${await auditOf(
-          served,
-          sandbox.sandboxId,
-        )}`,
-      );
+      await assertGone(served, sandbox.sandboxId);
       assert.ok(!(await served.leftovers()).includes(sandbox.sandboxId), "not listed by waffle ps");
     } finally {
       await sandbox.kill().catch(() => false);
