@@ -785,8 +785,11 @@ browserTest(
       // The home's egress proxy outlives the server: it is this file's to remove.
       proxyGone = await removeEgressProxy(served.home);
     }
-    assert.deepEqual(left, [], "every test killed its sandboxes");
-    assert.ok(proxyGone, "the home's egress proxy is removed");
+    assert.deepEqual(
+      { left, proxyGone },
+      { left: [], proxyGone: true },
+      "every test killed its sandboxes; the home's egress proxy is removed",
+    );
     for (const key of [served.keys.a, served.keys.b]) {
       assert.ok(!served.stderr().includes(key), "the server never logs a key");
     }
