@@ -41,6 +41,8 @@ export function currentKey(): string {
  */
 export function setKey(value: string): void {
   key = value;
+  // A sandbox's access token was fetched with the old key: the next key must fetch its own.
+  envds.clear();
   if (value === "") sessionStorage.removeItem(KEY_ITEM);
   else sessionStorage.setItem(KEY_ITEM, value);
 }

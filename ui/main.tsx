@@ -34,6 +34,8 @@ function App(): JSX.Element {
     setWho(null);
     errorStore.set("");
     location.hash = "";
+    // Nothing the old key fetched (tokens, views' state) may outlive it in this tab.
+    location.reload();
   };
   if (who === null) {
     return (

@@ -96,9 +96,8 @@ function SandboxRow(
         <span class={`state state-${s.state}`}>{s.state}</span>
       </td>
       <td data-col="uptime">{s.state === "running" ? formatDuration(uptime) : "–"}</td>
-      <td data-col="cpu">
+      <td data-col="cpu" title={s.cpuCount === null ? "" : `of ${s.cpuCount} CPU`}>
         {s.cpuUsedPct === null ? "–" : `${s.cpuUsedPct.toFixed(1)}%`}
-        {s.cpuCount === null ? "" : ` of ${s.cpuCount}`}
       </td>
       <td data-col="memory">{usage(s.memUsed, s.memTotal)}</td>
       <td data-col="disk">{usage(s.diskUsed, s.diskTotal)}</td>
