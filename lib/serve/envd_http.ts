@@ -202,7 +202,17 @@ async function readFile(sandbox: EnvdSandbox, path: string | null): Promise<Resp
       return reader.cancel(reason);
     },
   });
-  return new Response(body, { headers: { "content-type": "application/octet-stream" } });
+  // These bytes are the sandbox's, answered on the console's origin: a
+  // browser must save them, never render or sniff them.
+  const name = encodeURIComponent(path.split("/").pop() || "file");
+  return new Response(body, {
+    headers: {
+      "content-type": "application/octet-stream",
+      "x-content-type-options": "nosniff",
+      "content-disposition": `attachment; filename*=UTF-8''${name}`,
+      "content-security-policy": "sandbox; default-src 'none'",
+    },
+  });
 }
 
 async function writeFiles(
