@@ -14,6 +14,8 @@ import { usePoll, withProgress } from "../state.ts";
 import { formatBytes, Table } from "./common.tsx";
 
 const HOME = "/home/user";
+/** The most entries of a directory the table renders. */
+const SHOWN_MAX = 1000;
 
 /**
  * @param props The sandbox.
@@ -21,22 +23,37 @@ const HOME = "/home/user";
  */
 export function FilesView(props: { sandboxId: string }): JSX.Element {
   const [path, setPath] = useState(HOME);
-  const [entries, reload] = usePoll(async () => {
+  const [huge, setHuge] = useState(false);
+  const [listing, reload] = usePoll(async () => {
     const envd = await envdOf(props.sandboxId);
     const answer = await envd.filesystem.listDir({ path, depth: 1 });
-    return answer.entries.map((entry) => ({
+    const all = answer.entries.map((entry) => ({
       name: entry.name,
       path: entry.path,
       dir: entry.type === FileType.DIRECTORY,
       size: Number(entry.size),
     })).sort((a, b) => Number(b.dir) - Number(a.dir) || a.name.localeCompare(b.name));
-  }, { ms: 5000, deps: [props.sandboxId, path] });
+    setHuge(all.length > SHOWN_MAX);
+    // A huge directory would freeze the page as a table: keep the first rows.
+    return { path, entries: all.slice(0, SHOWN_MAX), total: all.length };
+  }, {
+    ms: 5000,
+    // Re-listing a huge directory every 5 s costs the sandbox and the page:
+    // it is listed again only on demand (the Refresh button).
+    paused: huge,
+    deps: [props.sandboxId, path],
+  });
+  // Until the new directory's answer arrives, show none rather than the old one's.
+  const current = listing?.path === path ? listing : undefined;
+  const entries = current?.entries;
+  const hidden = (current?.total ?? 0) - (entries?.length ?? 0);
   const up = (): void => setPath(parentOf(path));
   return (
     <div>
       <div class="row">
         <button type="button" data-action="up" onClick={up} disabled={path === "/"}>Up</button>
         <code data-testid="path">{path}</code>
+        <button type="button" data-action="refresh" onClick={reload}>Refresh</button>
         <label class="upload">
           Upload{" "}
           <input
@@ -87,6 +104,9 @@ export function FilesView(props: { sandboxId: string }): JSX.Element {
           </tr>
         ))}
       </Table>
+      {hidden > 0
+        ? <p class="muted" data-testid="files-more">{`${hidden} more entries not shown`}</p>
+        : null}
     </div>
   );
 }
