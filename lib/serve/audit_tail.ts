@@ -92,6 +92,12 @@ type _McpShape = Assignable<
 export interface AuditQuery {
   /** The caller's tenant; undefined: every tenant's (an admin key). */
   scope: string | undefined;
+  /**
+   * With a scope: the ids of the scope's sandboxes in the server's store.
+   * A line is the tenant's only when its user is one of them (a CLI user
+   * of the home may share the tenant's name); undefined: none is.
+   */
+  owned?: ReadonlySet<string> | undefined;
   /** Only this sandbox's (an identity whose user is it). */
   sandbox?: string | undefined;
   /** A case-insensitive substring of the searched fields. */
@@ -265,7 +271,7 @@ export async function egressView(
   const all = await egressWindows.tail(rotated === undefined ? [path] : [path, rotated]);
   const needle = query.q?.toLowerCase();
   const entries = all.filter((entry) =>
-    (query.scope === undefined || entry.tenant === query.scope) &&
+    inScope(query, entry) &&
     (query.sandbox === undefined || entry.sandbox === query.sandbox) &&
     (query.decision === undefined || entry.decision === query.decision) &&
     (needle === undefined || matches(needle, entry))
@@ -292,6 +298,13 @@ export async function egressView(
   };
 }
 
+// An admin sees every line; a tenant its own sandboxes' lines, never a same-named CLI tenant's.
+function inScope(query: AuditQuery, entry: { tenant: string; sandbox: string | null }): boolean {
+  if (query.scope === undefined) return true;
+  return entry.tenant === query.scope && entry.sandbox !== null &&
+    query.owned?.has(entry.sandbox) === true;
+}
+
 /**
  * The MCP audit's tail, as the caller may see it.
  *
@@ -303,7 +316,7 @@ export async function mcpView(home: string, query: AuditQuery): Promise<McpView>
   const all = await mcpWindows.tail([join(home, AUDIT_FILE)]);
   const needle = query.q?.toLowerCase();
   const entries = all.filter((entry) =>
-    (query.scope === undefined || entry.tenant === query.scope) &&
+    inScope(query, entry) &&
     (query.sandbox === undefined || entry.sandbox === query.sandbox) &&
     (needle === undefined || matches(needle, entry))
   );

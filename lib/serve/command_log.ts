@@ -16,6 +16,43 @@ import type { ProcessConfig, ProcessEvent } from "./processes.ts";
 export const TAIL_BYTES = 4096;
 /** Commands kept per sandbox, newest. */
 export const COMMANDS_KEPT = 200;
+/** Characters of each argv word kept. */
+export const ARGV_WORD_CHARS = 1024;
+/** Characters of a whole argv kept. */
+export const ARGV_TOTAL_CHARS = 8192;
+
+/**
+ * An argv as the console keeps it: each word cut to
+ * {@linkcode ARGV_WORD_CHARS}, the whole to {@linkcode ARGV_TOTAL_CHARS}
+ * (a command may send ~2 MiB), a cut word ending in `…`.
+ *
+ * @param argv Program and arguments, as started.
+ * @param options `total`: the whole's cap (default {@linkcode ARGV_TOTAL_CHARS}).
+ * @returns The capped argv and whether anything was cut.
+ */
+export function capArgv(
+  argv: readonly string[],
+  options: { total?: number } = {},
+): { argv: string[]; truncated: boolean } {
+  let left = options.total ?? ARGV_TOTAL_CHARS;
+  const capped: string[] = [];
+  let truncated = false;
+  for (const word of argv) {
+    if (left === 0) {
+      // Words left over: the last kept one shows the cut.
+      truncated = true;
+      const last = capped.pop() ?? "";
+      capped.push(last.endsWith("…") ? last : `${last.slice(0, -1)}…`);
+      break;
+    }
+    const room = Math.min(ARGV_WORD_CHARS, left);
+    const kept = word.length <= room ? word : `${word.slice(0, room - 1)}…`;
+    truncated ||= kept !== word;
+    capped.push(kept);
+    left -= kept.length;
+  }
+  return { argv: capped, truncated };
+}
 
 /** One command as the console lists it (`GET /waffle/v1/sandboxes/{id}/commands`). */
 export interface ConsoleCommand {
@@ -23,8 +60,10 @@ export interface ConsoleCommand {
   id: string;
   /** Its envd pid while it runs (for `process.Connect`), else null. */
   pid: number | null;
-  /** Program and arguments, as started. */
+  /** Program and arguments, as started, capped by {@linkcode capArgv}. */
   argv: string[];
+  /** Its argv was cut (a word or the whole too long). */
+  argvTruncated?: true;
   /** Its working directory as asked, or null for the home. */
   cwd: string | null;
   /** When it started (or was taken over), ISO. */
@@ -51,6 +90,7 @@ interface Kept {
   id: string;
   pid: number;
   argv: string[];
+  argvTruncated: boolean;
   cwd: string | null;
   startedAt: number;
   endedAt: number | null;
@@ -120,10 +160,12 @@ export class CommandLog {
     sandbox: string,
     process: { requestId: string; pid: number; config: ProcessConfig },
   ): (event: ProcessEvent) => undefined {
+    const argv = capArgv([process.config.cmd, ...process.config.args]);
     const kept: Kept = {
       id: process.requestId,
       pid: process.pid,
-      argv: [process.config.cmd, ...process.config.args],
+      argv: argv.argv,
+      argvTruncated: argv.truncated,
       cwd: process.config.cwd ?? null,
       startedAt: this.#now(),
       endedAt: null,
@@ -163,6 +205,7 @@ export class CommandLog {
       id: kept.id,
       pid: kept.endedAt === null ? kept.pid : null,
       argv: kept.argv,
+      ...(kept.argvTruncated ? { argvTruncated: true as const } : {}),
       cwd: kept.cwd,
       startedAt: new Date(kept.startedAt).toISOString(),
       endedAt: kept.endedAt === null ? null : new Date(kept.endedAt).toISOString(),

@@ -18,10 +18,13 @@ import type { SandboxRecord } from "./state.ts";
 import { narrowing, type SandboxFleet } from "./sandboxes.ts";
 import type { EgressGrant } from "./network.ts";
 import type { MetricsRing } from "./metrics_ring.ts";
-import { type CommandLog, COMMANDS_KEPT, type ConsoleCommand } from "./command_log.ts";
+import { capArgv, type CommandLog, COMMANDS_KEPT, type ConsoleCommand } from "./command_log.ts";
 import { queueCommands } from "./queue_commands.ts";
 import type { Queue } from "../queue/queue.ts";
 import { egressView, MAX_AUDIT_ENTRIES, mcpView } from "./audit_tail.ts";
+
+// Characters of a sandbox's last command in the sandboxes table.
+const LAST_ARGV_CHARS = 512;
 
 /** The most commands one `commands` answer lists. */
 export const MAX_COMMANDS = 200;
@@ -144,8 +147,13 @@ function auditRoutes(app: Hono<{ Variables: { caller: Caller } }>, deps: Console
     if ((sandbox !== undefined && sandbox.length > 128) || (q !== undefined && q.length > 256)) {
       return fail(c, 400, "Query 'sandbox' (128) or 'q' (256 characters) is too long");
     }
+    const scope = scopeOf(c.get("caller"));
     return {
-      scope: scopeOf(c.get("caller")),
+      scope,
+      // Built once per answer: a line is the tenant's only when its user is one of its sandboxes.
+      owned: scope === undefined
+        ? undefined
+        : new Set(deps.sandboxes.store.list(scope).map((record) => record.id)),
       ...(sandbox === undefined || sandbox === "" ? {} : { sandbox }),
       ...(q === undefined || q === "" ? {} : { q }),
       limit,
@@ -265,7 +273,8 @@ async function consoleSandbox(
     pool: deps.containers?.pooledFrom(record.id) ?? null,
     egress: egressOf(record, deps.grant),
     lastCommand: last === undefined ? null : {
-      argv: last.argv,
+      // A table row's worth: the commands view has the rest.
+      argv: capArgv(last.argv, { total: LAST_ARGV_CHARS }).argv,
       startedAt: last.startedAt,
       exitCode: last.exitCode,
       running: last.running,

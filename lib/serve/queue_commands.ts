@@ -13,7 +13,7 @@
 import type { Queue } from "../queue/queue.ts";
 import { openDatabase, statement } from "../queue/connection.ts";
 import { execPayloadSchema } from "../queue/protocol.ts";
-import type { ConsoleCommand } from "./command_log.ts";
+import { capArgv, type ConsoleCommand } from "./command_log.ts";
 
 /** Requests looked at per answer, at most. */
 const MAX_REQUESTS = 200;
@@ -77,10 +77,12 @@ function commandOf(
     result = undefined;
   }
   const startedAt = row.created_at;
+  const argv = capArgv(payload.argv);
   return {
     id: row.id,
     pid: null,
-    argv: payload.argv,
+    argv: argv.argv,
+    ...(argv.truncated ? { argvTruncated: true as const } : {}),
     cwd: payload.cwd ?? null,
     startedAt: new Date(startedAt).toISOString(),
     endedAt: result === undefined ? null : new Date(startedAt + result.durationMs).toISOString(),
