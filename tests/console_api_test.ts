@@ -340,11 +340,14 @@ sdkTest(
 );
 
 /** Egress audit lines of a sandbox. */
+// The audit lines' user: a sandbox of tenant a in the server's store (a tenant sees only its sandboxes' lines).
+let owned = "sbx";
+
 function egressLine(over: Record<string, unknown>): string {
   return JSON.stringify({
     time: new Date().toISOString(),
     tenant: "a",
-    user: "sbx",
+    user: owned,
     group: null,
     cron: null,
     server: null,
@@ -366,11 +369,13 @@ sdkTest(
   "GET /waffle/v1/egress and /mcp read the audits' tails: scoped, filtered, counted, bad lines skipped",
   async (served) => {
     const admin = await cliKey(served, ["--tenant", "ops", "--admin"]);
+    owned = (await Sandbox.create("base", sdk(served, served.keys.a))).sandboxId;
+    const other = (await Sandbox.create("base", sdk(served, served.keys.b))).sandboxId;
     const old = new Date(Date.now() - 3 * 3600_000).toISOString();
     const lines = [
       egressLine({}),
       egressLine({ destination: "pypi.org", decision: "allowed", reason: undefined, count: 5 }),
-      egressLine({ tenant: "b", user: "other", destination: "b.example" }),
+      egressLine({ tenant: "b", user: other, destination: "b.example" }),
       egressLine({ time: old, destination: "old.example" }),
       "not json",
       JSON.stringify({ time: "x", tenant: "a" }),
@@ -396,7 +401,7 @@ sdkTest(
     ]);
     assert.equal(mine.entries[1].count, 5);
     assert.equal(mine.entries[1].reason, null);
-    assert.equal(mine.entries[0].sandbox, "sbx");
+    assert.equal(mine.entries[0].sandbox, owned);
     assert.deepEqual(mine.destinations[0], {
       destination: "pypi.org",
       port: 443,
@@ -418,7 +423,7 @@ sdkTest(
       ["b"],
     );
     assert.equal((await egress(admin)).entries.length, 5);
-    assert.deepEqual((await egress(served.keys.a, "?sandbox=other")).entries, []);
+    assert.deepEqual((await egress(served.keys.a, `?sandbox=${other}`)).entries, []);
     // Filters and limit.
     assert.deepEqual(
       (await egress(served.keys.a, "?decision=allowed")).entries.map((e: { destination: string }) =>
@@ -441,7 +446,7 @@ sdkTest(
     const mcp = (over: Record<string, unknown>) =>
       JSON.stringify({
         time: new Date().toISOString(),
-        user: "sbx",
+        user: owned,
         tenant: "a",
         group: "default",
         cron: null,
@@ -486,6 +491,7 @@ sdkTest(
 sdkTest(
   "GET /waffle/v1/egress follows the audit between polls: appends, a split line, a rotation, a truncation",
   async (served) => {
+    owned = (await Sandbox.create("base", sdk(served, served.keys.a))).sandboxId;
     const path = join(served.home, "egress.jsonl");
     const seen = async () =>
       (await api(served, served.keys.a, "/waffle/v1/egress")).body.entries.map((
