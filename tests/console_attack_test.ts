@@ -43,12 +43,15 @@ async function call(
   return { status: response.status, text, body };
 }
 
+// The audit lines' user: a sandbox of tenant a in the server's store (a tenant sees only its sandboxes' lines).
+let owned = "sbx";
+
 /** An egress audit line. */
 function egressLine(over: Record<string, unknown>): string {
   return JSON.stringify({
     time: new Date().toISOString(),
     tenant: "a",
-    user: "sbx",
+    user: owned,
     group: null,
     cron: null,
     server: null,
@@ -204,6 +207,7 @@ sdkTest(
   "attack: hostile audit lines (huge, invalid, NUL, another tenant's, floods) are skipped and capped",
   async (served) => {
     const key = served.keys.a;
+    owned = (await Sandbox.create("base", sdk(served, key))).sandboxId;
     const lines: string[] = [];
     // 3000 lines to 300 destinations: entries capped at 1000, destinations at 100.
     for (let i = 0; i < 3000; i++) lines.push(egressLine({ destination: `d${i % 300}.example` }));
