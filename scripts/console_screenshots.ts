@@ -85,7 +85,7 @@ export async function takeScreenshots(options: { out: string }): Promise<Shot[]>
   const made: Sandbox[] = [];
   try {
     const scene = await stage(served, made);
-    await mcpCalls(served);
+    await mcpCalls(served, scene.main);
     const context = await browser.newContext({ viewport: { width: 1280, height: 720 } });
     const page = await context.newPage();
     const shots: Shot[] = [];
@@ -160,12 +160,15 @@ async function stage(
   return { main: main.sandboxId, paused: paused.sandboxId };
 }
 
-/** A few MCP tool calls (one outside the allowlist) through `waffle mcp run`, as tenant a. */
-async function mcpCalls(served: Served): Promise<void> {
+/**
+ * A few MCP tool calls (one outside the allowlist) through `waffle mcp run`
+ * in tenant a's sandbox `user` (a tenant key sees its own sandboxes' MCP lines only).
+ */
+async function mcpCalls(served: Served, user: string): Promise<void> {
   const self = selfCommand();
   const transport = new StdioClientTransport({
     command: self.executable,
-    args: [...self.prefix, "mcp", "run", "everything", "--user", "mcp-agent", "--tenant", "a"],
+    args: [...self.prefix, "mcp", "run", "everything", "--user", user, "--tenant", "a"],
     env: {
       PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin",
       HOME: served.home,
