@@ -53,7 +53,10 @@ async function installedBuild(prefix: string): Promise<{ dir: string; digest: st
 // back to this checkout's sources) and `lib/`, every other entry a link.
 async function changedCheckout(build: string): Promise<string & AsyncDisposable> {
   const dir = await Deno.makeTempDir({ prefix: "waffle-checkout-" });
-  for (const entry of ["runner", "scripts", "image", "deno.json", "deno.lock", "node_modules"]) {
+  // ui/: the install's setup builds the console from it.
+  for (
+    const entry of ["runner", "scripts", "image", "ui", "deno.json", "deno.lock", "node_modules"]
+  ) {
     await Deno.symlink(`${REPO}${entry}`, `${dir}/${entry}`);
   }
   await Deno.symlink(`${REPO}.tools`, `${dir}/.tools`);
