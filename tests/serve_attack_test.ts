@@ -28,6 +28,19 @@ async function egressAudit(served: Served): Promise<Record<string, unknown>[]> {
   return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
 }
 
+/** The IPv4 address of Docker's default bridge interface (`docker0` unless renamed). */
+async function bridgeAddress(): Promise<string> {
+  const named = await runProcess("docker", [
+    "network",
+    "inspect",
+    "bridge",
+    "--format",
+    '{{index .Options "com.docker.network.bridge.name"}}',
+  ]);
+  const shown = await runProcess("ip", ["-4", "-o", "addr", "show", "dev", named.stdout.trim()]);
+  return /inet (\d+\.\d+\.\d+\.\d+)\//.exec(shown.stdout)?.[1] ?? "";
+}
+
 /** The envd token of a sandbox, as the control API gives it to its owner. */
 async function tokenOf(served: Served, key: string, id: string): Promise<string> {
   const info = await fetch(`${served.url}/sandboxes/${id}`, { headers: { "x-api-key": key } });
@@ -50,7 +63,9 @@ sdkTest(
         "--format",
         "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
       ]);
-      const gateway = bridge.stdout.trim();
+      // A daemon may leave the gateway out of IPAM (it is then the bridge's
+      // own address): read it from the bridge interface instead.
+      const gateway = bridge.stdout.trim() || await bridgeAddress();
       assert.match(gateway, /^\d+\.\d+\.\d+\.\d+$/);
       const probe = `for h in 127.0.0.1 ${gateway}; do ` +
         `(exec 3<>/dev/tcp/$h/${port}) 2>/dev/null && echo "reached $h"; done; echo done`;
