@@ -64,6 +64,40 @@ file.close();
 console.log("damaged");`;
 
 /**
+ * The damage of {@linkcode DAMAGE_SCRIPT} behind a lock: takes SQLite's
+ * EXCLUSIVE lock on `outbound.db` (the PENDING byte and the SHARED range, by
+ * fcntl as SQLite does), stops the runner, overwrites the header through the
+ * same descriptor (closing any other would drop the locks), prints `ready`
+ * and holds the lock for at most `seconds`. A host reading the file meets the
+ * lock and serves its last copy, so the damage stays hidden until the
+ * container (and this process with it) is killed. x86-64's `struct flock`.
+ */
+export const LOCKED_DAMAGE_SCRIPT = (seconds: number): string => `
+const libc = Deno.dlopen("libc.so.6", {
+  open: { parameters: ["buffer", "i32"], result: "i32" },
+  fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
+  pwrite: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
+});
+const F_SETLKW = 7, F_WRLCK = 1, O_RDWR = 2;
+const fd = libc.symbols.open(new TextEncoder().encode("/queue/outbound/outbound.db\0"), O_RDWR);
+if (fd < 0) throw new Error("cannot open outbound.db");
+const lock = (start, length) => {
+  const flock = new DataView(new ArrayBuffer(32));
+  flock.setInt16(0, F_WRLCK, true);
+  flock.setBigInt64(8, BigInt(start), true);
+  flock.setBigInt64(16, BigInt(length), true);
+  if (libc.symbols.fcntl(fd, F_SETLKW, new Uint8Array(flock.buffer)) !== 0) throw new Error("no lock");
+};
+lock(0x40000000, 1);
+lock(0x40000002, 510);
+let frozen = 0;${FREEZE_RUNNER}
+const junk = new Uint8Array(100).fill(0xff);
+if (libc.symbols.pwrite(fd, junk, 100n, 0n) !== 100n) throw new Error("no damage");
+console.log("ready");
+await new Promise((resolve) => setTimeout(resolve, ${seconds} * 1000));
+`;
+
+/**
  * Gives `outbound.bell` a new inode {@linkcode CHURN} times, each old one
  * kept alive by a hard link in /queue/outbound and rung through it (a host
  * watching inodes wakes on it and watches the newest), then rings the new

@@ -32,8 +32,20 @@ import { inspectState, RESET_KILL_ENV, type ResetStep } from "../lib/lifecycle/s
 import { readWarm } from "../lib/lifecycle/warm.ts";
 import { liveTest } from "./_docker_gate.ts";
 import { runCliProcess, text, waitFor } from "./_helpers.ts";
-import { asRunner, COMMAND, mount, type Victim, victimFile } from "./_hostile_helpers.ts";
-import { DAMAGE_SCRIPT, deepTreeScript, TREE_DEPTH } from "./_runner_attacks.ts";
+import {
+  asRunner,
+  COMMAND,
+  mount,
+  spawnAsRunner,
+  type Victim,
+  victimFile,
+} from "./_hostile_helpers.ts";
+import {
+  DAMAGE_SCRIPT,
+  deepTreeScript,
+  LOCKED_DAMAGE_SCRIPT,
+  TREE_DEPTH,
+} from "./_runner_attacks.ts";
 import {
   removeHomeContainers,
   removeHomeVolumes,
@@ -176,8 +188,14 @@ function lexists(path: string): boolean {
   }
 }
 
-function inode(path: string): number | null {
-  return Deno.lstatSync(path).ino;
+/**
+ * Which directory is at `path`: its inode and birth time. The inode alone
+ * is not enough: a volume reuses a removed directory's inode for the next
+ * one made (the spare a second reset puts in place).
+ */
+function identity(path: string): string {
+  const info = Deno.lstatSync(path);
+  return `${info.ino}@${info.birthtime?.getTime() ?? "?"}`;
 }
 
 /** Waits until no set-aside tree is left beside outbound/; returns how long it took. */
@@ -216,19 +234,53 @@ liveTest(
     const user = uniqueUser("reset-cli");
     const sandbox = home.open(user);
     await keepFile(home, user);
-    const before = inode(sandbox.paths.outbound);
+    const before = identity(sandbox.paths.outbound);
     const call = exec(home, user, "touch /workspace/started; sleep 60");
     await started(sandbox);
     await treeThenDamage(sandbox, victim);
     const attacked = await call;
     log(`[a1] waffle exec hit by the reset: ${said(attacked)}`);
     assertSurvived("waffle exec", attacked);
-    assert.notEqual(inode(sandbox.paths.outbound), before, "the host did not replace outbound/");
+    assert.notEqual(identity(sandbox.paths.outbound), before, "the host did not replace outbound/");
     assert.ok(!lexists(join(sandbox.paths.outbound, "deep")), "the tree is in the new outbound/");
     await assertHealed(home, user, "a1");
     const goneMs = await treesGone(sandbox);
     log(`[a1] set-aside tree gone ${fmt(goneMs)} after the next call`);
     victim.check();
+  },
+);
+
+liveTest(
+  "reset a3: outbound.db damaged behind a lock the compromised runner holds [as the runner]: the host kills the wedged container, finds the damage once the lock is gone and replaces outbound/; waffle exec ends by itself, the next call heals with the workspace kept",
+  async (docker) => {
+    await using home = await resetHome(docker);
+    const user = uniqueUser("reset-lock");
+    const sandbox = home.open(user);
+    await keepFile(home, user);
+    const before = identity(sandbox.paths.outbound);
+    const call = exec(home, user, "touch /workspace/started; sleep 60");
+    await started(sandbox);
+    // The host meets the lock and serves its last copy: it sees a silent
+    // heartbeat (or a lock held too long), never the damage, until it kills
+    // the container, and the lock holder with it.
+    await using attack = await spawnAsRunner(
+      sandbox.key.containerName,
+      LOCKED_DAMAGE_SCRIPT(120),
+      "ready",
+    );
+    const attacked = await call;
+    log(`[a3] waffle exec hit by the damage behind a lock: ${said(attacked)}`);
+    assertSurvived("waffle exec", attacked);
+    assert.match(attacked.stderr, /was interrupted: .*it was not re-run/, said(attacked));
+    assert.notEqual(
+      identity(sandbox.paths.outbound),
+      before,
+      "the host left the damaged outbound/ for the restarted runner to deal with",
+    );
+    await waitFor(() => attack.exited, { timeoutMs: 30_000, what: "the lock holder to die" });
+    await assertHealed(home, user, "a3");
+    const names = [...Deno.readDirSync(sandbox.paths.outbound)].map((entry) => entry.name);
+    assert.deepEqual(names.filter((name) => name.includes("damaged")), [], names.join(", "));
   },
 );
 
@@ -421,7 +473,7 @@ liveTest(
         assert.match(built.stdout, new RegExp(`depth ${DEPTH}`));
         await keepFile(home, user);
         // A reset (the runner's damage while a call waits) never touches the workspace.
-        const before = inode(sandbox.paths.outbound);
+        const before = identity(sandbox.paths.outbound);
         const call = exec(home, user, "touch /workspace/started; sleep 60");
         await started(sandbox);
         const damaged = await asRunner(sandbox.key.containerName, DAMAGE_SCRIPT);
@@ -429,7 +481,11 @@ liveTest(
         const attacked = await call;
         log(`[b] waffle exec hit by the reset: ${said(attacked)}`);
         assertSurvived("waffle exec", attacked);
-        assert.notEqual(inode(sandbox.paths.outbound), before, "the host did not reset outbound/");
+        assert.notEqual(
+          identity(sandbox.paths.outbound),
+          before,
+          "the host did not reset outbound/",
+        );
         await assertHealed(home, user, "b");
         assert.ok(
           lexists(join(sandbox.paths.workspace, "deep", "d")),
@@ -466,7 +522,7 @@ liveTest(
         const sandbox = home.open(user);
         await keepFile(home, user);
         assert.ok(readWarm(sandbox.paths.root) !== undefined, "no warm record to go stale");
-        const before = inode(sandbox.paths.outbound);
+        const before = identity(sandbox.paths.outbound);
         const call = exec(home, user, "touch /workspace/started; sleep 60", {
           [RESET_KILL_ENV]: step,
         });
@@ -491,13 +547,13 @@ liveTest(
         );
         assert.ok(left.replaced, "no mark that outbound/ is being replaced");
         if (step === "invalidated") {
-          assert.equal(inode(sandbox.paths.outbound), before, "outbound/ moved before its step");
+          assert.equal(identity(sandbox.paths.outbound), before, "outbound/ moved before its step");
         } else if (step === "set-aside") {
           assert.equal(left.outbound, "missing");
           assert.equal(left.setAside, 1);
         } else {
           assert.equal(left.outbound, "directory");
-          assert.notEqual(inode(sandbox.paths.outbound), before);
+          assert.notEqual(identity(sandbox.paths.outbound), before);
         }
         const doctor = await cli(home, ["doctor", "--json", "--no-docker"]);
         assertSurvived("waffle doctor", doctor);

@@ -224,7 +224,9 @@ export async function ensureContainer(
     } else if (container.State.Running) {
       await docker.waitContainer(container.Id, { timeoutMs: 10_000 }).catch(() => {});
     }
-    if (trouble === "damaged") resetOutbound(paths);
+    // A runner stopped while it held outbound.db's lock hid any damage (the
+    // host read its last copy and judged the beat): judged again, unlocked.
+    if (trouble === "damaged" || await queue.outboundDamaged()) resetOutbound(paths);
     container = await docker.inspectContainer(container.Id);
   }
   if (container === null) {
@@ -274,7 +276,7 @@ export async function ensureContainer(
       await docker.killContainer(container!.Id).catch(() => {});
       await docker.waitContainer(container!.Id, { timeoutMs: 10_000 }).catch(() => {});
     });
-    if (judged.state === "damaged") resetOutbound(paths);
+    if (judged.state === "damaged" || await queue.outboundDamaged()) resetOutbound(paths);
   }
   const before = queue.heartbeat()?.bootId;
   const pid = await startReady(docker, container.Id, { ...options, before });

@@ -565,6 +565,25 @@ export class Queue {
   }
 
   /**
+   * Whether the outbound file is damaged, judged on a fresh copy (once the
+   * next copy is due). For a host that just stopped a wedged runner: a runner
+   * stopped while it held the file's lock hid any damage behind an older
+   * copy, so the judgement that stopped it may have said "stale" or "locked".
+   *
+   * @returns True when the file cannot be a waffle queue.
+   */
+  async outboundDamaged(): Promise<boolean> {
+    const due = this.#outbound.nextCopyAt - Date.now();
+    if (due > 0) await new Promise((resolve) => setTimeout(resolve, due));
+    try {
+      this.#outbound.read(() => undefined);
+      return false;
+    } catch (error) {
+      return this.#fileTrouble(error)?.state === "damaged";
+    }
+  }
+
+  /**
    * Requests the runner has started and not finished (from any host), among
    * those a host submitted here and still waits for: a row the runner made
    * up for another id counts for nothing.
