@@ -182,7 +182,10 @@ Deno.test("console assets: nothing outside this origin", () => {
   }
 });
 
-Deno.test("console sources: no markup from strings, and imports only ui/ and lib/serve/gen/", async () => {
+/** The one server file the page may import: the wire types, which import nothing. */
+const SHARED_TYPES = "lib/serve/console_types.ts";
+
+Deno.test("console sources: no markup from strings, and imports only ui/, lib/serve/gen/ and the shared wire types", async () => {
   const sources = walk(`${REPO}ui`).filter((path) => /\.(tsx?|html|css)$/.test(path));
   assert.ok(sources.length >= 5, "ui/ has its sources");
   for (const path of sources) {
@@ -198,9 +201,19 @@ Deno.test("console sources: no markup from strings, and imports only ui/ and lib
       if (!target.startsWith(".")) continue; // a package named in deno.json
       const resolved = new URL(target, `file://${path}`).pathname.slice(REPO.length);
       assert.ok(
-        resolved.startsWith("ui/") || resolved.startsWith("lib/serve/gen/"),
-        `${name} imports '${target}' (${resolved}): ui/ may import only ui/ and lib/serve/gen/`,
+        resolved.startsWith("ui/") || resolved.startsWith("lib/serve/gen/") ||
+          resolved === SHARED_TYPES,
+        `${name} imports '${target}' (${resolved}): ui/ may import only ui/, lib/serve/gen/ and ${SHARED_TYPES}`,
       );
     }
   }
+  // The shared types stay types: no import (the page would take server code
+  // with it) and nothing but interfaces at run time.
+  const shared = await Deno.readTextFile(`${REPO}${SHARED_TYPES}`);
+  assert.doesNotMatch(shared, /^\s*import\b|\bfrom\s+"/m, `${SHARED_TYPES} imports nothing`);
+  assert.doesNotMatch(
+    shared,
+    /^export\s+(?!interface\b|type\b)/m,
+    `${SHARED_TYPES} exports types only`,
+  );
 });

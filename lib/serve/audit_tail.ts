@@ -17,6 +17,9 @@ import { egressAuditFile } from "../egress/proxy_container.ts";
 import { AUDIT_FILE, type AuditRecord } from "../mcp/audit.ts";
 import type { EgressAuditLine } from "../egress/audit.ts";
 import { AuditWindows } from "./audit_window.ts";
+import type { EgressEntry, EgressView, McpEntry, McpView } from "./console_types.ts";
+
+export type { EgressEntry, EgressView, McpEntry, McpView };
 
 /** The most bytes read of an audit, newest first (across its rotation). */
 export const AUDIT_TAIL_BYTES = 8 << 20;
@@ -106,87 +109,6 @@ export interface AuditQuery {
   limit: number;
   /** Now, for the series' last minute (ms since the epoch). */
   now: number;
-}
-
-/** One egress entry of the console. */
-export interface EgressEntry {
-  /** When it was accepted (ISO). */
-  time: string;
-  /** Its identity's tenant. */
-  tenant: string;
-  /** Its identity's user: the sandbox id. */
-  sandbox: string;
-  /** `CONNECT` or the request's method. */
-  method: string | null;
-  /** The host asked for. */
-  destination: string | null;
-  /** The port asked for. */
-  port: number | null;
-  /** The address connected to. */
-  address: string | null;
-  /** Allowed or denied. */
-  decision: "allowed" | "denied";
-  /** Why denied, or how an allowed one ended badly. */
-  reason: string | null;
-  /** Bytes up. */
-  bytesUp: number;
-  /** Bytes down. */
-  bytesDown: number;
-  /** Accept to close. */
-  durationMs: number;
-  /** Connections the line stands for. */
-  count: number;
-}
-
-/** The answer of `GET /waffle/v1/egress`. */
-export interface EgressView {
-  /** Newest first. */
-  entries: EgressEntry[];
-  /** Per destination and port, most first. */
-  destinations: {
-    destination: string | null;
-    port: number | null;
-    allowed: number;
-    denied: number;
-  }[];
-  /** The last 60 minutes, oldest first. */
-  series: { minute: string; allowed: number; denied: number }[];
-}
-
-/** One MCP entry of the console. */
-export interface McpEntry {
-  /** When the request was received (ISO). */
-  time: string;
-  /** The tenant. */
-  tenant: string;
-  /** The record's user: the sandbox id (null for a host server). */
-  sandbox: string | null;
-  /** The MCP server. */
-  server: string;
-  /** Who sent the request. */
-  from: "client" | "server";
-  /** The method. */
-  method: string;
-  /** The tool called. */
-  tool: string | null;
-  /** The arguments' names. */
-  arguments: string[];
-  /** Request to response. */
-  durationMs: number;
-  /** How it ended. */
-  outcome: string;
-  /** Requests the line stands for. */
-  count: number;
-}
-
-/** The answer of `GET /waffle/v1/mcp`. */
-export interface McpView {
-  /** Newest first. */
-  entries: McpEntry[];
-  /** Per server, most first. */
-  servers: { server: string; ok: number; failed: number }[];
-  /** The last 60 minutes, oldest first. */
-  series: { minute: string; ok: number; failed: number }[];
 }
 
 // Each cached entry's minute since the epoch, parsed with its line (the series is made on every call).

@@ -11,6 +11,9 @@
  * @module
  */
 import type { ProcessConfig, ProcessEvent } from "./processes.ts";
+import type { ConsoleCommand } from "./console_types.ts";
+
+export type { ConsoleCommand };
 
 /** Bytes of each stream's tail kept per command. */
 export const TAIL_BYTES = 4096;
@@ -52,38 +55,6 @@ export function capArgv(
     left -= kept.length;
   }
   return { argv: capped, truncated };
-}
-
-/** One command as the console lists it (`GET /waffle/v1/sandboxes/{id}/commands`). */
-export interface ConsoleCommand {
-  /** The waffle request id of its process. */
-  id: string;
-  /** Its envd pid while it runs (for `process.Connect`), else null. */
-  pid: number | null;
-  /** Program and arguments, as started, capped by {@linkcode capArgv}. */
-  argv: string[];
-  /** Its argv was cut (a word or the whole too long). */
-  argvTruncated?: true;
-  /** Its working directory as asked, or null for the home. */
-  cwd: string | null;
-  /** When it started (or was taken over), ISO. */
-  startedAt: string;
-  /** When it ended, ISO; null while it runs. */
-  endedAt: string | null;
-  /** Start to end, in ms; null while it runs. */
-  durationMs: number | null;
-  /** Its exit code; null while it runs or when it died of a signal or never ran. */
-  exitCode: number | null;
-  /** The signal that ended it (its number), else null. */
-  signal: number | null;
-  /** It runs now. */
-  running: boolean;
-  /** The last {@linkcode TAIL_BYTES} of its stdout (a terminal's output too), lossy UTF-8. */
-  stdoutTail: string;
-  /** The last {@linkcode TAIL_BYTES} of its stderr, lossy UTF-8. */
-  stderrTail: string;
-  /** A tail lost its beginning. */
-  truncated: boolean;
 }
 
 interface Kept {

@@ -22,6 +22,9 @@ import { capArgv, type CommandLog, COMMANDS_KEPT, type ConsoleCommand } from "./
 import { queueCommands } from "./queue_commands.ts";
 import type { Queue } from "../queue/queue.ts";
 import { egressView, MAX_AUDIT_ENTRIES, mcpView } from "./audit_tail.ts";
+import type { ConsoleSandbox, WhoAmI } from "./console_types.ts";
+
+export type { ConsoleSandbox, WhoAmI };
 
 // Characters of a sandbox's last command in the sandboxes table.
 const LAST_ARGV_CHARS = 512;
@@ -88,7 +91,7 @@ export function consoleApi(deps: ConsoleApiDeps): Hono<{ Variables: { caller: Ca
 
   app.get("/whoami", (c) => {
     const caller = c.get("caller");
-    return c.json({
+    return c.json<WhoAmI>({
       tenant: caller.tenant,
       keyId: caller.keyId,
       keyName: caller.keyName,
@@ -204,46 +207,6 @@ function numberQuery(
     return fail(c, 400, `Invalid '${name}' '${given.slice(0, 40)}': use a whole number from 1`);
   }
   return Math.min(Number(given), options.max);
-}
-
-/** One row of the console's sandboxes table (`GET /waffle/v1/sandboxes`). */
-export interface ConsoleSandbox {
-  /** Its id. */
-  sandboxID: string;
-  /** Its tenant. */
-  tenant: string;
-  /** Its template. */
-  templateID: string;
-  /** The image it runs. */
-  image: string;
-  /** Running, paused, or stopped (its container is not running). */
-  state: "running" | "paused" | "stopped";
-  /** When made, ISO. */
-  startedAt: string;
-  /** When the reaper removes it, ISO. */
-  endAt: string;
-  /** The caller's metadata. */
-  metadata: Record<string, string>;
-  /** From its newest sample, each null when it has none. */
-  cpuCount: number | null;
-  /** CPU in percent of `cpuCount`. */
-  cpuUsedPct: number | null;
-  /** Memory charged, bytes. */
-  memUsed: number | null;
-  /** Memory limit, bytes. */
-  memTotal: number | null;
-  /** Bytes used on its volume. */
-  diskUsed: number | null;
-  /** Its volume's size, bytes. */
-  diskTotal: number | null;
-  /** The warm pool's template it was taken from; null when none or unknown. */
-  pool: string | null;
-  /** Attached to the egress proxy, and what it may reach (`*`: anything). */
-  egress: { attached: boolean; allow: string[] };
-  /** Its newest command. */
-  lastCommand:
-    | { argv: string[]; startedAt: string; exitCode: number | null; running: boolean }
-    | null;
 }
 
 async function consoleSandbox(

@@ -11,6 +11,9 @@
 import type { SandboxStats } from "../lifecycle/stats.ts";
 import type { SandboxRecord } from "./state.ts";
 import type { ServeSandboxes } from "./sandboxes.ts";
+import type { SandboxMetric } from "./console_types.ts";
+
+export type { SandboxMetric };
 
 /** How often every sandbox is sampled. */
 export const SAMPLE_INTERVAL_MS = 5000;
@@ -18,26 +21,6 @@ export const SAMPLE_INTERVAL_MS = 5000;
 export const SAMPLES_KEPT = 720;
 /** Sandboxes sampled at once by a tick. */
 const SAMPLES_AT_ONCE = 8;
-
-/** One sample as E2B's API names its fields (`SandboxMetric`). */
-export interface SandboxMetric {
-  /** When it was taken (ISO 8601). */
-  timestamp: string;
-  /** When it was taken, in whole seconds since the epoch. */
-  timestampUnix: number;
-  /** CPUs the sandbox may use. */
-  cpuCount: number;
-  /** CPU used since the sample before, in percent of `cpuCount` CPUs. */
-  cpuUsedPct: number;
-  /** Memory charged to the sandbox, in bytes. */
-  memUsed: number;
-  /** Its memory limit, in bytes. */
-  memTotal: number;
-  /** Bytes used on its volume. */
-  diskUsed: number;
-  /** Its volume's size (its quota), in bytes. */
-  diskTotal: number;
-}
 
 /** What the ring needs to know of the server. */
 export interface MetricsRingOptions {

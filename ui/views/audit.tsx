@@ -10,7 +10,7 @@ import type { JSX } from "preact";
 import { useState } from "preact/hooks";
 import { api } from "../api.ts";
 import { usePoll } from "../state.ts";
-import type { EgressAnswer, McpAnswer } from "../types.ts";
+import type { EgressView, McpView } from "../types.ts";
 import { Chart } from "./chart.tsx";
 import { formatBytes, formatDuration, formatTime, Table, Tabs } from "./common.tsx";
 
@@ -120,7 +120,7 @@ function EgressPanel(props: { filters: Filters }): JSX.Element {
     ? {}
     : { decision: filters.decision };
   const path = `/waffle/v1/egress?${query(filters, extra)}`;
-  const [answer] = usePoll(() => api<EgressAnswer>("GET", path), {
+  const [answer] = usePoll(() => api<EgressView>("GET", path), {
     ms: 2000,
     paused: !filters.tail,
     deps: [path],
@@ -182,7 +182,7 @@ function EgressPanel(props: { filters: Filters }): JSX.Element {
 function McpPanel(props: { filters: Filters }): JSX.Element {
   const { filters } = props;
   const path = `/waffle/v1/mcp?${query(filters, {})}`;
-  const [answer] = usePoll(() => api<McpAnswer>("GET", path), {
+  const [answer] = usePoll(() => api<McpView>("GET", path), {
     ms: 2000,
     paused: !filters.tail,
     deps: [path],

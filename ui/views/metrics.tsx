@@ -8,7 +8,7 @@
 import type { JSX } from "preact";
 import { api, seg } from "../api.ts";
 import { usePoll } from "../state.ts";
-import type { MetricSample } from "../types.ts";
+import type { SandboxMetric } from "../types.ts";
 import { Chart } from "./chart.tsx";
 import { formatBytes } from "./common.tsx";
 
@@ -19,7 +19,7 @@ import { formatBytes } from "./common.tsx";
 export function MetricsView(props: { sandboxId: string }): JSX.Element {
   const [samples] = usePoll(
     () =>
-      api<MetricSample[]>(
+      api<SandboxMetric[]>(
         "GET",
         `/sandboxes/${seg(props.sandboxId)}/metrics?start=${Math.floor(Date.now() / 1000) - 3600}`,
       ),
